@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import base64
+import contextlib
 import hashlib
 import json
 import os
@@ -33,8 +34,7 @@ import time
 import urllib.error
 import urllib.request
 import uuid
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -116,8 +116,14 @@ def pid_alive(pid: int | None) -> bool:
         return True
 
 
-def wait_until(what: str, probe: Callable[[], bool], timeout: float, component: str,
-               log: Path | None, alive: Callable[[], bool] | None = None) -> None:
+def wait_until(
+    what: str,
+    probe: Callable[[], bool],
+    timeout: float,
+    component: str,
+    log: Path | None,
+    alive: Callable[[], bool] | None = None,
+) -> None:
     """Poll ``probe`` until it is true; fail early when the process has died."""
     deadline = time.monotonic() + timeout
     delay = 0.2
@@ -168,14 +174,28 @@ def maven_classpath(name: str) -> list[str]:
             return jars
     mvn = shutil.which("mvn")
     if not mvn:
-        raise StackError(name, "resolve jars", "mvn not found; install Maven (apt-get install maven)")
+        raise StackError(
+            name, "resolve jars", "mvn not found; install Maven (apt-get install maven)"
+        )
     say(f"{name}: resolving jars from Maven Central (first run only)")
     log = comp_dir / "maven.log"
     run(
-        [mvn, "-B", "-q", "-s", str(settings), "-f", str(pom),
-         "dependency:build-classpath", f"-Dmdep.outputFile={cp_file}",
-         "-Dmdep.includeScope=runtime"],
-        name, "resolve jars (mvn)", log, timeout=1800,
+        [
+            mvn,
+            "-B",
+            "-q",
+            "-s",
+            str(settings),
+            "-f",
+            str(pom),
+            "dependency:build-classpath",
+            f"-Dmdep.outputFile={cp_file}",
+            "-Dmdep.includeScope=runtime",
+        ],
+        name,
+        "resolve jars (mvn)",
+        log,
+        timeout=1800,
     )
     stamp.write_text(digest)
     return cp_file.read_text().strip().split(os.pathsep)
@@ -230,8 +250,9 @@ class Component:
         if pid is None:
             return Health(self.name, "stopped", self.port, None, "not running", str(self.log))
         ok, detail = self.probe()
-        return Health(self.name, "running" if ok else "unhealthy", self.port, pid, detail,
-                      str(self.log))
+        return Health(
+            self.name, "running" if ok else "unhealthy", self.port, pid, detail, str(self.log)
+        )
 
     def up(self) -> bool:
         """Make the component healthy; return True when something had to change."""
@@ -248,8 +269,14 @@ class Component:
         return True
 
     def wait_healthy(self) -> None:
-        wait_until("wait for health", lambda: self.probe()[0], START_TIMEOUT_S, self.name,
-                   self.log, alive=lambda: self.pid() is not None)
+        wait_until(
+            "wait for health",
+            lambda: self.probe()[0],
+            START_TIMEOUT_S,
+            self.name,
+            self.log,
+            alive=lambda: self.pid() is not None,
+        )
 
     def stop(self) -> None:
         pid = self.pid()
@@ -273,25 +300,21 @@ def terminate(pid: int, name: str, grace: float = 60.0) -> None:
         time.sleep(0.2)
     if pid_alive(pid):
         say(f"{name}: did not stop within {grace:.0f}s, killing")
-        with _ignore(ProcessLookupError):
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(pid, signal.SIGKILL)
-
-
-@contextmanager
-def _ignore(*excs: type[BaseException]) -> Iterator[None]:
-    try:
-        yield
-    except excs:
-        pass
 
 
 def spawn(cmd: list[str], comp: Component) -> int:
     """Start a long-running process in its own session, output appended to its log."""
     comp.dir.mkdir(parents=True, exist_ok=True)
     with comp.log.open("ab") as out:
-        proc = subprocess.Popen(  # noqa: S603
-            cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            cwd=comp.dir, start_new_session=True,
+        proc = subprocess.Popen(
+            cmd,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            cwd=comp.dir,
+            start_new_session=True,
         )
     comp.pid_file.write_text(f"{proc.pid}\n")
     return proc.pid
@@ -309,8 +332,10 @@ class Postgres(Component):
         self.run_dir = self.dir / "run"
 
     def bindir(self) -> Path | None:
-        versions = sorted(Path("/usr/lib/postgresql").glob("*/bin/postgres"),
-                          key=lambda p: int(p.parent.parent.name) if p.parent.parent.name.isdigit() else 0)
+        versions = sorted(
+            Path("/usr/lib/postgresql").glob("*/bin/postgres"),
+            key=lambda p: int(p.parent.parent.name) if p.parent.parent.name.isdigit() else 0,
+        )
         return versions[-1].parent if versions else None
 
     def as_owner(self, cmd: list[str]) -> list[str]:
@@ -332,9 +357,22 @@ class Postgres(Component):
             log = self.dir / "install.log"
             self.dir.mkdir(parents=True, exist_ok=True)
             run([*sudo, "apt-get", "update", "-q"], self.name, "apt-get update", log, env=env)
-            run([*sudo, "apt-get", "install", "-y", "-q", "--no-install-recommends",
-                 "postgresql", "postgresql-contrib"], self.name, "apt-get install postgresql",
-                log, env=env)
+            run(
+                [
+                    *sudo,
+                    "apt-get",
+                    "install",
+                    "-y",
+                    "-q",
+                    "--no-install-recommends",
+                    "postgresql",
+                    "postgresql-contrib",
+                ],
+                self.name,
+                "apt-get install postgresql",
+                log,
+                env=env,
+            )
             if self.bindir() is None:
                 raise StackError(self.name, "install", "postgres binary still missing", log)
         if not (self.data / "PG_VERSION").exists():
@@ -359,10 +397,25 @@ class Postgres(Component):
         pwfile.write_text(PG_PASSWORD + "\n")
         if os.geteuid() == 0:
             shutil.chown(pwfile, "postgres", "postgres")
-        run(self.as_owner([str(bindir / "initdb"), "-D", str(self.data), "-U", "postgres",
-                           "--auth-local=trust", "--auth-host=scram-sha-256",
-                           "-E", "UTF8", "--locale=C.UTF-8"]),
-            self.name, "initdb", self.log)
+        run(
+            self.as_owner(
+                [
+                    str(bindir / "initdb"),
+                    "-D",
+                    str(self.data),
+                    "-U",
+                    "postgres",
+                    "--auth-local=trust",
+                    "--auth-host=scram-sha-256",
+                    "-E",
+                    "UTF8",
+                    "--locale=C.UTF-8",
+                ]
+            ),
+            self.name,
+            "initdb",
+            self.log,
+        )
         pwfile.unlink()
         conf = self.data / "postgresql.conf"
         with conf.open("a") as fh:
@@ -392,28 +445,70 @@ class Postgres(Component):
         assert bindir is not None
         say(f"postgres: starting on {HOST}:{PG_PORT}")
         # Stale pid file after a kill -9: postgres itself refuses to start if it is live.
-        run(self.as_owner([str(bindir / "pg_ctl"), "-D", str(self.data), "-l", str(self.log),
-                           "-w", "-t", "120", "start"]),
-            self.name, "pg_ctl start", self.log)
+        run(
+            self.as_owner(
+                [
+                    str(bindir / "pg_ctl"),
+                    "-D",
+                    str(self.data),
+                    "-l",
+                    str(self.log),
+                    "-w",
+                    "-t",
+                    "120",
+                    "start",
+                ]
+            ),
+            self.name,
+            "pg_ctl start",
+            self.log,
+        )
         self.bootstrap_roles()
 
-    def psql(self, sql: str, *, db: str = "postgres", check: bool = True,
-             step: str = "psql") -> subprocess.CompletedProcess[str]:
+    def psql(
+        self, sql: str, *, db: str = "postgres", check: bool = True, step: str = "psql"
+    ) -> subprocess.CompletedProcess[str]:
         bindir = self.bindir()
         assert bindir is not None
-        return run(self.as_owner([str(bindir / "psql"), "-h", str(self.run_dir), "-p",
-                                  str(PG_PORT), "-U", "postgres", "-d", db, "-v",
-                                  "ON_ERROR_STOP=1", "-qAtc", sql]),
-                   self.name, step, self.log, check=check, timeout=30)
+        return run(
+            self.as_owner(
+                [
+                    str(bindir / "psql"),
+                    "-h",
+                    str(self.run_dir),
+                    "-p",
+                    str(PG_PORT),
+                    "-U",
+                    "postgres",
+                    "-d",
+                    db,
+                    "-v",
+                    "ON_ERROR_STOP=1",
+                    "-qAtc",
+                    sql,
+                ]
+            ),
+            self.name,
+            step,
+            self.log,
+            check=check,
+            timeout=30,
+        )
 
     def bootstrap_roles(self) -> None:
         """Create the walcast role (login, replication) and database; idempotent."""
         self.psql(
             "DO $$BEGIN IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = 'walcast') THEN "
             f"CREATE ROLE walcast LOGIN SUPERUSER REPLICATION PASSWORD '{PG_PASSWORD}'; "
-            "END IF; END$$;", step="create role")
-        if self.psql(f"SELECT 1 FROM pg_database WHERE datname = '{PG_DATABASE}'",
-                     step="find database").stdout.strip() != "1":
+            "END IF; END$$;",
+            step="create role",
+        )
+        if (
+            self.psql(
+                f"SELECT 1 FROM pg_database WHERE datname = '{PG_DATABASE}'", step="find database"
+            ).stdout.strip()
+            != "1"
+        ):
             self.psql(f'CREATE DATABASE "{PG_DATABASE}" OWNER walcast', step="create database")
 
     def pid(self) -> int | None:
@@ -424,25 +519,45 @@ class Postgres(Component):
         return pid if pid_alive(pid) else None
 
     def probe(self) -> tuple[bool, str]:
-        """Healthy = a TCP replication connection as the walcast role works and wal_level is logical."""
+        """Healthy = a TCP replication connection as walcast works; wal_level is logical."""
         bindir = self.bindir()
         if bindir is None:
             return False, "not installed"
         env = {**os.environ, "PGPASSWORD": PG_PASSWORD, "PGCONNECT_TIMEOUT": "3"}
         try:
             proc = subprocess.run(
-                [str(bindir / "psql"),
-                 f"host={HOST} port={PG_PORT} user={PG_USER} dbname={PG_DATABASE} "
-                 "replication=database", "-qAtc", "IDENTIFY_SYSTEM"],
-                capture_output=True, text=True, env=env, timeout=10, check=False)
+                [
+                    str(bindir / "psql"),
+                    f"host={HOST} port={PG_PORT} user={PG_USER} dbname={PG_DATABASE} "
+                    "replication=database",
+                    "-qAtc",
+                    "IDENTIFY_SYSTEM",
+                ],
+                capture_output=True,
+                text=True,
+                env=env,
+                timeout=10,
+                check=False,
+            )
         except subprocess.TimeoutExpired:
             return False, "replication connection timed out"
         if proc.returncode != 0:
-            return False, proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else "no answer"
+            return False, proc.stderr.strip().splitlines()[
+                -1
+            ] if proc.stderr.strip() else "no answer"
         level = subprocess.run(
-            [str(bindir / "psql"), f"host={HOST} port={PG_PORT} user={PG_USER} dbname={PG_DATABASE}",
-             "-qAtc", "SHOW wal_level"], capture_output=True, text=True, env=env, timeout=10,
-            check=False).stdout.strip()
+            [
+                str(bindir / "psql"),
+                f"host={HOST} port={PG_PORT} user={PG_USER} dbname={PG_DATABASE}",
+                "-qAtc",
+                "SHOW wal_level",
+            ],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=10,
+            check=False,
+        ).stdout.strip()
         if level != "logical":
             return False, f"wal_level={level or '?'}"
         return True, "replication connection ok, wal_level=logical"
@@ -452,8 +567,25 @@ class Postgres(Component):
         if bindir is None or self.pid() is None:
             return
         say("postgres: stopping")
-        run(self.as_owner([str(bindir / "pg_ctl"), "-D", str(self.data), "-m", "fast", "-w",
-                           "-t", "60", "stop"]), self.name, "pg_ctl stop", self.log, check=False)
+        run(
+            self.as_owner(
+                [
+                    str(bindir / "pg_ctl"),
+                    "-D",
+                    str(self.data),
+                    "-m",
+                    "fast",
+                    "-w",
+                    "-t",
+                    "60",
+                    "stop",
+                ]
+            ),
+            self.name,
+            "pg_ctl stop",
+            self.log,
+            check=False,
+        )
 
     def env(self) -> dict[str, str]:
         return {
@@ -471,9 +603,12 @@ def _ensure_traversable(path: Path) -> None:
     for parent in [path, *path.parents]:
         mode = parent.stat().st_mode
         if not mode & 0o001:
-            raise StackError("postgres", "check directory permissions",
-                             f"{parent} is not traversable by the postgres user; "
-                             "set WALCAST_STACK_DIR to a directory under /tmp or chmod o+x it")
+            raise StackError(
+                "postgres",
+                "check directory permissions",
+                f"{parent} is not traversable by the postgres user; "
+                "set WALCAST_STACK_DIR to a directory under /tmp or chmod o+x it",
+            )
 
 
 # --------------------------------------------------------------------------- Kafka
@@ -532,18 +667,43 @@ class Kafka(Component):
         if not (self.data / "meta.properties").exists():
             say("kafka: formatting KRaft storage")
             cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
-            run([java_bin(), f"-Dlog4j2.configurationFile={self.log4j}", "-cp",
-                 os.pathsep.join(self.jars), "kafka.tools.StorageTool", "format", "-t",
-                 cluster_id, "-c", str(self.props)],
-                self.name, "format storage", self.log)
+            run(
+                [
+                    java_bin(),
+                    f"-Dlog4j2.configurationFile={self.log4j}",
+                    "-cp",
+                    os.pathsep.join(self.jars),
+                    "kafka.tools.StorageTool",
+                    "format",
+                    "-t",
+                    cluster_id,
+                    "-c",
+                    str(self.props),
+                ],
+                self.name,
+                "format storage",
+                self.log,
+            )
 
     def start(self) -> None:
         say(f"kafka: starting on {HOST}:{KAFKA_PORT}")
-        spawn([java_bin(), "-Xms256m", "-Xmx512m", "-XX:+UseG1GC",
-               "-XX:MaxGCPauseMillis=20", "-Djava.awt.headless=true",
-               "-Djava.net.preferIPv4Stack=true",
-               f"-Dlog4j2.configurationFile={self.log4j}", "-cp", os.pathsep.join(self.jars),
-               "kafka.Kafka", str(self.props)], self)
+        spawn(
+            [
+                java_bin(),
+                "-Xms256m",
+                "-Xmx512m",
+                "-XX:+UseG1GC",
+                "-XX:MaxGCPauseMillis=20",
+                "-Djava.awt.headless=true",
+                "-Djava.net.preferIPv4Stack=true",
+                f"-Dlog4j2.configurationFile={self.log4j}",
+                "-cp",
+                os.pathsep.join(self.jars),
+                "kafka.Kafka",
+                str(self.props),
+            ],
+            self,
+        )
 
     def probe(self) -> tuple[bool, str]:
         """Healthy = the broker creates (if missing) and lists a topic."""
@@ -552,8 +712,9 @@ class Kafka(Component):
             from confluent_kafka.admin import AdminClient, NewTopic
         except ImportError:
             return False, "confluent-kafka missing: run through deploy/local/walcast"
-        admin = AdminClient({"bootstrap.servers": f"{HOST}:{KAFKA_PORT}",
-                             "socket.timeout.ms": 3000, "log_level": 0})
+        admin = AdminClient(
+            {"bootstrap.servers": f"{HOST}:{KAFKA_PORT}", "socket.timeout.ms": 3000, "log_level": 0}
+        )
         topic = "__walcast_stack_health"
         try:
             md = admin.list_topics(timeout=3)
@@ -598,11 +759,29 @@ class SearchEngine(Component):
             shutil.rmtree(base)
         assert self.port is not None
         # The runner numbers nodes from 1 and serves node n on baseHttpPort + n.
-        spawn([java_bin(), "-Xms256m", "-Xmx1g", "-XX:+UseG1GC", "-Djava.awt.headless=true",
-               "-Djava.net.preferIPv4Stack=true", "-Dfile.encoding=UTF-8",
-               "-cp", os.pathsep.join(self.jars), self.main_class,
-               "-basePath", str(base), "-numOfNode", "1", "-baseHttpPort", str(self.port - 1),
-               "-clusterName", f"walcast-{self.name}"], self)
+        spawn(
+            [
+                java_bin(),
+                "-Xms256m",
+                "-Xmx1g",
+                "-XX:+UseG1GC",
+                "-Djava.awt.headless=true",
+                "-Djava.net.preferIPv4Stack=true",
+                "-Dfile.encoding=UTF-8",
+                "-cp",
+                os.pathsep.join(self.jars),
+                self.main_class,
+                "-basePath",
+                str(base),
+                "-numOfNode",
+                "1",
+                "-baseHttpPort",
+                str(self.port - 1),
+                "-clusterName",
+                f"walcast-{self.name}",
+            ],
+            self,
+        )
 
     def probe(self) -> tuple[bool, str]:
         try:
@@ -665,8 +844,10 @@ class Spark(Component):
         for jar in resolved:
             path = Path(jar)
             artifact = path.parent.parent.name
-            if any(name.startswith(artifact + "-") and name[len(artifact) + 1:][:1].isdigit()
-                   for name in shipped):
+            if any(
+                name.startswith(artifact + "-") and name[len(artifact) + 1 :][:1].isdigit()
+                for name in shipped
+            ):
                 continue
             keep.append(jar)
         return keep
@@ -686,14 +867,23 @@ class Spark(Component):
             return Health(self.name, "missing", None, None, "pyspark not installed", str(self.log))
         jars = self.jars()
         if not jars or not all(Path(j).exists() for j in jars):
-            return Health(self.name, "missing", None, None, "connector jars not resolved",
-                          str(self.log))
+            return Health(
+                self.name, "missing", None, None, "connector jars not resolved", str(self.log)
+            )
         if not self.verified.exists() or self.verified.read_text() != self.jar_digest():
-            return Health(self.name, "unhealthy", None, None, "jars not verified yet",
-                          str(self.log))
+            return Health(
+                self.name, "unhealthy", None, None, "jars not verified yet", str(self.log)
+            )
         import pyspark
-        return Health(self.name, "ready", None, None,
-                      f"pyspark {pyspark.__version__}, {len(jars)} connector jars", str(self.log))
+
+        return Health(
+            self.name,
+            "ready",
+            None,
+            None,
+            f"pyspark {pyspark.__version__}, {len(jars)} connector jars",
+            str(self.log),
+        )
 
     def jar_digest(self) -> str:
         return hashlib.sha256(",".join(self.jars()).encode()).hexdigest()[:16]
@@ -703,8 +893,9 @@ class Spark(Component):
             return False
         self.dir.mkdir(parents=True, exist_ok=True)
         if self.pyspark_jars_dir() is None:
-            raise StackError(self.name, "import pyspark",
-                             "pyspark missing: run through deploy/local/walcast")
+            raise StackError(
+                self.name, "import pyspark", "pyspark missing: run through deploy/local/walcast"
+            )
         self.install()
         say("spark: verifying a local session loads the Kafka source and Delta (first run only)")
         code = (
@@ -723,8 +914,13 @@ class Spark(Component):
             "print('spark', s.version, 'ok')\n"
             "s.stop()\n"
         )
-        run([sys.executable, "-c", code, ",".join(self.jars())], self.name,
-            "start a local session with the connector jars", self.log, timeout=300)
+        run(
+            [sys.executable, "-c", code, ",".join(self.jars())],
+            self.name,
+            "start a local session with the connector jars",
+            self.log,
+            timeout=300,
+        )
         self.verified.write_text(self.jar_digest())
         return True
 
@@ -749,7 +945,9 @@ def select(names: list[str] | None) -> list[Component]:
     known = {c.name for c in comps}
     unknown = [n for n in names if n not in known]
     if unknown:
-        raise SystemExit(f"unknown component(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
+        raise SystemExit(
+            f"unknown component(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}"
+        )
     return [c for c in comps if c.name in names]
 
 
@@ -758,8 +956,10 @@ def write_env_file(comps: list[Component]) -> bool:
     values: dict[str, str] = {"WALCAST_STACK_DIR": str(STATE)}
     for comp in comps:
         values.update(comp.env())
-    text = "# written by deploy/local/stack.py up; read by the services, tests and demo\n" + "".join(
-        f"{k}={v}\n" for k, v in sorted(values.items()))
+    text = (
+        "# written by deploy/local/stack.py up; read by the services, tests and demo\n"
+        + "".join(f"{k}={v}\n" for k, v in sorted(values.items()))
+    )
     if ENV_FILE.exists() and ENV_FILE.read_text() == text:
         return False
     ENV_FILE.write_text(text)
@@ -796,8 +996,15 @@ def cmd_down(args: argparse.Namespace) -> int:
 def cmd_status(args: argparse.Namespace) -> int:
     rows = [c.health() for c in select(args.components)]
     if args.json:
-        print(json.dumps({"env_file": str(ENV_FILE), "components": [r.__dict__ | {"ok": r.ok}
-                                                                    for r in rows]}, indent=2))
+        print(
+            json.dumps(
+                {
+                    "env_file": str(ENV_FILE),
+                    "components": [r.__dict__ | {"ok": r.ok} for r in rows],
+                },
+                indent=2,
+            )
+        )
     else:
         print(f"{'component':<14}{'state':<11}{'port':<7}{'pid':<9}detail")
         for r in rows:

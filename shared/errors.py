@@ -1,0 +1,136 @@
+"""The one exception hierarchy of walcast, and the one function that classifies failures.
+
+Every error a service raises on purpose derives from :class:`WalcastError`. Whether a
+failure is worth retrying is decided in exactly one place, :func:`classify`, which walks
+the cause chain so adapters can wrap driver exceptions without losing the verdict.
+
+* :class:`PermanentError` stops the service (or the item, for per-record errors) and
+  carries ``hint``: what the operator must change. Retrying cannot help.
+* :class:`RetriableError` is transient (a broker restarting, a connection reset); the
+  retry wrapper backs off and tries again until its policy gives up.
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+
+
+class WalcastError(Exception):
+    """Root of every error walcast raises on purpose."""
+
+
+class PermanentError(WalcastError):
+    """Retrying cannot help; ``hint`` tells the operator what to fix."""
+
+    def __init__(self, message: str, *, hint: str = "") -> None:
+        self.hint = hint
+        super().__init__(f"{message} — {hint}" if hint else message)
+
+
+class ConfigError(PermanentError):
+    """Configuration is invalid; raised at start-up before anything connects."""
+
+
+class RetriableError(WalcastError):
+    """A transient failure: the operation may succeed if tried again later."""
+
+
+class RetriesExhaustedError(WalcastError):
+    """A retriable operation kept failing until the backoff policy gave up."""
+
+    def __init__(self, what: str, attempts: int, last: BaseException) -> None:
+        self.what = what
+        self.attempts = attempts
+        self.last = last
+        super().__init__(f"{what}: still failing after {attempts} attempts: {last}")
+
+
+class Verdict(Enum):
+    RETRIABLE = "retriable"
+    PERMANENT = "permanent"
+
+
+# Postgres SQLSTATE classes / codes. Class 28 (invalid authorization) and 42501
+# (insufficient privilege) cannot be fixed by waiting; class 08 (connection exception),
+# 53 (insufficient resources), 57P0x (shutdown / crash recovery) and 40001 / 40P01
+# (serialization, deadlock) can.
+_PG_PERMANENT_CLASSES = ("28", "3D", "42", "22", "23", "55")
+_PG_PERMANENT_CODES = ("42501", "55000")
+_PG_RETRIABLE_CLASSES = ("08", "53", "57", "58", "40")
+
+
+def _pg_verdict(sqlstate: str) -> Verdict | None:
+    if sqlstate in _PG_PERMANENT_CODES or sqlstate[:2] in _PG_PERMANENT_CLASSES:
+        return Verdict.PERMANENT
+    if sqlstate[:2] in _PG_RETRIABLE_CLASSES:
+        return Verdict.RETRIABLE
+    return None
+
+
+def _kafka_verdict(exc: BaseException) -> Verdict | None:
+    # confluent_kafka.KafkaException carries a KafkaError as args[0]; duck-typed so the
+    # shared package does not import the client.
+    err = exc.args[0] if exc.args else None
+    fatal = getattr(err, "fatal", None)
+    retriable = getattr(err, "retriable", None)
+    if not callable(fatal) or not callable(retriable):
+        return None
+    if fatal():
+        return Verdict.PERMANENT
+    if retriable():
+        return Verdict.RETRIABLE
+    # Transport and timeout errors (_TRANSPORT, _ALL_BROKERS_DOWN, _TIMED_OUT, _MSG_TIMED_OUT)
+    # are not flagged retriable by librdkafka but are exactly what a broker restart produces.
+    name = getattr(err, "name", lambda: "")()
+    if name in (
+        "_TRANSPORT",
+        "_ALL_BROKERS_DOWN",
+        "_TIMED_OUT",
+        "_MSG_TIMED_OUT",
+        "_RESOLVE",
+        "NOT_ENOUGH_REPLICAS",
+        "LEADER_NOT_AVAILABLE",
+        "NOT_LEADER_FOR_PARTITION",
+        "REQUEST_TIMED_OUT",
+    ):
+        return Verdict.RETRIABLE
+    return Verdict.PERMANENT
+
+
+def _one(exc: BaseException) -> Verdict | None:
+    if isinstance(exc, PermanentError):
+        return Verdict.PERMANENT
+    if isinstance(exc, RetriableError):
+        return Verdict.RETRIABLE
+    sqlstate = getattr(exc, "sqlstate", None)
+    if isinstance(sqlstate, str) and len(sqlstate) == 5:
+        return _pg_verdict(sqlstate)
+    if type(exc).__name__ == "KafkaException":
+        return _kafka_verdict(exc)
+    if isinstance(exc, (ConnectionError, TimeoutError)):
+        return Verdict.RETRIABLE
+    if isinstance(exc, OSError):
+        return Verdict.RETRIABLE
+    return None
+
+
+def classify(exc: BaseException) -> Verdict:
+    """Decide whether ``exc`` is worth retrying.
+
+    Walks ``__cause__`` / ``__context__`` from the outermost exception inwards and returns
+    the first definite verdict. Anything unrecognised is permanent: retrying a bug forever
+    would hide it, and a crash with a traceback is the honest outcome.
+    """
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        verdict = _one(current)
+        if verdict is not None:
+            return verdict
+        current = current.__cause__ or current.__context__
+    return Verdict.PERMANENT
+
+
+def is_retriable(exc: BaseException) -> bool:
+    return classify(exc) is Verdict.RETRIABLE

@@ -1,0 +1,297 @@
+"""Settings: frozen pydantic-settings models, one env prefix per service, optional YAML file.
+
+Each service defines one subclass of :class:`ServiceSettings` with its own ``env_prefix``
+(``PG2KAFKA_``, ``KAFKA2SEARCH_``, ``KAFKA2SPARK_``) and loads it once, at start-up, with
+:func:`load_settings`. Nested models use ``__`` in variable names
+(``PG2KAFKA_KAFKA__BOOTSTRAP_SERVERS``) and dotted keys in YAML (``kafka.bootstrap_servers``).
+
+Precedence, highest first: explicit arguments, environment, the env file, the YAML file,
+defaults. Everything is validated before anything connects; an unknown key — in the YAML
+file, the environment or the env file — is an error, because a typo that silently falls
+back to a default is the worst kind of misconfiguration. Errors name the bad key in both
+spellings. Secrets are :class:`~pydantic.SecretStr` and print as ``**********``.
+
+Library code never reads the environment: only a service's entry point calls
+:func:`load_settings` and passes the model (or parts of it) down.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from contextvars import ContextVar
+from pathlib import Path
+from typing import Any, Literal, TypeVar
+
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError
+from pydantic_settings import (
+    BaseSettings,
+    EnvSettingsSource,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    YamlConfigSettingsSource,
+)
+from pydantic_settings.sources.utils import parse_env_vars
+
+from shared.errors import ConfigError
+from shared.retry import BackoffPolicy
+
+S = TypeVar("S", bound="ServiceSettings")
+
+_yaml_file: ContextVar[Path | None] = ContextVar("walcast_yaml_file", default=None)
+_env_file: ContextVar[Path | None] = ContextVar("walcast_env_file", default=None)
+_SECRET_WORDS = ("password", "secret", "token", "api_key", "apikey", "credential")
+
+
+class Section(BaseModel):
+    """Base for nested settings groups: frozen, unknown keys rejected."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class PostgresSettings(Section):
+    """Where the source database is. ``conninfo()`` contains the password: never log it."""
+
+    host: str = "127.0.0.1"
+    port: int = Field(default=5432, ge=1, le=65535)
+    database: str = "postgres"
+    user: str = "postgres"
+    password: SecretStr = SecretStr("")
+    sslmode: Literal["disable", "allow", "prefer", "require", "verify-ca", "verify-full"] = "prefer"
+    connect_timeout_s: int = Field(default=10, ge=1)
+    application_name: str = "walcast"
+
+    def conninfo(self, **extra: str) -> str:
+        """libpq key=value string (values quoted), for psycopg; contains the secret."""
+        params: dict[str, str] = {
+            "host": self.host,
+            "port": str(self.port),
+            "dbname": self.database,
+            "user": self.user,
+            "sslmode": self.sslmode,
+            "connect_timeout": str(self.connect_timeout_s),
+            "application_name": self.application_name,
+            **extra,
+        }
+        password = self.password.get_secret_value()
+        if password:
+            params["password"] = password
+        return " ".join(f"{k}='{_libpq_quote(v)}'" for k, v in params.items())
+
+
+def _libpq_quote(value: str) -> str:
+    return value.replace("\\", "\\\\").replace("'", "\\'")
+
+
+class KafkaSettings(Section):
+    """Connection to the Kafka cluster, shared by producers and consumers."""
+
+    bootstrap_servers: str = "127.0.0.1:9092"
+    client_id: str = "walcast"
+    security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = "PLAINTEXT"
+    sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"] | None = None
+    sasl_username: str | None = None
+    sasl_password: SecretStr | None = None
+    ssl_ca_location: Path | None = None
+    # Passed verbatim to librdkafka, for settings walcast has no field for.
+    extra: dict[str, str] = Field(default_factory=dict)
+
+    def client_config(self) -> dict[str, Any]:
+        """librdkafka configuration common to producers, consumers and admin clients."""
+        conf: dict[str, Any] = {
+            "bootstrap.servers": self.bootstrap_servers,
+            "client.id": self.client_id,
+            "security.protocol": self.security_protocol,
+        }
+        if self.sasl_mechanism:
+            conf["sasl.mechanism"] = self.sasl_mechanism
+        if self.sasl_username is not None:
+            conf["sasl.username"] = self.sasl_username
+        if self.sasl_password is not None:
+            conf["sasl.password"] = self.sasl_password.get_secret_value()
+        if self.ssl_ca_location is not None:
+            conf["ssl.ca.location"] = str(self.ssl_ca_location)
+        conf.update(self.extra)
+        return conf
+
+
+class HttpSettings(Section):
+    """The /metrics, /health and /ready endpoint of a service."""
+
+    enabled: bool = True
+    host: str = "127.0.0.1"
+    port: int = Field(default=9187, ge=0, le=65535)
+
+
+class LoggingSettings(Section):
+    level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+    format: Literal["json", "text"] = "json"
+
+
+class ServiceSettings(BaseSettings):
+    """Base of every service's settings; subclasses set ``env_prefix`` and add sections."""
+
+    model_config = SettingsConfigDict(
+        frozen=True,
+        extra="forbid",
+        env_nested_delimiter="__",
+        case_sensitive=False,
+        env_file_encoding="utf-8",
+    )
+
+    log: LoggingSettings = LoggingSettings()
+    http: HttpSettings = HttpSettings()
+    retry: BackoffPolicy = BackoffPolicy()
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        sources: list[PydanticBaseSettingsSource] = [init_settings, env_settings]
+        env_file = _env_file.get()
+        if env_file is not None:
+            sources.append(_EnvFileSource(settings_cls, env_file))
+        yaml_file = _yaml_file.get()
+        if yaml_file is not None:
+            sources.append(YamlConfigSettingsSource(settings_cls, yaml_file=yaml_file))
+        return tuple(sources)
+
+    def effective(self) -> dict[str, Any]:
+        """The configuration in force, secrets masked: safe to log or print."""
+        return self.model_dump(mode="json")
+
+
+class _EnvFileSource(EnvSettingsSource):
+    """A dotenv file read like the environment, keeping only this service's prefix.
+
+    pydantic-settings' own dotenv source treats every other line as an unknown key under
+    ``extra="forbid"``; the local stack's env file holds settings for every service.
+    """
+
+    def __init__(self, settings_cls: type[BaseSettings], path: Path) -> None:
+        self._path = path
+        super().__init__(settings_cls)
+
+    def _load_env_vars(self) -> Mapping[str, str | None]:
+        prefix = self.env_prefix.upper()
+        mine = {k: v for k, v in _read_dotenv(self._path).items() if k.upper().startswith(prefix)}
+        return parse_env_vars(
+            mine, self.case_sensitive, self.env_ignore_empty, self.env_parse_none_str
+        )
+
+
+def load_settings(
+    cls: type[S],
+    *,
+    config_file: Path | str | None = None,
+    env_file: Path | str | None = None,
+    **overrides: Any,
+) -> S:
+    """Build and validate a service's settings, or raise :class:`ConfigError`.
+
+    ``config_file`` is the optional YAML file; ``env_file`` an optional dotenv file (the
+    local stack writes one). The process environment and the env file are both checked
+    for unknown keys under the service's prefix.
+    """
+    prefix = str(cls.model_config.get("env_prefix", ""))
+    if config_file is not None:
+        path = Path(config_file)
+        if not path.is_file():
+            raise ConfigError(
+                f"config file {path} does not exist",
+                hint="pass an existing YAML file or omit --config",
+            )
+    env_path = Path(env_file) if env_file is not None else None
+    if env_path is not None and not env_path.is_file():
+        raise ConfigError(
+            f"env file {env_path} does not exist",
+            hint="run `deploy/local/walcast up` or pass an existing file",
+        )
+
+    _reject_unknown_env(cls, prefix, os.environ, "environment")
+    if env_path is not None:
+        _reject_unknown_env(cls, prefix, _read_dotenv(env_path), str(env_path))
+
+    yaml_token = _yaml_file.set(Path(config_file) if config_file is not None else None)
+    env_token = _env_file.set(env_path)
+    try:
+        return cls(**overrides)
+    except ValidationError as exc:
+        raise ConfigError(
+            _describe(exc, prefix), hint="fix the named keys (environment, env file or YAML)"
+        ) from None
+    finally:
+        _env_file.reset(env_token)
+        _yaml_file.reset(yaml_token)
+
+
+def _read_dotenv(path: Path) -> dict[str, str]:
+    values: dict[str, str] = {}
+    for raw in path.read_text(encoding="utf-8").splitlines():
+        line = raw.strip()
+        if not line or line.startswith("#") or "=" not in line:
+            continue
+        key, _, value = line.removeprefix("export ").partition("=")
+        values[key.strip()] = value.strip()
+    return values
+
+
+def _reject_unknown_env(
+    cls: type[BaseModel], prefix: str, env: Mapping[str, str], origin: str
+) -> None:
+    if not prefix:
+        return
+    upper_prefix = prefix.upper()
+    for key in env:
+        if not key.upper().startswith(upper_prefix):
+            continue
+        path = key[len(prefix) :].lower().split("__")
+        problem = _unknown_path(cls, path)
+        if problem:
+            raise ConfigError(
+                f"unknown setting {key} (in the {origin}): {problem}",
+                hint="remove it or correct the spelling",
+            )
+
+
+def _unknown_path(model: type[BaseModel], path: list[str]) -> str:
+    fields = model.model_fields
+    name = path[0]
+    if name not in fields:
+        return f"no key {name!r}; valid keys: {', '.join(sorted(fields))}"
+    if len(path) == 1:
+        return ""
+    annotation = fields[name].annotation
+    nested = (
+        annotation if isinstance(annotation, type) and issubclass(annotation, BaseModel) else None
+    )
+    if nested is None:
+        # A dict-valued field (for example kafka.extra) accepts arbitrary sub-keys.
+        return ""
+    return _unknown_path(nested, path[1:])
+
+
+def _describe(exc: ValidationError, prefix: str) -> str:
+    lines = []
+    for err in exc.errors():
+        loc = [str(p) for p in err["loc"]]
+        dotted = ".".join(loc)
+        env_key = prefix.upper() + "__".join(loc).upper()
+        msg = err["msg"]
+        if err["type"] == "extra_forbidden":
+            msg = "unknown key"
+        shown = ""
+        if (
+            "input" in err
+            and not any(w in dotted.lower() for w in _SECRET_WORDS)
+            and err["type"] != "extra_forbidden"
+            and not isinstance(err["input"], dict)
+        ):
+            shown = f" (got {err['input']!r})"
+        lines.append(f"{env_key} / {dotted}: {msg}{shown}")
+    return "invalid configuration: " + "; ".join(lines)

@@ -1,0 +1,57 @@
+"""Session fixtures shared by every tier.
+
+Integration and e2e tests read connection settings from the env file the local stack
+writes (``deploy/local/walcast up``), or from ``$WALCAST_ENV_FILE``. A missing stack is a
+test *failure* with instructions, never a skip: CI must not go green without services.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _env_file() -> Path:
+    explicit = os.environ.get("WALCAST_ENV_FILE")
+    if explicit:
+        return Path(explicit)
+    state = Path(os.environ.get("WALCAST_STACK_DIR", REPO / ".stack"))
+    return state / "walcast.env"
+
+
+@pytest.fixture(scope="session")
+def stack_env() -> dict[str, str]:
+    path = _env_file()
+    if not path.is_file():
+        pytest.fail(
+            f"no local stack env file at {path}: start the services with "
+            "`deploy/local/walcast up` (or run the suite with `deploy/local/walcast test`)",
+            pytrace=False,
+        )
+    values: dict[str, str] = {}
+    for line in path.read_text().splitlines():
+        if line and not line.startswith("#") and "=" in line:
+            key, _, value = line.partition("=")
+            values[key] = value
+    return values
+
+
+@pytest.fixture
+def unique_name(request: pytest.FixtureRequest) -> str:
+    """A name no other test (or earlier run) uses: for slots, topics, indices, tables."""
+    base = "".join(c if c.isalnum() else "_" for c in request.node.name.lower())[:30]
+    return f"t_{base}_{uuid.uuid4().hex[:8]}"
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark each test with its tier from its directory, so `-m unit` etc. select them."""
+    for item in items:
+        parts = Path(str(item.fspath)).parts
+        for tier in ("unit", "integration", "e2e"):
+            if tier in parts:
+                item.add_marker(getattr(pytest.mark, tier))

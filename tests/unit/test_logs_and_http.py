@@ -1,0 +1,91 @@
+from __future__ import annotations
+
+import io
+import json
+import logging
+import urllib.error
+import urllib.request
+
+import pytest
+from prometheus_client import CollectorRegistry, Counter
+
+from shared.http import OpsServer
+from shared.logs import bind, configure_logging, register_secret
+
+
+def test_json_lines_with_extra_fields_and_masked_secret() -> None:
+    out = io.StringIO()
+    configure_logging("INFO", "json", stream=out)
+    register_secret("pa55word-xyz")
+    log = bind(logging.getLogger("walcast.test"), slot="s1")
+    log.info("connecting with password=pa55word-xyz", extra={"attempt": 2})
+    line = json.loads(out.getvalue().strip().splitlines()[-1])
+    assert line["msg"] == "connecting with password=**********"
+    assert line["slot"] == "s1"
+    assert line["attempt"] == 2
+    assert line["level"] == "info"
+    assert line["logger"] == "walcast.test"
+
+
+def test_text_format_masks_too() -> None:
+    out = io.StringIO()
+    configure_logging("DEBUG", "text", stream=out)
+    register_secret("another-secret")
+    logging.getLogger("x").debug("dsn=host=a password=another-secret", extra={"k": 1})
+    text = out.getvalue()
+    assert "another-secret" not in text
+    assert "k=1" in text
+
+
+def _get(url: str) -> tuple[int, bytes]:
+    try:
+        with urllib.request.urlopen(url, timeout=5) as resp:  # noqa: S310 - loopback http
+            return resp.status, resp.read()
+    except urllib.error.HTTPError as err:
+        return err.code, err.read()
+
+
+def test_ops_server_endpoints() -> None:
+    registry = CollectorRegistry()
+    events = Counter("walcast_test_events", "events", registry=registry)
+    events.inc(3)
+    ready = {"ok": False}
+    server = OpsServer(registry, port=0)
+    server.add_health_check("loop", lambda: (True, "ticking"))
+    server.add_ready_check(
+        "kafka", lambda: (ready["ok"], "connected" if ready["ok"] else "not yet")
+    )
+
+    def broken() -> tuple[bool, str]:
+        raise RuntimeError("boom")
+
+    server.start()
+    try:
+        base = f"http://127.0.0.1:{server.port}"
+        code, body = _get(base + "/metrics")
+        assert code == 200
+        assert b"walcast_test_events_total 3.0" in body
+        code, body = _get(base + "/health")
+        assert code == 200
+        assert json.loads(body)["checks"]["loop"] == {"ok": True, "detail": "ticking"}
+        code, body = _get(base + "/ready")
+        assert code == 503
+        assert json.loads(body)["checks"]["kafka"]["detail"] == "not yet"
+        ready["ok"] = True
+        assert _get(base + "/ready")[0] == 200
+        server.add_health_check("broken", broken)
+        code, body = _get(base + "/health")
+        assert code == 503
+        assert "boom" in json.loads(body)["checks"]["broken"]["detail"]
+        assert _get(base + "/nope")[0] == 404
+    finally:
+        server.stop()
+
+
+@pytest.fixture(autouse=True)
+def _restore_logging() -> object:
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    yield
+    root.handlers[:] = handlers
+    root.setLevel(level)
