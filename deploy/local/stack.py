@@ -444,7 +444,7 @@ class Postgres(Component):
         bindir = self.bindir()
         assert bindir is not None
         say(f"postgres: starting on {HOST}:{PG_PORT}")
-        # Stale pid file after a kill -9: postgres itself refuses to start if it is live.
+        self.clear_stale_lock()
         run(
             self.as_owner(
                 [
@@ -464,6 +464,25 @@ class Postgres(Component):
             self.log,
         )
         self.bootstrap_roles()
+
+    def clear_stale_lock(self) -> None:
+        """After a kill -9 the postmaster may linger as a zombie until reaped, and postgres
+        refuses to start while the pid in postmaster.pid exists. Wait for it to go; if it
+        stays a zombie (no reaping parent), the lock is stale and safe to remove: postgres
+        still checks its shared memory for orphaned backends itself."""
+        lock = self.data / "postmaster.pid"
+        try:
+            old = int(lock.read_text().split()[0])
+        except (OSError, ValueError, IndexError):
+            return
+        if pid_alive(old):
+            return
+        deadline = time.monotonic() + 15
+        while Path(f"/proc/{old}").exists() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        if Path(f"/proc/{old}").exists():
+            say(f"postgres: removing stale lock of dead postmaster {old}")
+            lock.unlink(missing_ok=True)
 
     def psql(
         self, sql: str, *, db: str = "postgres", check: bool = True, step: str = "psql"
