@@ -99,3 +99,16 @@ def test_unknown_component_is_rejected() -> None:
     proc = walcast("up", "kafak")
     assert proc.returncode != 0
     assert "unknown component" in proc.stderr + proc.stdout
+
+
+def test_demo_runs_and_summarises(stack_env: dict[str, str]) -> None:
+    proc = walcast("demo", "--rows", "40")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    out = proc.stdout
+    assert "40/40" in out  # progress reached the end
+    assert "demo.customers" in out
+    assert "40 rows" in out
+    assert "demo.orders" in out
+    assert "72 rows" in out  # 80 orders minus every 10th deleted
+    for section in ("kafka", "opensearch", "elasticsearch", "delta"):
+        assert f"\n  {section}" in out, section
