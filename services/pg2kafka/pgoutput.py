@@ -1,0 +1,296 @@
+"""Decoder for the ``pgoutput`` logical replication protocol, version 1.
+
+Pure functions over bytes: ``decode(payload)`` turns one XLogData payload into one of the
+message dataclasses below. Column values stay as the server's text output (or the
+:data:`UNCHANGED_TOAST` marker, or None for SQL NULL); converting them by type is
+:mod:`services.pg2kafka.types`' job, because it needs the relation's column types.
+
+Protocol reference: PostgreSQL documentation, "Logical Replication Message Formats".
+Version 1 streams only committed transactions, whole, in commit order.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+from typing import Final
+
+# Microseconds between the Unix epoch and the Postgres epoch (2000-01-01).
+PG_EPOCH_OFFSET_US: Final = 946_684_800_000_000
+
+
+class _UnchangedToast:
+    """A value the server did not send because it is TOASTed and was not modified."""
+
+    _instance: _UnchangedToast | None = None
+
+    def __new__(cls) -> _UnchangedToast:
+        if cls._instance is None:
+            cls._instance = super().__new__(cls)
+        return cls._instance
+
+    def __repr__(self) -> str:
+        return "UNCHANGED_TOAST"
+
+
+UNCHANGED_TOAST: Final = _UnchangedToast()
+
+Value = str | None | _UnchangedToast
+
+
+class DecodeError(ValueError):
+    """The payload does not follow the protocol (truncated, unknown tag)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Begin:
+    final_lsn: int
+    commit_ts_us: int  # microseconds since the Unix epoch
+    xid: int
+
+
+@dataclass(frozen=True, slots=True)
+class Commit:
+    commit_lsn: int
+    end_lsn: int
+    commit_ts_us: int
+
+
+@dataclass(frozen=True, slots=True)
+class Column:
+    name: str
+    type_oid: int
+    type_modifier: int
+    is_key: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Relation:
+    oid: int
+    schema: str
+    table: str
+    replica_identity: str  # 'd' default, 'n' nothing, 'f' full, 'i' index
+    columns: tuple[Column, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class TypeMessage:
+    oid: int
+    schema: str
+    name: str
+
+
+@dataclass(frozen=True, slots=True)
+class Insert:
+    relation_oid: int
+    new: tuple[Value, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Update:
+    relation_oid: int
+    new: tuple[Value, ...]
+    # 'K': only the replica identity columns of the old row; 'O': the whole old row
+    # (REPLICA IDENTITY FULL); None: the key did not change and identity is not FULL.
+    old_kind: str | None
+    old: tuple[Value, ...] | None
+
+
+@dataclass(frozen=True, slots=True)
+class Delete:
+    relation_oid: int
+    old_kind: str  # 'K' or 'O'
+    old: tuple[Value, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Truncate:
+    relation_oids: tuple[int, ...]
+    cascade: bool
+    restart_identity: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Message:
+    transactional: bool
+    lsn: int
+    prefix: str
+    content: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class Origin:
+    commit_lsn: int
+    name: str
+
+
+Decoded = (
+    Begin | Commit | Relation | TypeMessage | Insert | Update | Delete | Truncate | Message | Origin
+)
+
+_I8 = struct.Struct("!b")
+_I16 = struct.Struct("!h")
+_I32 = struct.Struct("!i")
+_U32 = struct.Struct("!I")
+_I64 = struct.Struct("!q")
+_BEGIN = struct.Struct("!QqI")
+_COMMIT = struct.Struct("!bQQq")
+
+
+class _Reader:
+    __slots__ = ("buf", "pos")
+
+    def __init__(self, buf: bytes | memoryview) -> None:
+        self.buf = bytes(buf)
+        self.pos = 1  # past the tag byte
+
+    def need(self, n: int) -> None:
+        if self.pos + n > len(self.buf):
+            raise DecodeError(f"truncated message: need {n} bytes at offset {self.pos}")
+
+    def unpack(self, st: struct.Struct) -> tuple[int, ...]:
+        self.need(st.size)
+        values = st.unpack_from(self.buf, self.pos)
+        self.pos += st.size
+        return values
+
+    def byte(self) -> str:
+        self.need(1)
+        b = self.buf[self.pos]
+        self.pos += 1
+        return chr(b)
+
+    def int8(self) -> int:
+        return self.unpack(_I8)[0]
+
+    def int16(self) -> int:
+        return self.unpack(_I16)[0]
+
+    def int32(self) -> int:
+        return self.unpack(_I32)[0]
+
+    def uint32(self) -> int:
+        return self.unpack(_U32)[0]
+
+    def int64(self) -> int:
+        return self.unpack(_I64)[0]
+
+    def string(self) -> str:
+        end = self.buf.find(b"\0", self.pos)
+        if end < 0:
+            raise DecodeError("unterminated string")
+        s = self.buf[self.pos : end].decode("utf-8")
+        self.pos = end + 1
+        return s
+
+    def raw(self, n: int) -> bytes:
+        self.need(n)
+        b = self.buf[self.pos : self.pos + n]
+        self.pos += n
+        return b
+
+    def tuple_data(self) -> tuple[Value, ...]:
+        ncols = self.int16()
+        values: list[Value] = []
+        buf = self.buf
+        for _ in range(ncols):
+            self.need(1)
+            kind = buf[self.pos]
+            self.pos += 1
+            if kind == 0x74:  # 't' text
+                n = self.int32()
+                self.need(n)
+                values.append(buf[self.pos : self.pos + n].decode("utf-8"))
+                self.pos += n
+            elif kind == 0x6E:  # 'n' null
+                values.append(None)
+            elif kind == 0x75:  # 'u' unchanged toast
+                values.append(UNCHANGED_TOAST)
+            else:
+                # 'b' (binary) only appears with the binary option, which we never request.
+                raise DecodeError(f"unsupported tuple column kind {chr(kind)!r}")
+        return tuple(values)
+
+
+def to_unix_us(pg_us: int) -> int:
+    return pg_us + PG_EPOCH_OFFSET_US
+
+
+def decode(payload: bytes | memoryview) -> Decoded:
+    """Decode one pgoutput message (the data part of an XLogData message)."""
+    if not payload:
+        raise DecodeError("empty message")
+    r = _Reader(payload)
+    tag = chr(r.buf[0])
+    if tag == "B":
+        final_lsn, ts, xid = r.unpack(_BEGIN)
+        return Begin(final_lsn, to_unix_us(ts), xid)
+    if tag == "C":
+        _flags, commit_lsn, end_lsn, ts = r.unpack(_COMMIT)
+        return Commit(commit_lsn, end_lsn, to_unix_us(ts))
+    if tag == "I":
+        oid = r.uint32()
+        if r.byte() != "N":
+            raise DecodeError("insert without new tuple")
+        return Insert(oid, r.tuple_data())
+    if tag == "U":
+        oid = r.uint32()
+        kind = r.byte()
+        old_kind: str | None = None
+        old: tuple[Value, ...] | None = None
+        if kind in ("K", "O"):
+            old_kind, old = kind, r.tuple_data()
+            kind = r.byte()
+        if kind != "N":
+            raise DecodeError(f"update without new tuple (got {kind!r})")
+        return Update(oid, r.tuple_data(), old_kind, old)
+    if tag == "D":
+        oid = r.uint32()
+        kind = r.byte()
+        if kind not in ("K", "O"):
+            raise DecodeError(f"delete without old tuple (got {kind!r})")
+        return Delete(oid, kind, r.tuple_data())
+    if tag == "R":
+        oid = r.uint32()
+        schema = r.string() or "pg_catalog"
+        table = r.string()
+        identity = chr(r.int8())
+        ncols = r.int16()
+        cols = []
+        for _ in range(ncols):
+            flags = r.int8()
+            name = r.string()
+            type_oid = r.uint32()
+            typmod = r.int32()
+            cols.append(Column(name, type_oid, typmod, bool(flags & 1)))
+        return Relation(oid, schema, table, identity, tuple(cols))
+    if tag == "Y":
+        oid = r.uint32()
+        schema = r.string() or "pg_catalog"
+        return TypeMessage(oid, schema, r.string())
+    if tag == "T":
+        n = r.int32()
+        options = r.int8()
+        oids = tuple(r.uint32() for _ in range(n))
+        return Truncate(oids, bool(options & 1), bool(options & 2))
+    if tag == "M":
+        flags = r.int8()
+        lsn = r.int64()
+        prefix = r.string()
+        length = r.int32()
+        return Message(bool(flags & 1), lsn, prefix, r.raw(length))
+    if tag == "O":
+        commit_lsn = r.int64()
+        return Origin(commit_lsn, r.string())
+    raise DecodeError(f"unknown pgoutput message tag {tag!r}")
+
+
+def format_lsn(lsn: int) -> str:
+    return f"{lsn >> 32:X}/{lsn & 0xFFFFFFFF:X}"
+
+
+def parse_lsn(text: str) -> int:
+    hi, sep, lo = text.partition("/")
+    if not sep:
+        raise ValueError(f"not an LSN: {text!r}")
+    return (int(hi, 16) << 32) | int(lo, 16)
