@@ -57,13 +57,17 @@ def call_with_retry(
     policy: BackoffPolicy,
     what: str,
     classify_fn: Callable[[BaseException], Verdict] = classify,
-    sleep: Callable[[float], None] = time.sleep,
+    sleep: Callable[[float], object] = time.sleep,
     clock: Callable[[], float] = time.monotonic,
     on_retry: Callable[[BaseException, int, float], None] | None = None,
+    progressed: Callable[[], bool] | None = None,
 ) -> T:
     """Call ``fn`` until it succeeds, a failure is permanent, or the policy gives up.
 
     ``on_retry(exc, attempt, delay)`` runs before each wait (metrics, logs).
+    ``progressed()`` is asked after each failure: True means the call did useful work
+    before failing (a stream that ran for hours), so the backoff starts over instead of
+    counting the hours against ``give_up_after_s``.
     """
     start = clock()
     delays = policy.delays()
@@ -75,6 +79,8 @@ def call_with_retry(
         except Exception as exc:
             if classify_fn(exc) is Verdict.PERMANENT:
                 raise
+            if progressed is not None and progressed():
+                start, delays, attempt = clock(), policy.delays(), 1
             delay = next(delays, None)
             elapsed = clock() - start
             if delay is None or (

@@ -614,6 +614,12 @@ class Postgres(Component):
             "WALCAST_PG_PASSWORD": PG_PASSWORD,
             "WALCAST_PG_DATABASE": PG_DATABASE,
             "WALCAST_PG_DSN": f"postgresql://{PG_USER}:{PG_PASSWORD}@{HOST}:{PG_PORT}/{PG_DATABASE}",
+            # pg2kafka's own settings (env prefix PG2KAFKA_), read with --env-file.
+            "PG2KAFKA_POSTGRES__HOST": HOST,
+            "PG2KAFKA_POSTGRES__PORT": str(PG_PORT),
+            "PG2KAFKA_POSTGRES__USER": PG_USER,
+            "PG2KAFKA_POSTGRES__PASSWORD": PG_PASSWORD,
+            "PG2KAFKA_POSTGRES__DATABASE": PG_DATABASE,
         }
 
 
@@ -752,7 +758,10 @@ class Kafka(Component):
             return False, str(exc)
 
     def env(self) -> dict[str, str]:
-        return {"WALCAST_KAFKA_BOOTSTRAP": f"{HOST}:{KAFKA_PORT}"}
+        return {
+            "WALCAST_KAFKA_BOOTSTRAP": f"{HOST}:{KAFKA_PORT}",
+            "PG2KAFKA_KAFKA__BOOTSTRAP_SERVERS": f"{HOST}:{KAFKA_PORT}",
+        }
 
 
 # --------------------------------------------------------------------------- search engines

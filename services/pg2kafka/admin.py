@@ -1,0 +1,150 @@
+"""``init``, ``tear-down`` and ``status``: the Postgres objects pg2kafka streams from.
+
+``init`` is idempotent: it creates what is missing (publication, slot) and leaves what
+exists alone. ``tear-down`` removes exactly what ``init`` created. Both run on an ordinary
+connection as a role that may create publications (owner of the tables, or superuser for
+``FOR ALL TABLES``) and has REPLICATION.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+import psycopg
+from psycopg import sql
+
+from services.pg2kafka.kafka_sink import ensure_topic
+from services.pg2kafka.settings import Pg2KafkaSettings
+from shared.errors import PermanentError
+
+log = logging.getLogger(__name__)
+
+
+def _connect(settings: Pg2KafkaSettings) -> psycopg.Connection[tuple[Any, ...]]:
+    return psycopg.connect(settings.postgres.conninfo(), autocommit=True)
+
+
+def check_server(conn: psycopg.Connection[tuple[Any, ...]]) -> None:
+    """Fail fast, with the fix, on a server that cannot stream logical changes."""
+    row = conn.execute("SHOW wal_level").fetchone()
+    if row is None or row[0] != "logical":
+        raise PermanentError(
+            f"wal_level is {row[0] if row else 'unknown'!r}, logical replication needs 'logical'",
+            hint="set wal_level = logical in postgresql.conf and restart Postgres",
+        )
+    row = conn.execute(
+        "SELECT rolreplication OR rolsuper FROM pg_roles WHERE rolname = current_user"
+    ).fetchone()
+    if not row or not row[0]:
+        raise PermanentError(
+            "the role has no REPLICATION attribute",
+            hint="ALTER ROLE <user> REPLICATION (or connect as a role that has it)",
+        )
+
+
+@dataclass
+class InitReport:
+    created: list[str] = field(default_factory=list)
+    existing: list[str] = field(default_factory=list)
+
+
+def init(settings: Pg2KafkaSettings) -> InitReport:
+    rep = settings.replication
+    report = InitReport()
+    with _connect(settings) as conn:
+        check_server(conn)
+        exists = conn.execute(
+            "SELECT 1 FROM pg_publication WHERE pubname = %s", [rep.publication]
+        ).fetchone()
+        if exists:
+            report.existing.append(f"publication {rep.publication}")
+        else:
+            conn.execute(
+                sql.SQL("CREATE PUBLICATION {} FOR ALL TABLES").format(
+                    sql.Identifier(rep.publication)
+                )
+            )
+            report.created.append(f"publication {rep.publication}")
+        slot = conn.execute(
+            "SELECT plugin, database FROM pg_replication_slots WHERE slot_name = %s", [rep.slot]
+        ).fetchone()
+        if slot is None:
+            conn.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", [rep.slot])
+            report.created.append(f"slot {rep.slot}")
+        elif slot[0] != "pgoutput" or slot[1] != settings.postgres.database:
+            raise PermanentError(
+                f"slot {rep.slot!r} exists for plugin {slot[0]!r} in database {slot[1]!r}",
+                hint="choose another PG2KAFKA_REPLICATION__SLOT or drop that slot",
+            )
+        else:
+            report.existing.append(f"slot {rep.slot}")
+    prod = settings.producer
+    if prod.create_topic:
+        if ensure_topic(
+            settings.kafka.client_config(),
+            prod.topic,
+            prod.topic_partitions,
+            prod.topic_replication_factor,
+        ):
+            report.created.append(f"topic {prod.topic}")
+        else:
+            report.existing.append(f"topic {prod.topic}")
+    return report
+
+
+def tear_down(settings: Pg2KafkaSettings) -> list[str]:
+    """Drop the slot and the publication (the Kafka topic is kept: it holds data)."""
+    rep = settings.replication
+    removed = []
+    with _connect(settings) as conn:
+        active = conn.execute(
+            "SELECT active_pid FROM pg_replication_slots WHERE slot_name = %s", [rep.slot]
+        ).fetchone()
+        if active is not None:
+            if active[0] is not None:
+                raise PermanentError(
+                    f"slot {rep.slot!r} is being streamed by pid {active[0]}",
+                    hint="stop pg2kafka before tear-down",
+                )
+            conn.execute("SELECT pg_drop_replication_slot(%s)", [rep.slot])
+            removed.append(f"slot {rep.slot}")
+        if conn.execute(
+            "SELECT 1 FROM pg_publication WHERE pubname = %s", [rep.publication]
+        ).fetchone():
+            conn.execute(sql.SQL("DROP PUBLICATION {}").format(sql.Identifier(rep.publication)))
+            removed.append(f"publication {rep.publication}")
+    return removed
+
+
+def status(settings: Pg2KafkaSettings) -> dict[str, Any]:
+    rep = settings.replication
+    out: dict[str, Any] = {"slot": rep.slot, "publication": rep.publication}
+    with _connect(settings) as conn:
+        row = conn.execute(
+            "SELECT confirmed_flush_lsn::text, active,"
+            " pg_wal_lsn_diff(pg_current_wal_lsn(), confirmed_flush_lsn)::bigint"
+            " FROM pg_replication_slots WHERE slot_name = %s",
+            [rep.slot],
+        ).fetchone()
+        if row is None:
+            out["slot_exists"] = False
+        else:
+            out.update(slot_exists=True, confirmed_lsn=row[0], active=row[1], lag_bytes=row[2])
+        tables = conn.execute(
+            "SELECT schemaname || '.' || tablename FROM pg_publication_tables"
+            " WHERE pubname = %s ORDER BY 1",
+            [rep.publication],
+        ).fetchall()
+        out["publication_tables"] = [t[0] for t in tables]
+    try:
+        from confluent_kafka.admin import AdminClient
+
+        md = AdminClient(settings.kafka.client_config()).list_topics(timeout=5)
+        out["kafka_reachable"] = True
+        out["topic_exists"] = settings.producer.topic in md.topics
+    except Exception as exc:  # noqa: BLE001 - status reports, it does not fail
+        out["kafka_reachable"] = False
+        out["kafka_error"] = str(exc)
+    return out

@@ -1,0 +1,307 @@
+"""pg2kafka wired together: ``build(settings)`` composes the service; ``Pipeline.run``
+streams the slot into Kafka.
+
+The loop, on one thread:
+
+1. poll the replication stream (unless the memory guard is full: then only serve Kafka
+   acks and standby status updates — backpressure);
+2. decode, build events, hand them to the Kafka sink tagged with their transaction;
+3. serve delivery callbacks; the :class:`AckTracker` moves the confirmable LSN only past
+   transactions Kafka fully acknowledged, in commit order;
+4. report that LSN to Postgres as flushed (checkpoint last).
+
+A crash at any point leaves the slot at a transaction boundary whose messages are all in
+Kafka; the restart redelivers the unconfirmed tail (same LSNs, detectable duplicates).
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+import time
+from dataclasses import dataclass
+from types import FrameType
+
+import psycopg
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from services.pg2kafka import pgoutput as pg
+from services.pg2kafka.changes import AckTracker, EventBuilder
+from services.pg2kafka.kafka_sink import KafkaSink, Outgoing, ensure_topic
+from services.pg2kafka.replication import PostgresReplicationSource
+from services.pg2kafka.settings import Pg2KafkaSettings
+from services.pg2kafka.types import TypeInfo, TypeRegistry
+from shared.events import Event, JsonEventSerializer
+from shared.http import OpsServer
+from shared.retry import call_with_retry
+
+log = logging.getLogger(__name__)
+
+
+class Metrics:
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.events = Counter(
+            "walcast_pg2kafka_events", "change events produced", ["op"], registry=registry
+        )
+        self.bytes = Counter("walcast_pg2kafka_bytes", "event bytes produced", registry=registry)
+        self.transactions = Counter(
+            "walcast_pg2kafka_transactions", "transactions fully acknowledged", registry=registry
+        )
+        self.skipped = Counter(
+            "walcast_pg2kafka_skipped_no_identity",
+            "changes skipped: table without replica identity",
+            registry=registry,
+        )
+        self.inflight = Gauge(
+            "walcast_pg2kafka_inflight_bytes",
+            "bytes handed to Kafka, not yet acknowledged",
+            registry=registry,
+        )
+        self.confirmed = Gauge(
+            "walcast_pg2kafka_confirmed_lsn", "LSN confirmed to the slot", registry=registry
+        )
+        self.lag = Gauge(
+            "walcast_pg2kafka_replication_lag_bytes",
+            "server WAL end minus confirmed LSN",
+            registry=registry,
+        )
+        self.backpressure = Counter(
+            "walcast_pg2kafka_backpressure_waits",
+            "times reading paused because the memory guard was full",
+            registry=registry,
+        )
+        self.commit_to_ack = Histogram(
+            "walcast_pg2kafka_commit_to_ack_seconds",
+            "Postgres commit time to Kafka acknowledgement of the whole transaction",
+            buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
+            registry=registry,
+        )
+
+
+def type_lookup(conninfo: str) -> TypeRegistry:
+    """A registry that asks pg_type about OIDs it does not know (enums, domains, arrays)."""
+    conn: psycopg.Connection[tuple[object, ...]] | None = None
+
+    def lookup(oid: int) -> TypeInfo | None:
+        nonlocal conn
+        if conn is None or conn.closed:
+            conn = psycopg.connect(conninfo, autocommit=True)
+        row = conn.execute(
+            "SELECT t.oid, t.typname, t.typtype, t.typbasetype,"
+            " CASE WHEN t.typcategory = 'A' THEN t.typelem ELSE 0 END, t.typdelim"
+            " FROM pg_catalog.pg_type t WHERE t.oid = %s",
+            [oid],
+        ).fetchone()
+        if row is None:
+            return None
+        return TypeInfo(
+            int(str(row[0])),
+            str(row[1]),
+            str(row[2]),
+            int(str(row[3])),
+            int(str(row[4])),
+            str(row[5]),
+        )
+
+    return TypeRegistry(lookup)
+
+
+@dataclass
+class Pipeline:
+    settings: Pg2KafkaSettings
+    metrics: Metrics
+    stop_event: threading.Event
+
+    def __post_init__(self) -> None:
+        self.serializer = JsonEventSerializer()
+        self.streaming = False
+        self.progressed = False  # confirmed something since the last failure
+        self.last_loop = time.monotonic()
+
+    def key_for(self, ev: Event) -> bytes:
+        mode = self.settings.producer.partition_key
+        if mode == "schema":
+            return str(ev.get("schema", "")).encode()
+        if mode == "table":
+            return f"{ev.get('schema', '')}.{ev.get('table', '')}".encode()
+        key = ev.get("key") or {}
+        if not key:
+            return f"{ev.get('schema', '')}.{ev.get('table', '')}".encode()
+        return self.serializer.encode({"t": f"{ev['schema']}.{ev['table']}", "k": key})
+
+    def run_once(self) -> None:
+        """Stream until stopped or a failure; resources are released either way."""
+        s = self.settings
+        conninfo = s.postgres.conninfo()
+        source = PostgresReplicationSource(
+            conninfo,
+            s.replication.slot,
+            s.replication.publication,
+            status_interval_s=s.replication.status_interval_s,
+        )
+        producer_conf = {
+            **s.kafka.client_config(),
+            "linger.ms": s.producer.linger_ms,
+            "batch.size": s.producer.batch_bytes,
+            "compression.type": s.producer.compression,
+            "message.timeout.ms": s.producer.delivery_timeout_ms,
+        }
+        sink = KafkaSink(
+            producer_conf,
+            max_inflight_bytes=s.producer.max_inflight_bytes,
+            while_waiting=lambda: source.maybe_send_status(),
+        )
+        tracker = AckTracker()
+        builder = EventBuilder(
+            s.postgres.database, type_lookup(conninfo), no_identity=s.replication.no_identity
+        )
+        commit_times: dict[int, float] = {}
+
+        def on_durable(seq: int) -> None:
+            tracker.acked(seq)
+
+        sink.set_listener(on_durable)
+        if s.producer.create_topic:
+            ensure_topic(
+                s.kafka.client_config(),
+                s.producer.topic,
+                s.producer.topic_partitions,
+                s.producer.topic_replication_factor,
+            )
+        sink.partitions(s.producer.topic)  # fail fast on a missing topic
+        topic = s.producer.topic
+        try:
+            source.start()
+            self.streaming = True
+            seq = 0
+            while not self.stop_event.is_set():
+                self.last_loop = time.monotonic()
+                sink.poll(0)
+                before = tracker.confirmed
+                if tracker.confirmed > source.confirmed_lsn:
+                    source.confirm(tracker.confirmed)
+                if tracker.idle():
+                    # Nothing in flight: everything the server sent is in Kafka.
+                    tracker.advance_idle(source.received_lsn)
+                    source.confirm(tracker.confirmed)
+                if tracker.confirmed != before:
+                    self.progressed = True
+                    self._observe_acked(commit_times, tracker)
+                self.metrics.inflight.set(sink.inflight_bytes)
+                self.metrics.confirmed.set(source.confirmed_lsn)
+                self.metrics.lag.set(max(0, source.server_wal_end - source.confirmed_lsn))
+                got = source.poll(0.2)
+                if got is None:
+                    continue
+                lsn, msg = got
+                if isinstance(msg, pg.Begin):
+                    txn = builder.begin(msg)
+                    seq = txn.seq
+                    tracker.open(seq)
+                elif isinstance(msg, pg.Commit):
+                    builder.commit(msg)
+                    commit_times[seq] = msg.commit_ts_us / 1e6
+                    tracker.close(seq, msg.end_lsn)
+                    self.metrics.transactions.inc()
+                elif isinstance(msg, (pg.Insert, pg.Update, pg.Delete)):
+                    ev = builder.change(msg, lsn)
+                    if ev is None:
+                        self.metrics.skipped.inc()
+                        continue
+                    self._send(sink, tracker, topic, ev, seq)
+                elif isinstance(msg, pg.Truncate):
+                    for ev in builder.truncate(msg, lsn):
+                        self._send(sink, tracker, topic, ev, seq)
+                elif isinstance(msg, pg.Relation):
+                    builder.relation(msg)
+                elif isinstance(msg, pg.TypeMessage):
+                    builder.type_message(msg)
+                # Origin and logical Message: nothing to emit yet.
+                if sink.waits:
+                    self.metrics.backpressure.inc(sink.waits)
+                    sink.waits = 0
+            # Orderly stop: what is in flight gets its acks, then the final position.
+            sink.flush(30)
+            source.confirm(tracker.confirmed)
+            source.send_status()
+        finally:
+            self.streaming = False
+            source.close()
+            sink.close()
+
+    def _send(self, sink: KafkaSink, tracker: AckTracker, topic: str, ev: Event, seq: int) -> None:
+        value = self.serializer.encode(ev)
+        tracker.sent(seq)
+        sink.write(Outgoing(topic, self.key_for(ev), value), seq)
+        self.metrics.events.labels(ev["op"]).inc()
+        self.metrics.bytes.inc(len(value))
+
+    def _observe_acked(self, commit_times: dict[int, float], tracker: AckTracker) -> None:
+        now = time.time()
+        done = [s for s in commit_times if tracker.is_done(s)]
+        for s in done:
+            self.metrics.commit_to_ack.observe(max(0.0, now - commit_times.pop(s)))
+
+    def run(self) -> None:
+        """Run until stopped; transient failures reconnect with the configured backoff."""
+
+        def progressed() -> bool:
+            made, self.progressed = self.progressed, False
+            return made
+
+        call_with_retry(
+            self.run_once,
+            policy=self.settings.retry,
+            what="stream the replication slot",
+            sleep=self.stop_event.wait,
+            progressed=progressed,
+        )
+
+
+@dataclass
+class Service:
+    settings: Pg2KafkaSettings
+    registry: CollectorRegistry
+    pipeline: Pipeline
+    ops: OpsServer | None
+    stop_event: threading.Event
+
+    def run(self) -> None:
+        if self.ops is not None:
+            self.ops.start()
+        try:
+            self.pipeline.run()
+        finally:
+            if self.ops is not None:
+                self.ops.stop()
+
+    def stop(self, *_: object) -> None:
+        self.stop_event.set()
+
+    def install_signal_handlers(self) -> None:
+        def handler(signum: int, _frame: FrameType | None) -> None:
+            log.info("signal %d: stopping after in-flight messages are acknowledged", signum)
+            self.stop()
+
+        signal.signal(signal.SIGTERM, handler)
+        signal.signal(signal.SIGINT, handler)
+
+
+def build(settings: Pg2KafkaSettings) -> Service:
+    """Compose pg2kafka from its settings; nothing connects until ``run``."""
+    registry = CollectorRegistry()
+    stop_event = threading.Event()
+    pipeline = Pipeline(settings, Metrics(registry), stop_event)
+    ops: OpsServer | None = None
+    if settings.http.enabled:
+        ops = OpsServer(registry, settings.http.host, settings.http.port)
+        ops.add_health_check(
+            "loop",
+            lambda: (time.monotonic() - pipeline.last_loop < 120, "main loop ticking"),
+        )
+        ops.add_ready_check("streaming", lambda: (pipeline.streaming, "replication streaming"))
+    return Service(settings, registry, pipeline, ops, stop_event)
+
+
+__all__ = ["Pipeline", "Service", "build"]

@@ -1,0 +1,243 @@
+"""From decoded pgoutput messages to change events, and from Kafka acks to a safe LSN.
+
+:class:`EventBuilder` keeps the per-stream state the protocol relies on (the relation
+cache, the open transaction) and turns each data message into a v1 change event (see
+:mod:`shared.events`). :class:`AckTracker` decides which LSN may be confirmed to the slot:
+only the end of a transaction whose every message Kafka has acknowledged, and only once
+every earlier transaction is acknowledged too (checkpoint last).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from services.pg2kafka import pgoutput as pg
+from services.pg2kafka.types import TypeRegistry
+from shared.errors import PermanentError
+from shared.events import EVENT_VERSION, Event
+
+# Type names for the built-in OIDs, for the event's "types" map.
+_TYPE_NAMES: dict[int, str] = {
+    16: "bool", 17: "bytea", 18: "char", 19: "name", 20: "int8", 21: "int2", 23: "int4",
+    25: "text", 26: "oid", 114: "json", 700: "float4", 701: "float8", 790: "money",
+    1042: "bpchar", 1043: "varchar", 1082: "date", 1083: "time", 1114: "timestamp",
+    1184: "timestamptz", 1186: "interval", 1266: "timetz", 1700: "numeric", 2950: "uuid",
+    3802: "jsonb", 1000: "_bool", 1001: "_bytea", 1005: "_int2", 1007: "_int4",
+    1016: "_int8", 1009: "_text", 1015: "_varchar", 1021: "_float4", 1022: "_float8",
+    1231: "_numeric", 199: "_json", 3807: "_jsonb", 1115: "_timestamp",
+    1185: "_timestamptz", 1182: "_date", 2951: "_uuid",
+}  # fmt: skip
+
+
+def iso_utc(unix_us: int) -> str:
+    dt = datetime.fromtimestamp(unix_us / 1_000_000, tz=UTC)
+    return dt.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+@dataclass
+class Transaction:
+    xid: int
+    commit_lsn: int
+    commit_ts: str
+    seq: int
+
+
+class EventBuilder:
+    """Stateful: feed every decoded message in stream order, collect the events.
+
+    ``no_identity``: what to do with a change to a table that has no replica identity
+    columns (no primary key, REPLICA IDENTITY NOTHING or DEFAULT without a key):
+    ``emit`` (the event carries the row and an empty ``key``) or ``skip`` (counted by the
+    caller through ``skipped_no_identity``).
+    """
+
+    def __init__(self, database: str, types: TypeRegistry, *, no_identity: str = "emit") -> None:
+        self.database = database
+        self.types = types
+        self.no_identity = no_identity
+        self.relations: dict[int, pg.Relation] = {}
+        self.type_names: dict[int, str] = dict(_TYPE_NAMES)
+        self.txn: Transaction | None = None
+        self._seq = 0
+        self.skipped_no_identity = 0
+
+    def begin(self, msg: pg.Begin) -> Transaction:
+        self._seq += 1
+        self.txn = Transaction(msg.xid, msg.final_lsn, iso_utc(msg.commit_ts_us), self._seq)
+        return self.txn
+
+    def commit(self, msg: pg.Commit) -> Transaction:
+        txn = self.txn
+        if txn is None:
+            raise PermanentError("pgoutput protocol: Commit without Begin")
+        self.txn = None
+        return txn
+
+    def relation(self, msg: pg.Relation) -> None:
+        self.relations[msg.oid] = msg
+
+    def type_message(self, msg: pg.TypeMessage) -> None:
+        self.type_names[msg.oid] = msg.name
+        self.types.forget(msg.oid)
+
+    def _rel(self, oid: int) -> pg.Relation:
+        rel = self.relations.get(oid)
+        if rel is None:
+            raise PermanentError(
+                f"pgoutput protocol: change for relation {oid} before its Relation message"
+            )
+        return rel
+
+    def _row(
+        self, rel: pg.Relation, values: tuple[pg.Value, ...]
+    ) -> tuple[dict[str, Any], list[str]]:
+        row: dict[str, Any] = {}
+        toast: list[str] = []
+        for col, value in zip(rel.columns, values, strict=True):
+            if value is pg.UNCHANGED_TOAST:
+                toast.append(col.name)
+            elif value is None:
+                row[col.name] = None
+            else:
+                assert isinstance(value, str)
+                row[col.name] = self.types.convert(col.type_oid, value)
+        return row, toast
+
+    def _key(self, rel: pg.Relation, row: dict[str, Any]) -> dict[str, Any]:
+        return {c.name: row.get(c.name) for c in rel.columns if c.is_key}
+
+    def _types(self, rel: pg.Relation) -> dict[str, str]:
+        return {c.name: self.type_names.get(c.type_oid, str(c.type_oid)) for c in rel.columns}
+
+    def _envelope(self, op: str, lsn: int, rel: pg.Relation | None) -> Event:
+        txn = self.txn
+        if txn is None:
+            raise PermanentError(f"pgoutput protocol: {op} outside a transaction")
+        ev: Event = {"v": EVENT_VERSION, "op": op, "db": self.database}
+        if rel is not None:
+            ev["schema"] = rel.schema
+            ev["table"] = rel.table
+        ev["lsn"] = lsn
+        ev["commit_lsn"] = txn.commit_lsn
+        ev["xid"] = txn.xid
+        ev["commit_ts"] = txn.commit_ts
+        return ev
+
+    def change(self, msg: pg.Insert | pg.Update | pg.Delete, lsn: int) -> Event | None:
+        """The event for one row change, or None when skipped (no identity, ``skip``)."""
+        rel = self._rel(msg.relation_oid)
+        has_key = any(c.is_key for c in rel.columns)
+        if not has_key and self.no_identity == "skip":
+            self.skipped_no_identity += 1
+            return None
+        new: dict[str, Any] | None = None
+        old: dict[str, Any] | None = None
+        toast: list[str] = []
+        if isinstance(msg, pg.Insert):
+            op = "insert"
+            new, toast = self._row(rel, msg.new)
+            key = self._key(rel, new)
+        elif isinstance(msg, pg.Update):
+            op = "update"
+            new, toast = self._row(rel, msg.new)
+            if msg.old is not None:
+                old, _ = self._row(rel, msg.old)
+                if msg.old_kind == "K":
+                    old = self._key(rel, old)
+            # The identity of the row *before* the change: a key update moves the document.
+            key = self._key(rel, old if old is not None else new)
+        else:
+            op = "delete"
+            old, _ = self._row(rel, msg.old)
+            if msg.old_kind == "K":
+                old = self._key(rel, old)
+            key = self._key(rel, old)
+        ev = self._envelope(op, lsn, rel)
+        ev["key"] = key if has_key else {}
+        ev["new"] = new
+        ev["old"] = old
+        if toast:
+            ev["unchanged_toast"] = toast
+        ev["types"] = self._types(rel)
+        return ev
+
+    def truncate(self, msg: pg.Truncate, lsn: int) -> list[Event]:
+        events = []
+        for oid in msg.relation_oids:
+            rel = self._rel(oid)
+            ev = self._envelope("truncate", lsn, rel)
+            ev["key"] = {}
+            ev["new"] = None
+            ev["old"] = None
+            ev["types"] = self._types(rel)
+            events.append(ev)
+        return events
+
+
+@dataclass
+class _Pending:
+    seq: int
+    outstanding: int = 0
+    end_lsn: int | None = None  # set at Commit
+
+
+@dataclass
+class AckTracker:
+    """Which LSN is safe to confirm: the end LSN of the newest transaction such that it
+    and every transaction before it were fully acknowledged by Kafka.
+
+    Called on one thread (the pipeline's): ``open`` at Begin, ``sent`` per produced
+    message, ``close`` at Commit, ``acked`` from the producer's delivery callback (which
+    confluent-kafka runs inside ``poll`` on the same thread).
+    """
+
+    _txns: deque[_Pending] = field(default_factory=deque)
+    _by_seq: dict[int, _Pending] = field(default_factory=dict)
+    confirmed: int = 0
+
+    def open(self, seq: int) -> None:
+        p = _Pending(seq)
+        self._txns.append(p)
+        self._by_seq[seq] = p
+
+    def sent(self, seq: int) -> None:
+        self._by_seq[seq].outstanding += 1
+
+    def acked(self, seq: int) -> None:
+        p = self._by_seq.get(seq)
+        if p is None:
+            raise PermanentError(f"ack for unknown transaction {seq}")
+        p.outstanding -= 1
+        self._advance()
+
+    def close(self, seq: int, end_lsn: int) -> None:
+        self._by_seq[seq].end_lsn = end_lsn
+        self._advance()
+
+    def idle(self) -> bool:
+        """No transaction is waiting for Kafka."""
+        return not self._txns
+
+    def advance_idle(self, lsn: int) -> None:
+        """With nothing in flight, everything the server has sent up to ``lsn`` is done."""
+        if not self._txns and lsn > self.confirmed:
+            self.confirmed = lsn
+
+    def is_done(self, seq: int) -> bool:
+        """The transaction was fully acknowledged and confirmable."""
+        return seq not in self._by_seq
+
+    def in_flight(self) -> int:
+        return len(self._txns)
+
+    def _advance(self) -> None:
+        while self._txns:
+            head = self._txns[0]
+            if head.end_lsn is None or head.outstanding > 0:
+                return
+            self._txns.popleft()
+            del self._by_seq[head.seq]
+            self.confirmed = max(self.confirmed, head.end_lsn)

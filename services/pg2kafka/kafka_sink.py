@@ -1,0 +1,161 @@
+"""Kafka producer side of pg2kafka: idempotent, acks=all, memory-guarded.
+
+:class:`KafkaSink` implements :class:`shared.interfaces.Sink` with item = an outgoing
+message and position = the transaction sequence number it belongs to. ``on_durable(seq)``
+runs once per message after Kafka acknowledged it (from inside ``poll``, on the caller's
+thread). A delivery failure (librdkafka gave up after ``delivery_timeout_ms``) is kept and
+raised from the next ``write`` / ``poll`` / ``flush``: the pipeline stops before it could
+confirm anything past the lost message, and restarts from the slot's confirmed LSN.
+
+Memory guard: ``inflight_bytes`` counts key + value bytes handed to the producer and not
+yet acknowledged. ``write`` blocks while the budget is used up, calling ``while_waiting``
+(the pipeline sends standby status updates there, so Postgres keeps the connection).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from confluent_kafka import KafkaError, KafkaException, Producer
+from confluent_kafka.admin import AdminClient
+from confluent_kafka.cimpl import NewTopic
+
+from shared.errors import PermanentError, RetriableError
+from shared.interfaces import Sink
+
+
+@dataclass(frozen=True, slots=True)
+class Outgoing:
+    topic: str
+    key: bytes | None
+    value: bytes
+    headers: list[tuple[str, bytes]] | None = None
+    partition: int | None = None
+
+
+class KafkaSink(Sink[Outgoing, int]):
+    def __init__(
+        self,
+        config: dict[str, Any],
+        *,
+        max_inflight_bytes: int,
+        while_waiting: Callable[[], None] = lambda: None,
+    ) -> None:
+        conf = {
+            **config,
+            "enable.idempotence": True,
+            "acks": "all",
+            # Let the memory guard, not librdkafka's queue, decide when to wait.
+            "queue.buffering.max.kbytes": max(max_inflight_bytes // 1024 * 2, 1024),
+            "queue.buffering.max.messages": 2_000_000,
+        }
+        self.producer = Producer(conf)
+        self.max_inflight_bytes = max_inflight_bytes
+        self.inflight_bytes = 0
+        self.while_waiting = while_waiting
+        self._on_durable: Callable[[int], None] = lambda _seq: None
+        self._failure: KafkaError | None = None
+        self.waits = 0
+
+    def set_listener(self, on_durable: Callable[[int], None]) -> None:
+        self._on_durable = on_durable
+
+    def write(self, item: Outgoing, position: int) -> None:
+        size = len(item.value) + (len(item.key) if item.key else 0)
+        self._raise_failure()
+        if self.inflight_bytes + size > self.max_inflight_bytes and self.inflight_bytes > 0:
+            self.waits += 1
+            while self.inflight_bytes + size > self.max_inflight_bytes and self.inflight_bytes > 0:
+                self.producer.poll(0.05)
+                self._raise_failure()
+                self.while_waiting()
+        self.inflight_bytes += size
+
+        def delivered(err: KafkaError | None, _msg: object) -> None:
+            self.inflight_bytes -= size
+            if err is not None:
+                if self._failure is None:
+                    self._failure = err
+                return
+            self._on_durable(position)
+
+        kwargs: dict[str, Any] = {"on_delivery": delivered}
+        if item.headers:
+            kwargs["headers"] = item.headers
+        if item.partition is not None:
+            kwargs["partition"] = item.partition
+        while True:
+            try:
+                self.producer.produce(item.topic, item.value, item.key, **kwargs)
+                break
+            except BufferError:
+                self.producer.poll(0.05)
+                self.while_waiting()
+            except KafkaException as exc:
+                self.inflight_bytes -= size
+                raise _classified(exc.args[0]) from exc
+        self.producer.poll(0)
+
+    def poll(self, timeout_s: float = 0.0) -> None:
+        """Serve delivery callbacks; raise a delivery failure seen so far."""
+        self.producer.poll(timeout_s)
+        self._raise_failure()
+
+    def flush(self, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while len(self.producer) > 0:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise RetriableError(f"{len(self.producer)} messages still unacknowledged")
+            self.producer.flush(min(remaining, 1.0))
+            self._raise_failure()
+            self.while_waiting()
+        self._raise_failure()
+
+    def close(self) -> None:
+        # Unacknowledged messages are simply redelivered after restart: never confirmed.
+        self.producer.flush(5)
+
+    def partitions(self, topic: str) -> int:
+        md = self.producer.list_topics(topic, timeout=10)
+        meta = md.topics.get(topic)
+        if meta is None or meta.error is not None:
+            raise PermanentError(
+                f"Kafka topic {topic!r} does not exist",
+                hint="create it, or set PG2KAFKA_PRODUCER__CREATE_TOPIC=true",
+            )
+        return len(meta.partitions)
+
+    def _raise_failure(self) -> None:
+        if self._failure is not None:
+            err = self._failure
+            raise _classified(err)
+
+
+def _classified(err: KafkaError) -> Exception:
+    text = f"Kafka delivery failed: {err.str()} ({err.name()})"
+    if err.code() in (KafkaError.TOPIC_AUTHORIZATION_FAILED, KafkaError.UNKNOWN_TOPIC_OR_PART):
+        return PermanentError(text, hint="check the topic exists and the principal may write it")
+    if err.code() == KafkaError.MSG_SIZE_TOO_LARGE:
+        return PermanentError(text, hint="raise the topic's max.message.bytes")
+    return RetriableError(text)
+
+
+def ensure_topic(
+    admin_config: dict[str, Any], topic: str, partitions: int, replication_factor: int
+) -> bool:
+    """Create ``topic`` if missing; return True when it was created."""
+    admin = AdminClient(admin_config)
+    if topic in admin.list_topics(timeout=10).topics:
+        return False
+    future = admin.create_topics([NewTopic(topic, partitions, replication_factor)])[topic]
+    try:
+        future.result(timeout=30)
+    except KafkaException as exc:
+        if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
+            raise
+        return False
+    return True

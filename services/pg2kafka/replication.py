@@ -1,0 +1,201 @@
+"""Streaming a logical replication slot with psycopg 3's libpq layer (COPY_BOTH).
+
+psycopg 3 has no replication API, but its ``pq`` module exposes libpq's copy functions,
+which is all the streaming protocol needs: ``START_REPLICATION`` puts the connection in
+COPY_BOTH mode; the server sends XLogData ('w') and keepalive ('k') messages; we send
+standby status updates ('r'). One driver for the whole project (see docs/decisions.md).
+
+Contract of :class:`PostgresReplicationSource`:
+
+* ``poll`` returns the next (LSN, decoded message) in stream order, or None after
+  ``timeout_s`` without data. Keepalives are absorbed: they update ``server_wal_end``
+  and, when the server asks for a reply, trigger an immediate status update.
+* ``confirm(lsn)`` records the position that may be reported as flushed; the next status
+  update (every ``status_interval_s``, or on request) sends it. Postgres then may
+  recycle WAL before it and will not resend transactions that ended before it.
+* A failure raises; psycopg errors keep their SQLSTATE so :func:`shared.errors.classify`
+  can tell a dropped connection (retry) from a missing privilege (stop).
+"""
+
+from __future__ import annotations
+
+import logging
+import select
+import struct
+import time
+
+import psycopg
+from psycopg import pq
+
+from services.pg2kafka import pgoutput
+from services.pg2kafka.pgoutput import format_lsn
+from shared.errors import PermanentError, RetriableError
+
+log = logging.getLogger(__name__)
+
+_XLOG_HEADER = struct.Struct("!QQq")  # wal start, wal end, send time
+_KEEPALIVE = struct.Struct("!QqB")  # wal end, send time, reply requested
+_STATUS = struct.Struct("!cQQQqB")
+
+# Pin the text output of every type, so the converters in types.py see one format.
+SESSION_OPTIONS = (
+    "-c DateStyle=ISO,YMD -c TimeZone=UTC -c IntervalStyle=iso_8601 "
+    "-c extra_float_digits=3 -c bytea_output=hex"
+)
+
+
+def _pg_now_us() -> int:
+    return int(time.time() * 1_000_000) - pgoutput.PG_EPOCH_OFFSET_US
+
+
+class PostgresReplicationSource:
+    """One replication connection streaming ``slot`` with pgoutput v1."""
+
+    def __init__(
+        self,
+        conninfo: str,
+        slot: str,
+        publication: str,
+        *,
+        status_interval_s: float = 5.0,
+    ) -> None:
+        self.conninfo = conninfo
+        self.slot = slot
+        self.publication = publication
+        self.status_interval_s = status_interval_s
+        self.conn: psycopg.Connection[tuple[object, ...]] | None = None
+        self.received_lsn = 0
+        self.confirmed_lsn = 0
+        self.server_wal_end = 0
+        self._last_status = 0.0
+        self._reply_now = False
+
+    def start(self) -> None:
+        """Connect and START_REPLICATION from the slot's confirmed position."""
+        self.conn = psycopg.connect(
+            self.conninfo, replication="database", autocommit=True, options=SESSION_OPTIONS
+        )
+        pgconn = self.conn.pgconn
+        # Starting at 0/0 means "from the slot's confirmed_flush_lsn".
+        command = (
+            f'START_REPLICATION SLOT "{self.slot}" LOGICAL 0/0 '
+            f"(\"proto_version\" '1', \"publication_names\" '{_quote_literal(self.publication)}',"
+            " \"messages\" 'true')"
+        )
+        pgconn.send_query(command.encode())
+        result = pgconn.get_result()
+        if result is None or result.status != pq.ExecStatus.COPY_BOTH:
+            raise _start_error(result, self.slot)
+        # Drain the (absent) trailing result is not needed in COPY_BOTH; go non-blocking.
+        pgconn.nonblocking = 1
+        self._last_status = time.monotonic()
+        log.info("streaming slot", extra={"slot": self.slot, "publication": self.publication})
+
+    def poll(self, timeout_s: float) -> tuple[int, pgoutput.Decoded] | None:
+        pgconn = self._pgconn()
+        deadline = time.monotonic() + timeout_s
+        while True:
+            nbytes, data = pgconn.get_copy_data(1)
+            if nbytes == 0:
+                self.maybe_send_status()
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return None
+                ready, _, _ = select.select([pgconn.socket], [], [], min(remaining, 1.0))
+                if ready:
+                    pgconn.consume_input()
+                continue
+            if nbytes == -1:
+                raise _stream_end(pgconn)
+            if nbytes == -2:
+                raise RetriableError(
+                    f"replication stream failed: {pgconn.error_message.decode(errors='replace')}"
+                )
+            buf = bytes(data)
+            kind = buf[:1]
+            if kind == b"w":
+                wal_start, wal_end, _ = _XLOG_HEADER.unpack_from(buf, 1)
+                self.received_lsn = max(self.received_lsn, wal_start)
+                self.server_wal_end = max(self.server_wal_end, wal_end)
+                return wal_start, pgoutput.decode(memoryview(buf)[1 + _XLOG_HEADER.size :])
+            if kind == b"k":
+                wal_end, _, reply = _KEEPALIVE.unpack_from(buf, 1)
+                self.server_wal_end = max(self.server_wal_end, wal_end)
+                if reply:
+                    self._reply_now = True
+                self.maybe_send_status()
+                continue
+            log.warning("ignoring unknown replication message %r", kind)
+
+    def confirm(self, lsn: int) -> None:
+        if lsn > self.confirmed_lsn:
+            self.confirmed_lsn = lsn
+
+    def maybe_send_status(self, force: bool = False) -> None:
+        now = time.monotonic()
+        if force or self._reply_now or now - self._last_status >= self.status_interval_s:
+            self.send_status()
+
+    def send_status(self) -> None:
+        """Report write = received, flush = apply = confirmed (checkpoint last)."""
+        pgconn = self._pgconn()
+        flushed = self.confirmed_lsn
+        written = max(self.received_lsn, flushed)
+        msg = _STATUS.pack(b"r", written, flushed, flushed, _pg_now_us(), 0)
+        if pgconn.put_copy_data(msg) != 1:
+            raise RetriableError("could not queue standby status update")
+        while pgconn.flush() == 1:
+            select.select([], [pgconn.socket], [], 1.0)
+        self._last_status = time.monotonic()
+        self._reply_now = False
+
+    def close(self) -> None:
+        if self.conn is not None:
+            try:
+                if self.conn.pgconn.status == pq.ConnStatus.OK:
+                    self.send_status()
+            except Exception as exc:  # noqa: BLE001 - best effort on the way out
+                log.debug("final status update failed: %s", exc)
+            self.conn.close()
+            self.conn = None
+
+    def _pgconn(self) -> pq.abc.PGconn:
+        if self.conn is None:
+            raise RuntimeError("replication source not started")
+        return self.conn.pgconn
+
+
+def _quote_literal(value: str) -> str:
+    return value.replace("'", "''")
+
+
+def _start_error(result: pq.abc.PGresult | None, slot: str) -> Exception:
+    if result is None:
+        return RetriableError("START_REPLICATION returned no result")
+    message = (result.error_message or b"").decode(errors="replace").strip()
+    sqlstate = (result.error_field(pq.DiagnosticField.SQLSTATE) or b"").decode()
+    if sqlstate == "42704":
+        return PermanentError(
+            f"replication slot {slot!r} does not exist", hint="run `pg2kafka init` first"
+        )
+    if sqlstate == "55006":
+        return RetriableError(f"replication slot {slot!r} is in use by another process: {message}")
+    if sqlstate == "42501" or sqlstate.startswith("28"):
+        return PermanentError(
+            f"not allowed to stream: {message}",
+            hint="grant the role REPLICATION (ALTER ROLE ... REPLICATION)",
+        )
+    if sqlstate == "55000":
+        return PermanentError(message, hint="set wal_level = logical and restart Postgres")
+    return RetriableError(f"START_REPLICATION failed ({sqlstate}): {message}")
+
+
+def _stream_end(pgconn: pq.abc.PGconn) -> Exception:
+    result = pgconn.get_result()
+    if result is not None and result.status == pq.ExecStatus.FATAL_ERROR:
+        msg = (result.error_message or b"").decode(errors="replace").strip()
+        return RetriableError(f"replication stream ended by the server: {msg}")
+    return RetriableError("replication stream ended by the server")
+
+
+__all__ = ["PostgresReplicationSource", "format_lsn"]

@@ -1,0 +1,71 @@
+"""pg2kafka's settings: env prefix ``PG2KAFKA_``, optional YAML file (see README)."""
+
+from __future__ import annotations
+
+import re
+from typing import Literal
+
+from pydantic import Field, field_validator
+from pydantic_settings import SettingsConfigDict
+
+from shared.settings import (
+    HttpSettings,
+    KafkaSettings,
+    PostgresSettings,
+    Section,
+    ServiceSettings,
+)
+
+_SLOT_RE = re.compile(r"^[a-z0-9_]{1,63}$")
+
+
+class ReplicationSettings(Section):
+    """The slot and publication pg2kafka streams from (created by ``pg2kafka init``)."""
+
+    slot: str = "walcast"
+    publication: str = "walcast"
+    # Seconds between standby status updates; must stay well under the server's
+    # wal_sender_timeout (60 s by default) or Postgres drops the connection.
+    status_interval_s: float = Field(default=5.0, gt=0, le=30)
+    # Changes to tables without replica identity columns: emit them with an empty key,
+    # or skip them (counted in walcast_pg2kafka_skipped_no_identity_total).
+    no_identity: Literal["emit", "skip"] = "emit"
+
+    @field_validator("slot")
+    @classmethod
+    def _slot_name(cls, v: str) -> str:
+        if not _SLOT_RE.match(v):
+            raise ValueError("slot names are 1-63 characters of a-z, 0-9 and _")
+        return v
+
+
+class ProducerSettings(Section):
+    """The Kafka side: where events go and how they are batched.
+
+    Idempotence and acks=all are not configurable: the checkpoint depends on them.
+    """
+
+    topic: str = "walcast.cdc"
+    partition_key: Literal["schema", "table", "primary_key"] = "schema"
+    linger_ms: int = Field(default=20, ge=0, le=10_000)
+    batch_bytes: int = Field(default=1_048_576, ge=1024)
+    compression: Literal["none", "gzip", "snappy", "lz4", "zstd"] = "lz4"
+    # Memory guard: bytes handed to Kafka but not yet acknowledged. When full, pg2kafka
+    # stops reading the slot until acks free room (backpressure, nothing dropped).
+    max_inflight_bytes: int = Field(default=100 * 1024 * 1024, ge=1024 * 1024)
+    # How long librdkafka keeps retrying one message before reporting it failed; a
+    # failure stops the pipeline, which restarts from the last confirmed LSN.
+    delivery_timeout_ms: int = Field(default=300_000, ge=1000)
+    create_topic: bool = False
+    topic_partitions: int = Field(default=6, ge=1)
+    topic_replication_factor: int = Field(default=1, ge=1)
+
+
+class Pg2KafkaSettings(ServiceSettings):
+    model_config = SettingsConfigDict(env_prefix="PG2KAFKA_")
+
+    postgres: PostgresSettings = PostgresSettings()
+    kafka: KafkaSettings = KafkaSettings()
+    replication: ReplicationSettings = ReplicationSettings()
+    producer: ProducerSettings = ProducerSettings()
+    http: HttpSettings = HttpSettings(port=9187)
