@@ -79,20 +79,30 @@ class Metrics:
         )
 
 
-def type_lookup(conninfo: str) -> TypeRegistry:
-    """A registry that asks pg_type about OIDs it does not know (enums, domains, arrays)."""
-    conn: psycopg.Connection[tuple[object, ...]] | None = None
+class Catalog:
+    """Lazily-opened ordinary connection for the catalog questions the stream raises:
+    unknown type OIDs (enums, domains, arrays) and primary keys of FULL-identity tables."""
 
-    def lookup(oid: int) -> TypeInfo | None:
-        nonlocal conn
-        if conn is None or conn.closed:
-            conn = psycopg.connect(conninfo, autocommit=True)
-        row = conn.execute(
-            "SELECT t.oid, t.typname, t.typtype, t.typbasetype,"
-            " CASE WHEN t.typcategory = 'A' THEN t.typelem ELSE 0 END, t.typdelim"
-            " FROM pg_catalog.pg_type t WHERE t.oid = %s",
-            [oid],
-        ).fetchone()
+    def __init__(self, conninfo: str) -> None:
+        self.conninfo = conninfo
+        self.conn: psycopg.Connection[tuple[object, ...]] | None = None
+
+    def _conn(self) -> psycopg.Connection[tuple[object, ...]]:
+        if self.conn is None or self.conn.closed:
+            self.conn = psycopg.connect(self.conninfo, autocommit=True)
+        return self.conn
+
+    def type_info(self, oid: int) -> TypeInfo | None:
+        row = (
+            self._conn()
+            .execute(
+                "SELECT t.oid, t.typname, t.typtype, t.typbasetype,"
+                " CASE WHEN t.typcategory = 'A' THEN t.typelem ELSE 0 END, t.typdelim"
+                " FROM pg_catalog.pg_type t WHERE t.oid = %s",
+                [oid],
+            )
+            .fetchone()
+        )
         if row is None:
             return None
         return TypeInfo(
@@ -104,7 +114,22 @@ def type_lookup(conninfo: str) -> TypeRegistry:
             str(row[5]),
         )
 
-    return TypeRegistry(lookup)
+    def primary_key(self, relation_oid: int) -> list[str]:
+        rows = (
+            self._conn()
+            .execute(
+                "SELECT a.attname FROM pg_catalog.pg_index i"
+                " JOIN pg_catalog.pg_attribute a ON a.attrelid = i.indrelid"
+                " AND a.attnum = ANY(i.indkey) WHERE i.indrelid = %s AND i.indisprimary",
+                [relation_oid],
+            )
+            .fetchall()
+        )
+        return [str(r[0]) for r in rows]
+
+    def close(self) -> None:
+        if self.conn is not None:
+            self.conn.close()
 
 
 @dataclass
@@ -146,6 +171,7 @@ class Pipeline:
             "batch.size": s.producer.batch_bytes,
             "compression.type": s.producer.compression,
             "message.timeout.ms": s.producer.delivery_timeout_ms,
+            "message.max.bytes": s.producer.max_message_bytes,
         }
         sink = KafkaSink(
             producer_conf,
@@ -153,8 +179,12 @@ class Pipeline:
             while_waiting=lambda: source.maybe_send_status(),
         )
         tracker = AckTracker()
+        catalog = Catalog(conninfo)
         builder = EventBuilder(
-            s.postgres.database, type_lookup(conninfo), no_identity=s.replication.no_identity
+            s.postgres.database,
+            TypeRegistry(catalog.type_info),
+            no_identity=s.replication.no_identity,
+            primary_key=catalog.primary_key,
         )
         commit_times: dict[int, float] = {}
 
@@ -162,16 +192,16 @@ class Pipeline:
             tracker.acked(seq)
 
         sink.set_listener(on_durable)
-        if s.producer.create_topic:
-            ensure_topic(
-                s.kafka.client_config(),
-                s.producer.topic,
-                s.producer.topic_partitions,
-                s.producer.topic_replication_factor,
-            )
-        sink.partitions(s.producer.topic)  # fail fast on a missing topic
         topic = s.producer.topic
         try:
+            if s.producer.create_topic:
+                ensure_topic(
+                    s.kafka.client_config(),
+                    topic,
+                    s.producer.topic_partitions,
+                    s.producer.topic_replication_factor,
+                )
+            sink.partitions(topic)  # fail fast on a missing topic
             source.start()
             self.streaming = True
             seq = 0
@@ -229,6 +259,7 @@ class Pipeline:
             self.streaming = False
             source.close()
             sink.close()
+            catalog.close()
 
     def _send(self, sink: KafkaSink, tracker: AckTracker, topic: str, ev: Event, seq: int) -> None:
         value = self.serializer.encode(ev)

@@ -10,7 +10,8 @@ every earlier transaction is acknowledged too (checkpoint last).
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -54,8 +55,16 @@ class EventBuilder:
     caller through ``skipped_no_identity``).
     """
 
-    def __init__(self, database: str, types: TypeRegistry, *, no_identity: str = "emit") -> None:
+    def __init__(
+        self,
+        database: str,
+        types: TypeRegistry,
+        *,
+        no_identity: str = "emit",
+        primary_key: Callable[[int], list[str]] | None = None,
+    ) -> None:
         self.database = database
+        self.primary_key = primary_key
         self.types = types
         self.no_identity = no_identity
         self.relations: dict[int, pg.Relation] = {}
@@ -77,6 +86,13 @@ class EventBuilder:
         return txn
 
     def relation(self, msg: pg.Relation) -> None:
+        """Cache the relation. Under REPLICA IDENTITY FULL the server flags every column
+        as key; the event's ``key`` should still be the primary key where there is one."""
+        if msg.replica_identity == "f" and self.primary_key is not None:
+            pk = set(self.primary_key(msg.oid))
+            if pk:
+                cols = tuple(replace(c, is_key=c.name in pk) for c in msg.columns)
+                msg = replace(msg, columns=cols)
         self.relations[msg.oid] = msg
 
     def type_message(self, msg: pg.TypeMessage) -> None:

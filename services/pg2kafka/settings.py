@@ -56,6 +56,9 @@ class ProducerSettings(Section):
     # How long librdkafka keeps retrying one message before reporting it failed; a
     # failure stops the pipeline, which restarts from the last confirmed LSN.
     delivery_timeout_ms: int = Field(default=300_000, ge=1000)
+    # Largest message the producer accepts (librdkafka message.max.bytes); the topic's
+    # max.message.bytes must allow it too. 1 MB rows plus their envelope need headroom.
+    max_message_bytes: int = Field(default=16 * 1024 * 1024, ge=1_000_000)
     create_topic: bool = False
     topic_partitions: int = Field(default=6, ge=1)
     topic_replication_factor: int = Field(default=1, ge=1)

@@ -1,0 +1,138 @@
+"""A pg2kafka instance per test: its own slot, publication and topic, run on a thread."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import orjson
+import psycopg
+import pytest
+from confluent_kafka import Consumer
+from confluent_kafka.admin import AdminClient
+
+from services.pg2kafka import admin
+from services.pg2kafka.app import Service, build
+from services.pg2kafka.settings import Pg2KafkaSettings
+from shared.settings import load_settings
+
+
+@dataclass
+class Harness:
+    settings: Pg2KafkaSettings
+    dsn: str
+    service: Service | None = None
+    thread: threading.Thread | None = None
+    error: list[BaseException] = field(default_factory=list)
+    consumer: Consumer | None = None
+    seen: list[dict[str, Any]] = field(default_factory=list)
+    keys: list[bytes | None] = field(default_factory=list)
+
+    def start(self) -> None:
+        self.service = build(self.settings)
+
+        def run() -> None:
+            try:
+                assert self.service is not None
+                self.service.run()
+            except BaseException as exc:  # noqa: BLE001 - surfaced by stop() / events()
+                self.error.append(exc)
+
+        self.thread = threading.Thread(target=run, name="pg2kafka", daemon=True)
+        self.thread.start()
+
+    def stop(self) -> None:
+        if self.service is not None and self.thread is not None:
+            self.service.stop()
+            self.thread.join(60)
+            assert not self.thread.is_alive(), "pg2kafka did not stop within 60s"
+            self.service = None
+        if self.error:
+            raise self.error[0]
+
+    def sql(self, statement: str, params: list[Any] | None = None) -> list[tuple[Any, ...]]:
+        with psycopg.connect(self.dsn, autocommit=True) as conn:
+            cur = conn.execute(statement, params)
+            return cur.fetchall() if cur.description else []
+
+    def events(
+        self, until: Callable[[list[dict[str, Any]]], bool], timeout: float = 60
+    ) -> list[dict[str, Any]]:
+        """Consume the topic from the start until ``until(events)`` holds or fail."""
+        if self.consumer is None:
+            self.consumer = Consumer(
+                {
+                    "bootstrap.servers": self.settings.kafka.bootstrap_servers,
+                    "group.id": f"{self.settings.producer.topic}-reader",
+                    "auto.offset.reset": "earliest",
+                    "enable.auto.commit": False,
+                }
+            )
+            self.consumer.subscribe([self.settings.producer.topic])
+        deadline = time.monotonic() + timeout
+        while not until(self.seen):
+            if self.error:
+                raise self.error[0]
+            if time.monotonic() > deadline:
+                pytest.fail(f"condition not met within {timeout}s; got {len(self.seen)} events")
+            msg = self.consumer.poll(0.5)
+            if msg is None or msg.error():
+                continue
+            self.seen.append(orjson.loads(msg.value()))
+            self.keys.append(msg.key())
+        return self.seen
+
+    def table_events(self, table: str) -> list[dict[str, Any]]:
+        return [e for e in self.seen if e.get("table") == table]
+
+    def slot_confirmed(self) -> int:
+        rows = self.sql(
+            "SELECT confirmed_flush_lsn - '0/0'::pg_lsn FROM pg_replication_slots"
+            " WHERE slot_name = %s",
+            [self.settings.replication.slot],
+        )
+        return int(rows[0][0])
+
+
+def make_settings(env_file: Path, name: str, **sections: dict[str, Any]) -> Pg2KafkaSettings:
+    overrides: dict[str, Any] = {
+        "replication": {"slot": name, "publication": name, "status_interval_s": 0.5},
+        "producer": {
+            "topic": f"{name}.cdc",
+            "create_topic": True,
+            "topic_partitions": 3,
+            "linger_ms": 5,
+        },
+        "http": {"enabled": False},
+        "log": {"format": "text"},
+        "retry": {"give_up_after_s": 30},
+    }
+    for key, value in sections.items():
+        overrides[key] = {**overrides.get(key, {}), **value}
+    return load_settings(Pg2KafkaSettings, env_file=env_file, **overrides)
+
+
+@pytest.fixture
+def env_file(stack_env: dict[str, str]) -> Path:
+    return Path(stack_env["WALCAST_STACK_DIR"]) / "walcast.env"
+
+
+@pytest.fixture
+def harness(env_file: Path, stack_env: dict[str, str], unique_name: str) -> Iterator[Harness]:
+    settings = make_settings(env_file, unique_name)
+    admin.init(settings)
+    h = Harness(settings, stack_env["WALCAST_PG_DSN"])
+    try:
+        yield h
+    finally:
+        try:
+            h.stop()
+        finally:
+            if h.consumer is not None:
+                h.consumer.close()
+            admin.tear_down(settings)
+            AdminClient(settings.kafka.client_config()).delete_topics([settings.producer.topic])

@@ -1,0 +1,250 @@
+"""pg2kafka against the real Postgres and Kafka of the local stack."""
+
+from __future__ import annotations
+
+import base64
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from services.pg2kafka import admin
+from services.pg2kafka.app import build
+from shared.errors import PermanentError
+from tests.integration.pg2kafka.conftest import Harness, make_settings
+
+
+def q(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
+
+
+def test_operations_and_types(harness: Harness, unique_name: str) -> None:
+    t = f"{unique_name}_types"
+    harness.sql(f"CREATE TYPE {t}_mood AS ENUM ('happy', 'sad')")
+    harness.sql(f"CREATE DOMAIN {t}_pos AS integer CHECK (VALUE > 0)")
+    harness.sql(
+        f"CREATE TABLE {t} (id bigint PRIMARY KEY, i2 smallint, i4 integer, n numeric(30,10),"
+        " f8 float8, ok boolean, j json, jb jsonb, ia int[], ta text[], d date, ts timestamp,"
+        f" tz timestamptz, b bytea, u uuid, mood {t}_mood, pos {t}_pos, moods {t}_mood[],"
+        " txt text, iv interval)"
+    )
+    harness.start()
+    harness.sql(
+        f"INSERT INTO {t} VALUES (1, -2, 3, 12345678901234567890.0123456789, 'NaN', true,"
+        """ '{"a":1}', '{"b":[1,2]}', '{1,NULL,3}', '{"x y","z\\"q"}', '2024-02-29',"""
+        " '2024-02-29 13:14:15.123456', '2024-02-29 13:14:15.5+02', '\\x00ff10',"
+        " 'a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11', 'happy', 7, '{happy,sad}', 'héllo ✓',"
+        " '1 day 2 hours')"
+    )
+    harness.sql(f"INSERT INTO {t} (id) VALUES (2)")
+    harness.sql(f"UPDATE {t} SET txt = 'changed', ok = false WHERE id = 1")
+    harness.sql(f"DELETE FROM {t} WHERE id = 2")
+    harness.sql(f"TRUNCATE {t}")
+    evs = harness.events(lambda s: len([e for e in s if e.get("table") == t]) >= 5)
+    evs = harness.table_events(t)
+    assert [e["op"] for e in evs] == ["insert", "insert", "update", "delete", "truncate"]
+    row = evs[0]["new"]
+    assert row == {
+        "id": 1, "i2": -2, "i4": 3, "n": "12345678901234567890.0123456789", "f8": "NaN",
+        "ok": True, "j": {"a": 1}, "jb": {"b": [1, 2]}, "ia": [1, None, 3],
+        "ta": ["x y", 'z"q'], "d": "2024-02-29", "ts": "2024-02-29T13:14:15.123456",
+        "tz": "2024-02-29T11:14:15.5+00:00", "b": base64.b64encode(b"\x00\xff\x10").decode(),
+        "u": "a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11", "mood": "happy", "pos": 7,
+        "moods": ["happy", "sad"], "txt": "héllo ✓", "iv": "P1DT2H",
+    }  # fmt: skip
+    assert evs[0]["types"]["mood"] == f"{t}_mood"
+    assert evs[0]["types"]["n"] == "numeric"
+    nulls = evs[1]["new"]
+    assert nulls["id"] == 2
+    assert all(v is None for k, v in nulls.items() if k != "id")
+    assert evs[2]["new"]["txt"] == "changed"
+    assert evs[2]["key"] == {"id": 1}
+    assert evs[3]["old"] == {"id": 2}
+    assert evs[3]["new"] is None
+    assert evs[4]["key"] == {}
+    # LSNs: per-change unique and increasing within the stream; commit LSN per transaction
+    lsns = [e["lsn"] for e in evs]
+    assert lsns == sorted(lsns)
+    assert len(set(lsns)) == len(lsns)
+    assert all(e["commit_lsn"] >= e["lsn"] for e in evs)
+    assert all(e["db"] == "walcast" and e["schema"] == "public" for e in evs)
+    # default partition key: the schema name
+    keys = {k for k, e in zip(harness.keys, harness.seen, strict=True) if e.get("table") == t}
+    assert keys == {b"public"}
+
+
+def test_large_values_and_unchanged_toast(harness: Harness, unique_name: str) -> None:
+    t = f"{unique_name}_toast"
+    harness.sql(f"CREATE TABLE {t} (id int PRIMARY KEY, note text, big text)")
+    big = base64.b64encode(os.urandom(750_000)).decode()  # 1 MB, incompressible: TOASTed
+    harness.start()
+    harness.sql(f"INSERT INTO {t} VALUES (1, 'a', %s)", [big])
+    harness.sql(f"UPDATE {t} SET note = 'b' WHERE id = 1")
+    harness.events(lambda s: len([e for e in s if e.get("table") == t]) >= 2)
+    ins, upd = harness.table_events(t)
+    assert ins["new"]["big"] == big
+    assert upd["new"] == {"id": 1, "note": "b"}  # big is not sent, and not null either
+    assert upd["unchanged_toast"] == ["big"]
+
+
+def test_replica_identity_full_no_pk_and_odd_identifiers(
+    harness: Harness, unique_name: str
+) -> None:
+    schema = f'Odd "Schema" {unique_name}'
+    table = "Tåble With Spaces"
+    harness.sql(f"CREATE SCHEMA {q(schema)}")
+    harness.sql(f'CREATE TABLE {q(schema)}.{q(table)} ("ID" int PRIMARY KEY, "Value Col" text)')
+    harness.sql(f"ALTER TABLE {q(schema)}.{q(table)} REPLICA IDENTITY FULL")
+    harness.sql(f"CREATE TABLE {unique_name}_nopk (line text)")
+    harness.start()
+    harness.sql(f"INSERT INTO {q(schema)}.{q(table)} VALUES (1, 'x')")
+    harness.sql(f"""UPDATE {q(schema)}.{q(table)} SET "Value Col" = 'y'""")
+    harness.sql(f"INSERT INTO {unique_name}_nopk VALUES ('hello')")
+    # Different schemas are different keys, hence partitions: wait for both.
+    harness.events(
+        lambda s: (
+            any(e.get("table") == f"{unique_name}_nopk" for e in s)
+            and len([e for e in s if e.get("schema") == schema]) >= 2
+        )
+    )
+    odd = [e for e in harness.seen if e.get("schema") == schema]
+    assert [e["table"] for e in odd] == [table, table]
+    assert odd[1]["old"] == {"ID": 1, "Value Col": "x"}  # FULL identity: the whole old row
+    assert odd[1]["new"] == {"ID": 1, "Value Col": "y"}
+    assert odd[1]["key"] == {"ID": 1}
+    nopk = harness.table_events(f"{unique_name}_nopk")
+    assert nopk[0]["key"] == {}
+    assert nopk[0]["new"] == {"line": "hello"}
+
+
+def test_concurrent_transactions_arrive_in_commit_order(harness: Harness, unique_name: str) -> None:
+    t = f"{unique_name}_cc"
+    harness.sql(f"CREATE TABLE {t} (id int PRIMARY KEY, who text)")
+    harness.start()
+    with psycopg.connect(harness.dsn) as a, psycopg.connect(harness.dsn) as b:
+        a.execute(f"INSERT INTO {t} VALUES (1, 'a-first-statement')")
+        b.execute(f"INSERT INTO {t} VALUES (2, 'b')")
+        a.execute(f"INSERT INTO {t} VALUES (3, 'a-second-statement')")
+        b.commit()  # b started later but commits first
+        a.commit()
+    harness.events(lambda s: len([e for e in s if e.get("table") == t]) >= 3)
+    evs = harness.table_events(t)
+    assert [e["new"]["id"] for e in evs] == [2, 1, 3]
+    assert evs[1]["xid"] == evs[2]["xid"] != evs[0]["xid"]
+
+
+def test_slot_confirmed_only_after_kafka_ack_and_restart_resumes(
+    harness: Harness, unique_name: str
+) -> None:
+    t = f"{unique_name}_ck"
+    harness.sql(f"CREATE TABLE {t} (id int PRIMARY KEY)")
+    start_lsn = harness.slot_confirmed()
+    harness.start()
+    for i in range(20):
+        harness.sql(f"INSERT INTO {t} VALUES ({i})")
+    harness.events(lambda s: len([e for e in s if e.get("table") == t]) >= 20)
+    harness.stop()
+    confirmed = harness.slot_confirmed()
+    last_commit = max(e["commit_lsn"] for e in harness.table_events(t))
+    assert confirmed > last_commit > start_lsn
+    # while stopped, more changes; the restart picks up exactly after the confirmed LSN
+    for i in range(20, 30):
+        harness.sql(f"INSERT INTO {t} VALUES ({i})")
+    harness.start()
+    harness.events(lambda s: len({e["new"]["id"] for e in s if e.get("table") == t}) >= 30)
+    evs = harness.table_events(t)
+    ids = [e["new"]["id"] for e in evs]
+    assert sorted(set(ids)) == list(range(30))
+    # redeliveries, if any, are same-LSN duplicates, never new values
+    by_lsn: dict[int, int] = {}
+    for e in evs:
+        assert by_lsn.setdefault(e["lsn"], e["new"]["id"]) == e["new"]["id"]
+
+
+def test_primary_key_partitioning(
+    env_file: Path, stack_env: dict[str, str], unique_name: str
+) -> None:
+    settings = make_settings(env_file, unique_name, producer={"partition_key": "primary_key"})
+    admin.init(settings)
+    h = Harness(settings, stack_env["WALCAST_PG_DSN"])
+    try:
+        t = f"{unique_name}_pk"
+        h.sql(f"CREATE TABLE {t} (id int PRIMARY KEY, v int)")
+        h.start()
+        h.sql(f"INSERT INTO {t} SELECT g, 0 FROM generate_series(1, 30) g")
+        h.sql(f"UPDATE {t} SET v = 1 WHERE id = 7")
+        h.events(lambda s: len([e for e in s if e.get("table") == t]) >= 31)
+        pairs = [(k, e) for k, e in zip(h.keys, h.seen, strict=True) if e.get("table") == t]
+        assert len({k for k, _ in pairs}) == 30  # one key per row
+        row7 = {k for k, e in pairs if e["new"]["id"] == 7}
+        assert len(row7) == 1  # both changes of row 7 share a key, hence a partition
+    finally:
+        h.stop()
+        if h.consumer is not None:
+            h.consumer.close()
+        admin.tear_down(settings)
+
+
+def test_missing_slot_is_a_permanent_error_with_the_fix(env_file: Path, unique_name: str) -> None:
+    settings = make_settings(env_file, unique_name)
+    from services.pg2kafka.kafka_sink import ensure_topic
+
+    ensure_topic(settings.kafka.client_config(), settings.producer.topic, 1, 1)
+    service = build(settings)
+    with pytest.raises(PermanentError, match="pg2kafka init"):
+        service.run()
+
+
+def test_role_without_replication_is_refused_at_init(
+    env_file: Path, stack_env: dict[str, str], unique_name: str
+) -> None:
+    role = f"{unique_name}_norep"
+    with psycopg.connect(stack_env["WALCAST_PG_DSN"], autocommit=True) as conn:
+        conn.execute(f"CREATE ROLE {role} LOGIN PASSWORD 'pw-{role}'")
+    try:
+        settings = make_settings(
+            env_file, unique_name, postgres={"user": role, "password": f"pw-{role}"}
+        )
+        with pytest.raises(PermanentError, match="REPLICATION"):
+            admin.init(settings)
+    finally:
+        with psycopg.connect(stack_env["WALCAST_PG_DSN"], autocommit=True) as conn:
+            conn.execute(f"DROP ROLE {role}")
+
+
+def test_cli_rejects_unknown_key_and_reports_status(env_file: Path, unique_name: str) -> None:
+    env = {**os.environ, "PG2KAFKA_PRODUCER__TOPICS": "typo"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "services.pg2kafka", "--env-file", str(env_file), "status"],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=False,
+    )
+    assert proc.returncode == 2
+    assert "PG2KAFKA_PRODUCER__TOPICS" in proc.stderr
+    env = {
+        **os.environ,
+        "PG2KAFKA_REPLICATION__SLOT": unique_name,
+        "PG2KAFKA_REPLICATION__PUBLICATION": unique_name,
+    }
+    base = [sys.executable, "-m", "services.pg2kafka", "--env-file", str(env_file)]
+    try:
+        out = subprocess.run([*base, "init"], capture_output=True, text=True, env=env, check=True)
+        assert f"created  slot {unique_name}" in out.stdout
+        out = subprocess.run([*base, "init"], capture_output=True, text=True, env=env, check=True)
+        assert f"exists   slot {unique_name}" in out.stdout
+        out = subprocess.run(
+            [*base, "status", "--json"], capture_output=True, text=True, env=env, check=True
+        )
+        import json
+
+        info = json.loads(out.stdout)
+        assert info["slot_exists"] is True
+        assert info["kafka_reachable"] is True
+        assert isinstance(info["lag_bytes"], int)
+    finally:
+        subprocess.run([*base, "tear-down"], capture_output=True, env=env, check=True)

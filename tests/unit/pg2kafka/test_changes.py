@@ -1,0 +1,122 @@
+from __future__ import annotations
+
+import pytest
+
+from services.pg2kafka import pgoutput as pg
+from services.pg2kafka.changes import AckTracker, EventBuilder
+from services.pg2kafka.types import TypeRegistry
+from shared.errors import PermanentError
+from shared.events import JsonEventSerializer
+
+REL = pg.Relation(
+    16384, "app", "Users", "d",
+    (pg.Column("id", 23, -1, True), pg.Column("name", 25, -1, False),
+     pg.Column("bio", 25, -1, False)),
+)  # fmt: skip
+NOKEY = pg.Relation(16385, "app", "log", "d", (pg.Column("line", 25, -1, False),))
+
+
+def builder(no_identity: str = "emit") -> EventBuilder:
+    b = EventBuilder("db1", TypeRegistry(), no_identity=no_identity)
+    b.relation(REL)
+    b.relation(NOKEY)
+    b.begin(pg.Begin(500, 1_700_000_000_000_000, 77))
+    return b
+
+
+def test_insert_event_envelope_and_toast_marker() -> None:
+    ev = builder().change(pg.Insert(16384, ("1", "ann", pg.UNCHANGED_TOAST)), 400)
+    assert ev is not None
+    assert ev["v"] == 1
+    assert ev["op"] == "insert"
+    assert (ev["db"], ev["schema"], ev["table"]) == ("db1", "app", "Users")
+    assert (ev["lsn"], ev["commit_lsn"], ev["xid"]) == (400, 500, 77)
+    assert ev["commit_ts"] == "2023-11-14T22:13:20.000000Z"
+    assert ev["key"] == {"id": 1}
+    assert ev["new"] == {"id": 1, "name": "ann"}  # the unchanged TOAST value is not null
+    assert "bio" not in ev["new"]
+    assert ev["unchanged_toast"] == ["bio"]
+    assert ev["types"] == {"id": "int4", "name": "text", "bio": "text"}
+    # deterministic encoding: a redelivery is byte-identical
+    ser = JsonEventSerializer()
+    assert ser.encode(ev) == ser.encode(dict(ev))
+    assert ser.decode(ser.encode(ev)) == ev
+
+
+def test_update_with_changed_key_uses_old_identity() -> None:
+    ev = builder().change(pg.Update(16384, ("2", "ann", "x"), "K", ("1", None, None)), 401)
+    assert ev is not None
+    assert ev["key"] == {"id": 1}
+    assert ev["old"] == {"id": 1}
+    assert ev["new"]["id"] == 2
+
+
+def test_update_full_identity_and_delete() -> None:
+    b = builder()
+    ev = b.change(pg.Update(16384, ("1", "b", "x"), "O", ("1", "a", "x")), 402)
+    assert ev is not None
+    assert ev["old"] == {"id": 1, "name": "a", "bio": "x"}
+    d = b.change(pg.Delete(16384, "K", ("1", None, None)), 403)
+    assert d is not None
+    assert d["op"] == "delete"
+    assert d["old"] == {"id": 1}
+    assert d["new"] is None
+
+
+def test_no_identity_emit_or_skip() -> None:
+    ev = builder().change(pg.Insert(16385, ("hello",)), 1)
+    assert ev is not None
+    assert ev["key"] == {}
+    b = builder("skip")
+    assert b.change(pg.Insert(16385, ("hello",)), 1) is None
+    assert b.skipped_no_identity == 1
+
+
+def test_truncate_and_protocol_errors() -> None:
+    b = builder()
+    evs = b.truncate(pg.Truncate((16384, 16385), False, False), 9)
+    assert [(e["op"], e["table"]) for e in evs] == [("truncate", "Users"), ("truncate", "log")]
+    with pytest.raises(PermanentError, match="before its Relation"):
+        b.change(pg.Insert(1, ("x",)), 1)
+    b.commit(pg.Commit(500, 510, 0))
+    with pytest.raises(PermanentError, match="outside a transaction"):
+        b.change(pg.Insert(16384, ("1", "a", "b")), 1)
+
+
+def test_ack_tracker_confirms_only_fully_acked_prefix() -> None:
+    t = AckTracker()
+    t.open(1)
+    t.sent(1)
+    t.sent(1)
+    t.close(1, 100)
+    t.open(2)
+    t.sent(2)
+    t.close(2, 200)
+    t.acked(2)  # the later transaction is acknowledged first
+    assert t.confirmed == 0
+    t.acked(1)
+    assert t.confirmed == 0  # one message of txn 1 still outstanding
+    t.acked(1)
+    assert t.confirmed == 200
+    assert t.is_done(1)
+    assert t.is_done(2)
+    assert t.idle()
+
+
+def test_ack_tracker_waits_for_commit_and_advances_when_idle() -> None:
+    t = AckTracker()
+    t.open(1)
+    t.sent(1)
+    t.acked(1)
+    assert t.confirmed == 0  # acks alone do not confirm a transaction not yet committed
+    t.advance_idle(999)
+    assert t.confirmed == 0  # not idle: a transaction is open
+    t.close(1, 150)
+    assert t.confirmed == 150
+    t.advance_idle(400)
+    assert t.confirmed == 400
+    t.open(2)
+    t.close(2, 500)  # an empty (all filtered) transaction confirms at once
+    assert t.confirmed == 500
+    with pytest.raises(PermanentError):
+        t.acked(42)

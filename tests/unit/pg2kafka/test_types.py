@@ -1,0 +1,70 @@
+from __future__ import annotations
+
+import pytest
+
+from services.pg2kafka.types import TypeInfo, TypeRegistry, parse_array
+
+
+@pytest.mark.parametrize(
+    ("oid", "text", "expected"),
+    [
+        (16, "t", True),
+        (16, "f", False),
+        (20, "-9223372036854775808", -9223372036854775808),
+        (1700, "12345678901234567890.000000001", "12345678901234567890.000000001"),
+        (1700, "NaN", "NaN"),
+        (701, "1.5", 1.5),
+        (701, "Infinity", "Infinity"),
+        (700, "NaN", "NaN"),
+        (3802, '{"a": [1, 2.5, null]}', {"a": [1, 2.5, None]}),
+        (17, "\\x00ff", "AP8="),
+        (1082, "2024-02-29", "2024-02-29"),
+        (1114, "2024-02-29 13:14:15.123456", "2024-02-29T13:14:15.123456"),
+        (1184, "2024-02-29 13:14:15.5+00", "2024-02-29T13:14:15.5+00:00"),
+        (1184, "2024-02-29 13:14:15+05:30", "2024-02-29T13:14:15+05:30"),
+        (1184, "infinity", "infinity"),
+        (2950, "a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11", "a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11"),
+        (1007, "{1,2,NULL}", [1, 2, None]),
+        (1009, '{"a b","c\\"d",NULL,"NULL"}', ["a b", 'c"d', None, "NULL"]),
+        (1007, "{{1,2},{3,4}}", [[1, 2], [3, 4]]),
+        (1007, "{}", []),
+        (1007, "[0:1]={7,8}", [7, 8]),
+        (3807, '{"{\\"a\\": 1}"}', [{"a": 1}]),
+    ],
+)
+def test_builtin_conversions(oid: int, text: str, expected: object) -> None:
+    assert TypeRegistry().convert(oid, text) == expected
+
+
+def test_unknown_types_are_looked_up_once() -> None:
+    calls: list[int] = []
+    infos = {
+        90001: TypeInfo(90001, "mood", "e", 0, 0),
+        90002: TypeInfo(90002, "_mood", "b", 0, 90001),
+        90003: TypeInfo(90003, "posint", "d", 23, 0),
+        90004: TypeInfo(90004, "_posint", "b", 0, 90003),
+        90005: TypeInfo(90005, "box", "b", 0, 0, ";"),
+    }
+
+    def lookup(oid: int) -> TypeInfo | None:
+        calls.append(oid)
+        return infos.get(oid)
+
+    reg = TypeRegistry(lookup)
+    assert reg.convert(90001, "happy") == "happy"
+    assert reg.convert(90002, "{happy,sad}") == ["happy", "sad"]
+    assert reg.convert(90003, "42") == 42  # a domain converts as its base type
+    assert reg.convert(90004, "{1,NULL}") == [1, None]
+    assert reg.convert(90003, "43") == 43
+    assert calls.count(90003) == 1
+    assert reg.convert(99999, "whatever") == "whatever"  # unknown to pg_type: text
+    reg.forget(90003)
+    reg.convert(90003, "1")
+    assert calls.count(90003) == 2
+
+
+def test_parse_array_rejects_garbage() -> None:
+    with pytest.raises(ValueError, match="malformed"):
+        parse_array("1,2", int)
+    with pytest.raises(ValueError, match="unterminated"):
+        parse_array("{1,2", int)
