@@ -4,8 +4,9 @@ Run by ``deploy/local/walcast demo`` after the local stack is up. It
 
 1. writes a small shop workload (customers, orders; inserts, updates, deletes) into the
    stack's Postgres, showing progress;
-2. runs each walcast service that has landed over it (the README's feature table says
-   which; services that have not landed are listed as such, not faked);
+2. runs each walcast service that has landed over it — today pg2kafka, streaming the
+   demo slot into the ``walcast.demo.cdc`` topic until it has confirmed everything
+   written (services that have not landed are listed as such, not faked);
 3. prints where the results are: Postgres tables and WAL position, Kafka topics and their
    end offsets, search index document counts, Delta table versions.
 """
@@ -15,6 +16,8 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import os
+import signal
+import subprocess
 import sys
 import time
 import urllib.request
@@ -87,8 +90,79 @@ def workload(dsn: str, rows: int) -> None:
         print("  updates: every 3rd order paid; deletes: every 10th order removed")
 
 
-def run_services() -> None:
+DEMO_SLOT = "walcast_demo"
+DEMO_TOPIC = "walcast.demo.cdc"
+
+
+def demo_env() -> dict[str, str]:
+    return {
+        **os.environ,
+        "PG2KAFKA_REPLICATION__SLOT": DEMO_SLOT,
+        "PG2KAFKA_REPLICATION__PUBLICATION": DEMO_SLOT,
+        "PG2KAFKA_PRODUCER__TOPIC": DEMO_TOPIC,
+        "PG2KAFKA_PRODUCER__CREATE_TOPIC": "true",
+        "PG2KAFKA_HTTP__PORT": "0",
+        "PG2KAFKA_LOG__FORMAT": "text",
+    }
+
+
+def pg2kafka_init(env_file: Path) -> None:
+    """Create the demo slot before the workload, so the slot captures all of it."""
+    subprocess.run(
+        [sys.executable, "-m", "services.pg2kafka", "--env-file", str(env_file), "init"],
+        env=demo_env(),
+        check=True,
+        stdout=subprocess.DEVNULL,
+    )
+
+
+def run_pg2kafka(env: dict[str, str], env_file: Path, timeout_s: float = 300) -> None:
+    """Stream the demo slot until it has confirmed everything written, then stop."""
+    with psycopg.connect(env["WALCAST_PG_DSN"], autocommit=True) as conn:
+        target_row = conn.execute("SELECT pg_current_wal_lsn() - '0/0'::pg_lsn").fetchone()
+        start_row = conn.execute(
+            "SELECT confirmed_flush_lsn - '0/0'::pg_lsn FROM pg_replication_slots"
+            " WHERE slot_name = %s",
+            [DEMO_SLOT],
+        ).fetchone()
+        assert target_row is not None
+        assert start_row is not None
+        target, start = int(target_row[0]), int(start_row[0])
+        log_path = STATE / "demo-pg2kafka.log"
+        with log_path.open("w") as log:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "services.pg2kafka", "--env-file", str(env_file), "run"],
+                env=demo_env(),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
+        try:
+            started = time.monotonic()
+            while True:
+                row = conn.execute(
+                    "SELECT confirmed_flush_lsn - '0/0'::pg_lsn FROM pg_replication_slots"
+                    " WHERE slot_name = %s",
+                    [DEMO_SLOT],
+                ).fetchone()
+                confirmed = int(row[0]) if row else start
+                done = min(max(confirmed - start, 0), target - start)
+                progress("pg2kafka (WAL bytes)", done, max(target - start, 1), started)
+                if confirmed >= target:
+                    break
+                if proc.poll() is not None:
+                    raise SystemExit(f"pg2kafka exited with {proc.returncode}; see {log_path}")
+                if time.monotonic() - started > timeout_s:
+                    raise SystemExit(f"pg2kafka did not catch up in {timeout_s}s; see {log_path}")
+                time.sleep(0.5)
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(60)
+    print(f"  pg2kafka      slot {DEMO_SLOT} confirmed; log: {log_path}")
+
+
+def run_services(env: dict[str, str], env_file: Path) -> None:
     print("2. walcast services")
+    run_pg2kafka(env, env_file)
     for name in SERVICES:
         if importlib.util.find_spec(f"services.{name}") is None:
             print(f"  {name:<14}not built yet (see README, feature table)")
@@ -111,7 +185,7 @@ def summary(env: dict[str, str]) -> None:
     topics = sorted(
         t
         for t in AdminClient({"bootstrap.servers": bootstrap}).list_topics(timeout=10).topics
-        if not t.startswith("__")
+        if t.startswith("walcast.")
     )
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "walcast-demo-summary"})
     try:
@@ -157,8 +231,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.rows < 1:
         parser.error("--rows must be at least 1")
     env = read_env()
+    env_file = STATE / "walcast.env"
+    pg2kafka_init(env_file)
     workload(env["WALCAST_PG_DSN"], args.rows)
-    run_services()
+    run_services(env, env_file)
     summary(env)
     return 0
 

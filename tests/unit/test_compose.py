@@ -72,14 +72,32 @@ def test_walcast_services_match_their_clis(compose: dict[str, dict[str, object]]
     services = compose["services"]
     assert isinstance(services, dict)
     app_services = {n: s for n, s in services.items() if n not in INFRA}
-    assert set(app_services) == set(scripts), "compose services and console scripts differ"
+    # One long-running compose service per console script (helpers such as
+    # pg2kafka-init run the same image with another subcommand).
+    long_running = {n for n in app_services if n in scripts}
+    assert long_running == set(scripts), "compose services and console scripts differ"
     for name, svc in app_services.items():
         command = svc["command"]
         assert isinstance(command, list)
-        assert command[0] == name
-        assert (REPO / "services" / name / "Dockerfile").is_file()
+        script = command[0]
+        assert script in scripts, f"{name} runs {script}, which is not a console script"
+        assert name.startswith(script)
+        assert (REPO / "services" / script / "Dockerfile").is_file()
+        assert svc["build"]["dockerfile"] == f"services/{script}/Dockerfile"
         for dep in svc.get("depends_on", {}).values():
-            assert dep["condition"] == "service_healthy"
-        module, _, func = scripts[name].partition(":")
+            assert dep["condition"] in ("service_healthy", "service_completed_successfully")
+        if name in scripts:
+            assert "healthcheck" in svc, f"{name} needs a healthcheck"
+        module, _, func = scripts[script].partition(":")
         parser = __import__(module, fromlist=[func]).build_parser()
         parser.parse_args(command[1:])  # raises SystemExit on an unknown subcommand
+
+
+def test_dockerfiles_are_slim_and_non_root() -> None:
+    for dockerfile in (REPO / "services").glob("*/Dockerfile"):
+        text = dockerfile.read_text()
+        service = dockerfile.parent.name
+        assert "-slim" in text, dockerfile
+        assert "\nUSER " in text, f"{dockerfile} must not run as root"
+        assert f'".[{service}]"' in text, f"{dockerfile} must install only its extra"
+        assert "pyspark" not in text or service == "kafka2spark"

@@ -135,4 +135,10 @@ def harness(env_file: Path, stack_env: dict[str, str], unique_name: str) -> Iter
             if h.consumer is not None:
                 h.consumer.close()
             admin.tear_down(settings)
-            AdminClient(settings.kafka.client_config()).delete_topics([settings.producer.topic])
+            delete_topic(settings)
+
+
+def delete_topic(settings: Pg2KafkaSettings) -> None:
+    topic = settings.producer.topic
+    client = AdminClient(settings.kafka.client_config())  # must outlive the future
+    client.delete_topics([topic])[topic].result(30)

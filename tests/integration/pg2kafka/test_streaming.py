@@ -3,18 +3,22 @@
 from __future__ import annotations
 
 import base64
+import json
 import os
 import subprocess
 import sys
 from pathlib import Path
 
+import jsonschema
 import psycopg
 import pytest
 
 from services.pg2kafka import admin
 from services.pg2kafka.app import build
 from shared.errors import PermanentError
-from tests.integration.pg2kafka.conftest import Harness, make_settings
+from tests.integration.pg2kafka.conftest import Harness, delete_topic, make_settings
+
+REPO = Path(__file__).resolve().parents[3]
 
 
 def q(name: str) -> str:
@@ -57,6 +61,9 @@ def test_operations_and_types(harness: Harness, unique_name: str) -> None:
     }  # fmt: skip
     assert evs[0]["types"]["mood"] == f"{t}_mood"
     assert evs[0]["types"]["n"] == "numeric"
+    schema = json.loads((REPO / "shared/schemas/change_event.v1.json").read_text())
+    for ev in evs:
+        jsonschema.validate(ev, schema)
     nulls = evs[1]["new"]
     assert nulls["id"] == 2
     assert all(v is None for k, v in nulls.items() if k != "id")
@@ -186,6 +193,7 @@ def test_primary_key_partitioning(
         if h.consumer is not None:
             h.consumer.close()
         admin.tear_down(settings)
+        delete_topic(settings)
 
 
 def test_missing_slot_is_a_permanent_error_with_the_fix(env_file: Path, unique_name: str) -> None:
@@ -194,8 +202,11 @@ def test_missing_slot_is_a_permanent_error_with_the_fix(env_file: Path, unique_n
 
     ensure_topic(settings.kafka.client_config(), settings.producer.topic, 1, 1)
     service = build(settings)
-    with pytest.raises(PermanentError, match="pg2kafka init"):
-        service.run()
+    try:
+        with pytest.raises(PermanentError, match="pg2kafka init"):
+            service.run()
+    finally:
+        delete_topic(settings)
 
 
 def test_role_without_replication_is_refused_at_init(
