@@ -23,7 +23,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--config", type=Path, help="YAML settings file")
     parser.add_argument("--env-file", type=Path, help="dotenv file (the local stack writes one)")
     sub = parser.add_subparsers(dest="command", required=True)
-    sub.add_parser("init", help="create the publication and slot (idempotent)")
+    init = sub.add_parser("init", help="migrations, publication, slot, topic (idempotent)")
+    init.add_argument(
+        "--migrations-only", action="store_true", help="apply the SQL migrations and nothing else"
+    )
     sub.add_parser("run", help="stream the slot into Kafka")
     st = sub.add_parser("status", help="slot lag, confirmed LSN, publication tables, Kafka")
     st.add_argument("--json", action="store_true")
@@ -44,7 +47,7 @@ def main(argv: list[str] | None = None) -> int:
         register_secret(settings.kafka.sasl_password.get_secret_value())
     try:
         if args.command == "init":
-            report = admin.init(settings)
+            report = admin.init(settings, migrations_only=args.migrations_only)
             for item in report.created:
                 print(f"created  {item}")
             for item in report.existing:

@@ -16,6 +16,7 @@ import psycopg
 from psycopg import sql
 
 from services.pg2kafka.kafka_sink import ensure_topic
+from services.pg2kafka.migrations import migrate
 from services.pg2kafka.settings import Pg2KafkaSettings
 from shared.errors import PermanentError
 
@@ -50,23 +51,18 @@ class InitReport:
     existing: list[str] = field(default_factory=list)
 
 
-def init(settings: Pg2KafkaSettings) -> InitReport:
+def init(settings: Pg2KafkaSettings, *, migrations_only: bool = False) -> InitReport:
+    """Apply the SQL migrations, then (unless ``migrations_only``) make sure the
+    publication matches the filters, the slot exists and, if configured, the topic."""
     rep = settings.replication
     report = InitReport()
     with _connect(settings) as conn:
         check_server(conn)
-        exists = conn.execute(
-            "SELECT 1 FROM pg_publication WHERE pubname = %s", [rep.publication]
-        ).fetchone()
-        if exists:
-            report.existing.append(f"publication {rep.publication}")
-        else:
-            conn.execute(
-                sql.SQL("CREATE PUBLICATION {} FOR ALL TABLES").format(
-                    sql.Identifier(rep.publication)
-                )
-            )
-            report.created.append(f"publication {rep.publication}")
+        for name in migrate(conn):
+            report.created.append(f"migration {name}")
+        if migrations_only:
+            return report
+        sync_publication(conn, settings, report)
         slot = conn.execute(
             "SELECT plugin, database FROM pg_replication_slots WHERE slot_name = %s", [rep.slot]
         ).fetchone()
@@ -94,6 +90,76 @@ def init(settings: Pg2KafkaSettings) -> InitReport:
     return report
 
 
+def sync_publication(
+    conn: psycopg.Connection[tuple[Any, ...]], settings: Pg2KafkaSettings, report: InitReport
+) -> None:
+    """Register the filters and make the publication hold exactly the matching tables.
+
+    The default filters publish ``FOR ALL TABLES``. Narrower filters publish the tables
+    that match now; the DDL event trigger adds tables created later.
+    """
+    pub = settings.replication.publication
+    filters = settings.filters
+    with conn.transaction():
+        conn.execute(
+            "INSERT INTO _walcast.publications"
+            " (publication, include_patterns, exclude_patterns, all_tables)"
+            " VALUES (%s, %s, %s, %s) ON CONFLICT (publication) DO UPDATE SET"
+            " include_patterns = EXCLUDED.include_patterns,"
+            " exclude_patterns = EXCLUDED.exclude_patterns, all_tables = EXCLUDED.all_tables",
+            [pub, filters.include, filters.exclude, filters.all_tables],
+        )
+        row = conn.execute(
+            "SELECT puballtables FROM pg_publication WHERE pubname = %s", [pub]
+        ).fetchone()
+        ident = sql.Identifier(pub)
+        if row is not None and bool(row[0]) != filters.all_tables:
+            raise PermanentError(
+                f"publication {pub!r} exists {'for all' if row[0] else 'for some'} tables,"
+                " which no longer matches the filters",
+                hint="run `pg2kafka tear-down` then `pg2kafka init` (or DROP PUBLICATION)",
+            )
+        if row is None:
+            options = sql.SQL(" WITH (publish_via_partition_root = true)")
+            if filters.all_tables:
+                conn.execute(
+                    sql.SQL("CREATE PUBLICATION {} FOR ALL TABLES").format(ident) + options
+                )
+            else:
+                conn.execute(sql.SQL("CREATE PUBLICATION {}").format(ident) + options)
+            report.created.append(f"publication {pub}")
+        else:
+            report.existing.append(f"publication {pub}")
+        if filters.all_tables:
+            return
+        tables = conn.execute(
+            "SELECT n.nspname, c.relname FROM pg_catalog.pg_class c"
+            " JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace"
+            " WHERE c.relkind IN ('r', 'p') AND NOT c.relispartition"
+            " AND n.nspname NOT IN ('pg_catalog', 'information_schema')"
+            " AND n.nspname NOT LIKE 'pg\\_%%'"
+            " AND _walcast.table_matches(%s, n.nspname, c.relname) ORDER BY 1, 2",
+            [pub],
+        ).fetchall()
+        if tables:
+            conn.execute(
+                sql.SQL("ALTER PUBLICATION {} SET TABLE {}").format(
+                    ident, sql.SQL(", ").join(sql.Identifier(s, t) for s, t in tables)
+                )
+            )
+        else:
+            current = conn.execute(
+                "SELECT schemaname, tablename FROM pg_publication_tables WHERE pubname = %s",
+                [pub],
+            ).fetchall()
+            if current:
+                conn.execute(
+                    sql.SQL("ALTER PUBLICATION {} DROP TABLE {}").format(
+                        ident, sql.SQL(", ").join(sql.Identifier(s, t) for s, t in current)
+                    )
+                )
+
+
 def tear_down(settings: Pg2KafkaSettings) -> list[str]:
     """Drop the slot and the publication (the Kafka topic is kept: it holds data)."""
     rep = settings.replication
@@ -115,6 +181,17 @@ def tear_down(settings: Pg2KafkaSettings) -> list[str]:
         ).fetchone():
             conn.execute(sql.SQL("DROP PUBLICATION {}").format(sql.Identifier(rep.publication)))
             removed.append(f"publication {rep.publication}")
+        if conn.execute("SELECT to_regclass('_walcast.publications')").fetchone() != (None,):
+            conn.execute(
+                "DELETE FROM _walcast.publications WHERE publication = %s", [rep.publication]
+            )
+            # The DDL capture is shared by every stream of this database: it goes with the
+            # last one. Nothing else lives in _walcast yet (subscriptions will).
+            if conn.execute("SELECT count(*) FROM _walcast.publications").fetchone() == (0,):
+                conn.execute("DROP EVENT TRIGGER IF EXISTS walcast_ddl_command_end")
+                conn.execute("DROP EVENT TRIGGER IF EXISTS walcast_sql_drop")
+                conn.execute("DROP SCHEMA _walcast CASCADE")
+                removed.append("DDL capture (event triggers, schema _walcast)")
     return removed
 
 

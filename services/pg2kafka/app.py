@@ -28,6 +28,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from services.pg2kafka import pgoutput as pg
 from services.pg2kafka.changes import AckTracker, EventBuilder
+from services.pg2kafka.filters import TableFilter
 from services.pg2kafka.kafka_sink import KafkaSink, Outgoing, ensure_topic
 from services.pg2kafka.replication import PostgresReplicationSource
 from services.pg2kafka.settings import Pg2KafkaSettings
@@ -37,6 +38,8 @@ from shared.http import OpsServer
 from shared.retry import call_with_retry
 
 log = logging.getLogger(__name__)
+
+DDL_PREFIX = "walcast.ddl"
 
 
 class Metrics:
@@ -140,6 +143,7 @@ class Pipeline:
 
     def __post_init__(self) -> None:
         self.serializer = JsonEventSerializer()
+        self.filter = TableFilter(self.settings.filters.include, self.settings.filters.exclude)
         self.streaming = False
         self.progressed = False  # confirmed something since the last failure
         self.last_loop = time.monotonic()
@@ -201,7 +205,7 @@ class Pipeline:
                     s.producer.topic_partitions,
                     s.producer.topic_replication_factor,
                 )
-            sink.partitions(topic)  # fail fast on a missing topic
+            partitions = sink.partitions(topic)  # fails fast on a missing topic
             source.start()
             self.streaming = True
             seq = 0
@@ -239,10 +243,21 @@ class Pipeline:
                     if ev is None:
                         self.metrics.skipped.inc()
                         continue
-                    self._send(sink, tracker, topic, ev, seq)
+                    if self.filter.matches(ev["schema"], ev["table"]):
+                        self._send(sink, tracker, topic, ev, seq)
                 elif isinstance(msg, pg.Truncate):
                     for ev in builder.truncate(msg, lsn):
-                        self._send(sink, tracker, topic, ev, seq)
+                        if self.filter.matches(ev["schema"], ev["table"]):
+                            self._send(sink, tracker, topic, ev, seq)
+                elif isinstance(msg, pg.Message) and msg.prefix == DDL_PREFIX:
+                    if not msg.transactional or builder.txn is None:
+                        log.warning(
+                            "ignoring a non-transactional DDL message at %s", pg.format_lsn(lsn)
+                        )
+                        continue
+                    for ev in builder.ddl(msg, lsn):
+                        if self.filter.matches(ev["schema"], ev["table"]):
+                            self._send_ddl(sink, tracker, topic, ev, seq, partitions)
                 elif isinstance(msg, pg.Relation):
                     builder.relation(msg)
                 elif isinstance(msg, pg.TypeMessage):
@@ -267,6 +282,22 @@ class Pipeline:
         sink.write(Outgoing(topic, self.key_for(ev), value), seq)
         self.metrics.events.labels(ev["op"]).inc()
         self.metrics.bytes.inc(len(value))
+
+    def _send_ddl(
+        self, sink: KafkaSink, tracker: AckTracker, topic: str, ev: Event, seq: int, partitions: int
+    ) -> None:
+        """Under primary-key keys a table's rows spread over every partition, so its
+        schema change goes to every partition: each sees it before dependent rows."""
+        if self.settings.producer.partition_key != "primary_key":
+            self._send(sink, tracker, topic, ev, seq)
+            return
+        value = self.serializer.encode(ev)
+        key = f"{ev['schema']}.{ev['table']}".encode()
+        for partition in range(partitions):
+            tracker.sent(seq)
+            sink.write(Outgoing(topic, key, value, partition=partition), seq)
+        self.metrics.events.labels("ddl").inc()
+        self.metrics.bytes.inc(len(value) * partitions)
 
     def _observe_acked(self, commit_times: dict[int, float], tracker: AckTracker) -> None:
         now = time.time()

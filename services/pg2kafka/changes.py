@@ -15,6 +15,8 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
 
+import orjson
+
 from services.pg2kafka import pgoutput as pg
 from services.pg2kafka.types import TypeRegistry
 from shared.errors import PermanentError
@@ -179,6 +181,45 @@ class EventBuilder:
             ev["unchanged_toast"] = toast
         ev["types"] = self._types(rel)
         return ev
+
+    def ddl(self, msg: pg.Message, lsn: int) -> list[Event]:
+        """Events for a DDL message from the event triggers: one per table it touched.
+
+        The message is transactional, so it sits in the stream exactly where the DDL
+        committed: before any change that depends on it.
+        """
+        try:
+            payload = orjson.loads(msg.content)
+        except orjson.JSONDecodeError as exc:
+            raise PermanentError(f"DDL message at {pg.format_lsn(lsn)} is not JSON") from exc
+        events: list[Event] = []
+        for table in payload.get("tables", []):
+            ev = self._ddl_envelope(lsn, table["schema"], table["table"])
+            ev["ddl"] = {
+                "tag": payload.get("tag"),
+                "statement": payload.get("statement"),
+                "columns": table["columns"],
+                "primary_key": table["primary_key"],
+            }
+            events.append(ev)
+        for table in payload.get("dropped", []):
+            ev = self._ddl_envelope(lsn, table["schema"], table["table"])
+            ev["ddl"] = {
+                "tag": payload.get("tag"),
+                "statement": payload.get("statement"),
+                "dropped": True,
+            }
+            events.append(ev)
+        return events
+
+    def _ddl_envelope(self, lsn: int, schema: str, table: str) -> Event:
+        ev = self._envelope("ddl", lsn, None)
+        out: Event = {"v": ev["v"], "op": "ddl", "db": ev["db"], "schema": schema, "table": table}
+        out.update((k, ev[k]) for k in ("lsn", "commit_lsn", "xid", "commit_ts"))
+        out["key"] = {}
+        out["new"] = None
+        out["old"] = None
+        return out
 
     def truncate(self, msg: pg.Truncate, lsn: int) -> list[Event]:
         events = []

@@ -8,6 +8,7 @@ from typing import Literal
 from pydantic import Field, field_validator
 from pydantic_settings import SettingsConfigDict
 
+from services.pg2kafka.filters import split_pattern
 from shared.settings import (
     HttpSettings,
     KafkaSettings,
@@ -37,6 +38,28 @@ class ReplicationSettings(Section):
         if not _SLOT_RE.match(v):
             raise ValueError("slot names are 1-63 characters of a-z, 0-9 and _")
         return v
+
+
+class FilterSettings(Section):
+    """Which tables are streamed: ``schema.table`` patterns, ``*`` a wildcard.
+
+    The default, every table, publishes ``FOR ALL TABLES``; anything narrower publishes
+    the matching tables and adds new matching tables as they are created.
+    """
+
+    include: list[str] = Field(default_factory=lambda: ["*.*"], min_length=1)
+    exclude: list[str] = Field(default_factory=list)
+
+    @field_validator("include", "exclude")
+    @classmethod
+    def _patterns(cls, v: list[str]) -> list[str]:
+        for pattern in v:
+            split_pattern(pattern)
+        return v
+
+    @property
+    def all_tables(self) -> bool:
+        return self.include == ["*.*"] and not self.exclude
 
 
 class ProducerSettings(Section):
@@ -70,5 +93,6 @@ class Pg2KafkaSettings(ServiceSettings):
     postgres: PostgresSettings = PostgresSettings()
     kafka: KafkaSettings = KafkaSettings()
     replication: ReplicationSettings = ReplicationSettings()
+    filters: FilterSettings = FilterSettings()
     producer: ProducerSettings = ProducerSettings()
     http: HttpSettings = HttpSettings(port=9187)

@@ -31,6 +31,7 @@ class Harness:
     consumer: Consumer | None = None
     seen: list[dict[str, Any]] = field(default_factory=list)
     keys: list[bytes | None] = field(default_factory=list)
+    partitions: list[int] = field(default_factory=list)
 
     def start(self) -> None:
         self.service = build(self.settings)
@@ -78,16 +79,22 @@ class Harness:
             if self.error:
                 raise self.error[0]
             if time.monotonic() > deadline:
-                pytest.fail(f"condition not met within {timeout}s; got {len(self.seen)} events")
+                tail = [(e.get("op"), e.get("table")) for e in self.seen[-10:]]
+                pytest.fail(
+                    f"condition not met within {timeout}s; got {len(self.seen)} events,"
+                    f" the last: {tail}"
+                )
             msg = self.consumer.poll(0.5)
             if msg is None or msg.error():
                 continue
             self.seen.append(orjson.loads(msg.value()))
             self.keys.append(msg.key())
+            self.partitions.append(msg.partition())
         return self.seen
 
     def table_events(self, table: str) -> list[dict[str, Any]]:
-        return [e for e in self.seen if e.get("table") == table]
+        """The data events (not DDL) of ``table`` seen so far."""
+        return data(self.seen, table)
 
     def slot_confirmed(self) -> int:
         rows = self.sql(
@@ -96,6 +103,10 @@ class Harness:
             [self.settings.replication.slot],
         )
         return int(rows[0][0])
+
+
+def data(events: list[dict[str, Any]], table: str) -> list[dict[str, Any]]:
+    return [e for e in events if e.get("table") == table and e["op"] != "ddl"]
 
 
 def make_settings(env_file: Path, name: str, **sections: dict[str, Any]) -> Pg2KafkaSettings:

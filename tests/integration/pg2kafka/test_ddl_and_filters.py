@@ -1,0 +1,151 @@
+"""DDL travels in the stream before dependent data; filters shape the publication."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import jsonschema
+
+from services.pg2kafka import admin
+from tests.integration.pg2kafka.conftest import Harness, delete_topic, make_settings
+
+SCHEMA = json.loads(
+    (Path(__file__).resolve().parents[3] / "shared/schemas/change_event.v1.json").read_text()
+)
+
+
+def test_ddl_reaches_kafka_before_dependent_data(harness: Harness, unique_name: str) -> None:
+    t = f"{unique_name}_ddl"
+    harness.start()
+    harness.sql(f"CREATE TABLE {t} (id int PRIMARY KEY, a text NOT NULL)")
+    harness.sql(f"INSERT INTO {t} VALUES (1, 'one')")
+    harness.sql(f"ALTER TABLE {t} ADD COLUMN b numeric(8,2)")
+    harness.sql(f"INSERT INTO {t} VALUES (2, 'two', 2.5)")
+    harness.sql(f"ALTER TABLE {t} RENAME COLUMN a TO a2")
+    harness.sql(f"UPDATE {t} SET a2 = 'uno' WHERE id = 1")
+    harness.sql(f"ALTER TABLE {t} DROP COLUMN b")
+    harness.sql(f"INSERT INTO {t} VALUES (3, 'three')")
+    harness.sql(f"DROP TABLE {t}")
+    harness.events(lambda s: len([e for e in s if e.get("table") == t]) >= 9)
+    evs = [e for e in harness.seen if e.get("table") == t]  # DDL included
+    for ev in evs:
+        jsonschema.validate(ev, SCHEMA)
+    ops = [e["op"] for e in evs]
+    assert ops == ["ddl", "insert", "ddl", "insert", "ddl", "update", "ddl", "insert", "ddl"]
+    cols = [
+        [c["name"] for c in e["ddl"]["columns"]]
+        for e in evs
+        if e["op"] == "ddl" and "columns" in e["ddl"]
+    ]
+    assert cols == [["id", "a"], ["id", "a", "b"], ["id", "a2", "b"], ["id", "a2"]]
+    create = evs[0]["ddl"]
+    assert create["tag"] == "CREATE TABLE"
+    assert create["primary_key"] == ["id"]
+    assert create["columns"][1] == {
+        "name": "a",
+        "type": "text",
+        "sql_type": "text",
+        "nullable": False,
+    }
+    assert evs[2]["ddl"]["columns"][2]["sql_type"] == "numeric(8,2)"
+    assert "RENAME COLUMN" in evs[4]["ddl"]["statement"]
+    assert evs[5]["new"] == {"id": 1, "a2": "uno", "b": None}
+    assert evs[-1]["ddl"]["tag"] == "DROP TABLE"
+    assert evs[-1]["ddl"]["dropped"] is True
+    lsns = [e["lsn"] for e in evs]
+    assert lsns == sorted(lsns)
+
+
+def test_filters_shape_the_publication_and_follow_new_tables(
+    env_file: Path, stack_env: dict[str, str], unique_name: str
+) -> None:
+    app = f"{unique_name}_app"
+    settings = make_settings(
+        env_file, unique_name,
+        filters={"include": [f"{app}.*", f"*.{unique_name}_orders"],
+                 "exclude": [f"{app}.secret*"]},
+    )  # fmt: skip
+    h = Harness(settings, stack_env["WALCAST_PG_DSN"])
+    h.sql(f"CREATE SCHEMA {app}")
+    h.sql(f"CREATE TABLE {app}.t1 (id int PRIMARY KEY)")
+    h.sql(f"CREATE TABLE {app}.secret_stuff (id int PRIMARY KEY)")
+    h.sql(f"CREATE TABLE {unique_name}_orders (id int PRIMARY KEY)")
+    h.sql(f"CREATE TABLE {unique_name}_other (id int PRIMARY KEY)")
+    try:
+        admin.init(settings)
+        tables = admin.status(settings)["publication_tables"]
+        assert sorted(tables) == sorted([f"{app}.t1", f"public.{unique_name}_orders"])
+        h.start()
+        h.sql(f"CREATE TABLE {app}.t2 (id int PRIMARY KEY)")  # matches: joins the publication
+        h.sql(f"CREATE TABLE {app}.secret_more (id int PRIMARY KEY)")  # excluded
+        for table in (
+            f"{app}.t1",
+            f"{app}.t2",
+            f"{app}.secret_stuff",
+            f"{app}.secret_more",
+            f"{unique_name}_orders",
+            f"{unique_name}_other",
+        ):
+            h.sql(f"INSERT INTO {table} VALUES (1)")
+        h.sql(f"INSERT INTO {unique_name}_orders VALUES (2)")  # a marker: the last change
+        h.events(
+            lambda s: (
+                len([e for e in s if e.get("table") == f"{unique_name}_orders"]) >= 2
+                and any(e.get("table") == "t2" and e["op"] == "insert" for e in s)
+            )
+        )
+        mine = [
+            (e["op"], e["table"])
+            for e in h.seen
+            if e.get("schema") == app or str(e.get("table", "")).startswith(unique_name)
+        ]
+        assert sorted(set(mine)) == sorted(
+            {("insert", "t1"), ("ddl", "t2"), ("insert", "t2"), ("insert", f"{unique_name}_orders")}
+        )
+        assert f"{app}.t2" in admin.status(settings)["publication_tables"]
+        assert f"{app}.secret_more" not in admin.status(settings)["publication_tables"]
+    finally:
+        h.stop()
+        if h.consumer is not None:
+            h.consumer.close()
+        admin.tear_down(settings)
+        delete_topic(settings)
+        h.sql(f"DROP SCHEMA {app} CASCADE")
+
+
+def test_ddl_goes_to_every_partition_under_primary_key_keys(
+    env_file: Path, stack_env: dict[str, str], unique_name: str
+) -> None:
+    settings = make_settings(env_file, unique_name, producer={"partition_key": "primary_key"})
+    admin.init(settings)
+    h = Harness(settings, stack_env["WALCAST_PG_DSN"])
+    t = f"{unique_name}_pkddl"
+    try:
+        h.sql(f"CREATE TABLE {t} (id int PRIMARY KEY)")
+        h.start()
+        h.sql(f"ALTER TABLE {t} ADD COLUMN note text")
+        h.sql(f"INSERT INTO {t} SELECT g, 'n' FROM generate_series(1, 20) g")
+        h.events(lambda s: len([e for e in s if e.get("table") == t]) >= 26)
+        # both schema changes (the CREATE, after init, and the ALTER) reach every partition
+        for tag in ("CREATE TABLE", "ALTER TABLE"):
+            parts = sorted(
+                p
+                for p, e in zip(h.partitions, h.seen, strict=True)
+                if e.get("table") == t and e["op"] == "ddl" and e["ddl"]["tag"] == tag
+            )
+            assert parts == [0, 1, 2], tag
+        # in every partition, the schema change precedes that partition's rows
+        for part in range(3):
+            ops = [
+                e["op"]
+                for p, e in zip(h.partitions, h.seen, strict=True)
+                if p == part and e.get("table") == t
+            ]
+            assert ops[0] == "ddl", (part, ops)
+    finally:
+        h.stop()
+        if h.consumer is not None:
+            h.consumer.close()
+        admin.tear_down(settings)
+        delete_topic(settings)
