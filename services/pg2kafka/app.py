@@ -130,9 +130,34 @@ class Catalog:
         )
         return [str(r[0]) for r in rows]
 
+    def execute(self, statement: str, params: list[object]) -> None:
+        self._conn().execute(statement, params)
+
     def close(self) -> None:
         if self.conn is not None:
             self.conn.close()
+
+
+class Heartbeat:
+    """Writes a non-transactional logical message into this database's WAL every
+    ``interval_s`` while the pipeline is idle. The walsender streams it like any change,
+    so the confirmed LSN moves past WAL that held nothing for us and the slot never pins
+    it (an idle or fully filtered database). Not forwarded to Kafka."""
+
+    PREFIX = "walcast.heartbeat"
+
+    def __init__(self, catalog: Catalog, interval_s: float) -> None:
+        self.catalog = catalog
+        self.interval_s = interval_s
+        self.last = time.monotonic()
+
+    def maybe_beat(self) -> None:
+        if self.interval_s <= 0 or time.monotonic() - self.last < self.interval_s:
+            return
+        self.last = time.monotonic()
+        self.catalog.execute(
+            "SELECT pg_logical_emit_message(false, %s, now()::text)", [self.PREFIX]
+        )
 
 
 @dataclass
@@ -184,6 +209,7 @@ class Pipeline:
         )
         tracker = AckTracker()
         catalog = Catalog(conninfo)
+        heartbeat = Heartbeat(catalog, s.replication.heartbeat_interval_s)
         builder = EventBuilder(
             s.postgres.database,
             TypeRegistry(catalog.type_info),
@@ -216,9 +242,11 @@ class Pipeline:
                 if tracker.confirmed > source.confirmed_lsn:
                     source.confirm(tracker.confirmed)
                 if tracker.idle():
-                    # Nothing in flight: everything the server sent is in Kafka.
-                    tracker.advance_idle(source.received_lsn)
+                    # Nothing in flight: everything the server sent is in Kafka, including
+                    # what it skipped (other databases, filtered or empty transactions).
+                    tracker.advance_idle(max(source.received_lsn, source.keepalive_lsn))
                     source.confirm(tracker.confirmed)
+                    heartbeat.maybe_beat()
                 if tracker.confirmed != before:
                     self.progressed = True
                     self._observe_acked(commit_times, tracker)

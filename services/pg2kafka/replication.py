@@ -67,6 +67,8 @@ class PostgresReplicationSource:
         self.received_lsn = 0
         self.confirmed_lsn = 0
         self.server_wal_end = 0
+        # sentPtr from the last keepalive: everything committed before it has been sent.
+        self.keepalive_lsn = 0
         self._last_status = 0.0
         self._reply_now = False
 
@@ -121,6 +123,7 @@ class PostgresReplicationSource:
             if kind == b"k":
                 wal_end, _, reply = _KEEPALIVE.unpack_from(buf, 1)
                 self.server_wal_end = max(self.server_wal_end, wal_end)
+                self.keepalive_lsn = max(self.keepalive_lsn, wal_end)
                 if reply:
                     self._reply_now = True
                 self.maybe_send_status()

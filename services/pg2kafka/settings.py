@@ -28,6 +28,9 @@ class ReplicationSettings(Section):
     # Seconds between standby status updates; must stay well under the server's
     # wal_sender_timeout (60 s by default) or Postgres drops the connection.
     status_interval_s: float = Field(default=5.0, gt=0, le=30)
+    # Seconds between heartbeat messages written into this database's WAL, so the slot
+    # advances even when nothing published changes (idle or fully filtered). 0 = off.
+    heartbeat_interval_s: float = Field(default=30.0, ge=0)
     # Changes to tables without replica identity columns: emit them with an empty key,
     # or skip them (counted in walcast_pg2kafka_skipped_no_identity_total).
     no_identity: Literal["emit", "skip"] = "emit"

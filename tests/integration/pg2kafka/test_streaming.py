@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import jsonschema
@@ -259,3 +260,36 @@ def test_cli_rejects_unknown_key_and_reports_status(env_file: Path, unique_name:
         assert isinstance(info["lag_bytes"], int)
     finally:
         subprocess.run([*base, "tear-down"], capture_output=True, env=env, check=True)
+
+
+def test_slot_advances_on_a_fully_filtered_database(
+    env_file: Path, stack_env: dict[str, str], unique_name: str
+) -> None:
+    """Only a table that never changes is published; heavy writes elsewhere must not pin
+    WAL: heartbeats and keepalives move the confirmed LSN past them."""
+    quiet = f"{unique_name}_quiet"
+    busy = f"{unique_name}_busy"
+    settings = make_settings(
+        env_file, unique_name,
+        filters={"include": [f"public.{quiet}"]},
+        replication={"heartbeat_interval_s": 1.0},
+    )  # fmt: skip
+    h = Harness(settings, stack_env["WALCAST_PG_DSN"])
+    h.sql(f"CREATE TABLE {quiet} (id int PRIMARY KEY)")
+    h.sql(f"CREATE TABLE {busy} (id int PRIMARY KEY, pad text)")
+    admin.init(settings)
+    try:
+        h.start()
+        h.sql(f"INSERT INTO {busy} SELECT g, repeat('x', 200) FROM generate_series(1, 20000) g")
+        target = int(h.sql("SELECT pg_current_wal_lsn() - '0/0'::pg_lsn")[0][0])
+        deadline = time.monotonic() + 60
+        while h.slot_confirmed() < target:
+            assert time.monotonic() < deadline, "slot did not advance past the filtered writes"
+            time.sleep(0.2)
+        # nothing from the filtered table reached Kafka: the topic is empty
+        consumer_seen = h.events(lambda s: True, timeout=1)
+        assert [e for e in consumer_seen if e.get("table") == busy] == []
+    finally:
+        h.stop()
+        admin.tear_down(settings)
+        delete_topic(settings)
