@@ -138,6 +138,47 @@ class Catalog:
             self.conn.close()
 
 
+class LeaderLock:
+    """Session-level advisory lock naming the slot: whoever holds it streams.
+
+    Held on its own ordinary connection for as long as the process streams; Postgres
+    releases it the moment that connection dies, so a standby takes over within one
+    ``poll_s`` of the leader's death. Postgres itself still refuses a second walsender on
+    the slot, so the lock only makes the hand-over quick and quiet, never unsafe.
+    """
+
+    def __init__(self, conninfo: str, slot: str) -> None:
+        self.conninfo = conninfo
+        self.slot = slot
+        self.conn: psycopg.Connection[tuple[object, ...]] | None = None
+
+    def acquire(self, stop: threading.Event, poll_s: float) -> bool:
+        """Block until leader (True) or stopped (False)."""
+        announced = False
+        while not stop.is_set():
+            if self.conn is None or self.conn.closed:
+                self.conn = psycopg.connect(
+                    self.conninfo, autocommit=True, application_name=f"pg2kafka-lock:{self.slot}"
+                )
+            row = self.conn.execute(
+                "SELECT pg_try_advisory_lock(hashtext('walcast.pg2kafka'), hashtext(%s))",
+                [self.slot],
+            ).fetchone()
+            if row and row[0]:
+                log.info("leader for slot %s", self.slot)
+                return True
+            if not announced:
+                log.info("standby: another pg2kafka streams slot %s", self.slot)
+                announced = True
+            stop.wait(poll_s)
+        return False
+
+    def release(self) -> None:
+        if self.conn is not None:
+            self.conn.close()  # closing the session releases the lock
+            self.conn = None
+
+
 class Heartbeat:
     """Writes a non-transactional logical message into this database's WAL every
     ``interval_s`` while the pipeline is idle. The walsender streams it like any change,
@@ -208,6 +249,7 @@ class Pipeline:
             while_waiting=lambda: source.maybe_send_status(),
         )
         tracker = AckTracker()
+        leader = LeaderLock(conninfo, s.replication.slot)
         catalog = Catalog(conninfo)
         heartbeat = Heartbeat(catalog, s.replication.heartbeat_interval_s)
         builder = EventBuilder(
@@ -232,6 +274,8 @@ class Pipeline:
                     s.producer.topic_replication_factor,
                 )
             partitions = sink.partitions(topic)  # fails fast on a missing topic
+            if not leader.acquire(self.stop_event, s.replication.standby_poll_s):
+                return
             source.start()
             self.streaming = True
             seq = 0
@@ -303,6 +347,7 @@ class Pipeline:
             source.close()
             sink.close()
             catalog.close()
+            leader.release()
 
     def _send(self, sink: KafkaSink, tracker: AckTracker, topic: str, ev: Event, seq: int) -> None:
         value = self.serializer.encode(ev)

@@ -31,6 +31,9 @@ class ReplicationSettings(Section):
     # Seconds between heartbeat messages written into this database's WAL, so the slot
     # advances even when nothing published changes (idle or fully filtered). 0 = off.
     heartbeat_interval_s: float = Field(default=30.0, ge=0)
+    # High availability: any number of pg2kafka processes may run for one slot; the one
+    # holding a Postgres advisory lock streams, the others check every standby_poll_s.
+    standby_poll_s: float = Field(default=1.0, gt=0, le=60)
     # Changes to tables without replica identity columns: emit them with an empty key,
     # or skip them (counted in walcast_pg2kafka_skipped_no_identity_total).
     no_identity: Literal["emit", "skip"] = "emit"

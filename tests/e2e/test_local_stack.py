@@ -7,13 +7,12 @@ import json
 import os
 import signal
 import subprocess
-import time
 from pathlib import Path
 
-import pytest
 from confluent_kafka.admin import AdminClient, NewTopic
 
-REPO = Path(__file__).resolve().parents[2]
+from tests.e2e.conftest import REPO, wait_until
+
 WALCAST = str(REPO / "deploy/local/walcast")
 
 
@@ -27,15 +26,6 @@ def status() -> tuple[int, dict[str, dict[str, object]]]:
     proc = walcast("status", "--json")
     doc = json.loads(proc.stdout)
     return proc.returncode, {c["name"]: c for c in doc["components"]}
-
-
-def wait_for(predicate, what: str, timeout: float = 60.0) -> None:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.5)
-    pytest.fail(f"timed out after {timeout}s waiting for {what}")
 
 
 def test_up_twice_is_a_no_op(stack_env: dict[str, str]) -> None:
@@ -62,7 +52,7 @@ def test_killed_component_is_reported_then_restored(stack_env: dict[str, str]) -
         rc, comps = status()
         return rc == 1 and comps["postgres"]["state"] == "stopped"
 
-    wait_for(reported_down, "status to report postgres stopped")
+    wait_until(reported_down, "status to report postgres stopped")
     text = walcast("status")
     assert text.returncode == 1
     assert "postgres" in text.stdout

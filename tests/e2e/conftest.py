@@ -1,0 +1,70 @@
+"""Helpers for e2e tests that run the services as real processes."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+class Proc:
+    """One service process (``python -m services.<name> ... run``), output to a log file."""
+
+    def __init__(self, name: str, args: list[str], env: dict[str, str], log: Path) -> None:
+        self.log = log
+        self.out = log.open("ab")
+        self.popen = subprocess.Popen(
+            [sys.executable, "-m", f"services.{name}", *args],
+            env={**os.environ, **env},
+            stdout=self.out,
+            stderr=subprocess.STDOUT,
+            cwd=REPO,
+        )
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    def alive(self) -> bool:
+        return self.popen.poll() is None
+
+    def kill9(self) -> None:
+        self.popen.send_signal(signal.SIGKILL)
+        self.popen.wait(30)
+
+    def stop(self) -> None:
+        if self.alive():
+            self.popen.send_signal(signal.SIGTERM)
+            try:
+                self.popen.wait(60)
+            except subprocess.TimeoutExpired:
+                self.kill9()
+        self.out.close()
+
+    def tail(self, n: int = 30) -> str:
+        return "\n".join(self.log.read_text(errors="replace").splitlines()[-n:])
+
+
+@pytest.fixture
+def procs(tmp_path: Path) -> Iterator[list[Proc]]:
+    started: list[Proc] = []
+    yield started
+    for p in started:
+        p.stop()
+
+
+def wait_until(predicate, what: str, timeout: float = 60.0, interval: float = 0.2) -> None:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(interval)
+    pytest.fail(f"timed out after {timeout}s waiting for {what}")
