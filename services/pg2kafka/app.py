@@ -20,6 +20,7 @@ import logging
 import signal
 import threading
 import time
+from collections import deque
 from dataclasses import dataclass
 from types import FrameType
 
@@ -201,6 +202,145 @@ class Heartbeat:
         )
 
 
+class _Stream:
+    """One connected streaming session: everything ``Pipeline.run_once`` creates, with
+    the per-batch housekeeping and the per-message dispatch."""
+
+    def __init__(self, pipeline: Pipeline, conninfo: str) -> None:
+        s = pipeline.settings
+        self.p = pipeline
+        self.metrics = pipeline.metrics
+        self.topic = s.producer.topic
+        self.source = PostgresReplicationSource(
+            conninfo,
+            s.replication.slot,
+            s.replication.publication,
+            status_interval_s=s.replication.status_interval_s,
+        )
+        self.sink = KafkaSink(
+            {
+                **s.kafka.client_config(),
+                "linger.ms": s.producer.linger_ms,
+                "batch.size": s.producer.batch_bytes,
+                "compression.type": s.producer.compression,
+                "message.timeout.ms": s.producer.delivery_timeout_ms,
+                "message.max.bytes": s.producer.max_message_bytes,
+            },
+            max_inflight_bytes=s.producer.max_inflight_bytes,
+            while_waiting=self.source.maybe_send_status,
+        )
+        self.tracker = AckTracker()
+        self.sink.set_listener(self.tracker.acked)
+        self.leader = LeaderLock(conninfo, s.replication.slot)
+        self.catalog = Catalog(conninfo)
+        self.heartbeat = Heartbeat(self.catalog, s.replication.heartbeat_interval_s)
+        self.builder = EventBuilder(
+            s.postgres.database,
+            TypeRegistry(self.catalog.type_info),
+            no_identity=s.replication.no_identity,
+            primary_key=self.catalog.primary_key,
+        )
+        self.partitions = 1
+        self.seq = 0
+        self.commit_times: deque[tuple[int, float]] = deque()
+        self.op_counts: dict[str, int] = {}
+        self.bytes_out = 0
+
+    def close(self) -> None:
+        self.source.close()
+        self.sink.close()
+        self.catalog.close()
+        self.leader.release()
+
+    def housekeeping(self) -> None:
+        """Once per batch: serve acks, confirm what is safe, heartbeat, export metrics."""
+        tracker, source = self.tracker, self.source
+        before = source.confirmed_lsn
+        self.sink.poll(0)  # delivery callbacks move tracker.confirmed
+        if tracker.idle():
+            # Nothing in flight: everything the server sent is in Kafka, including what it
+            # skipped (other databases, filtered or empty transactions).
+            tracker.advance_idle(max(source.received_lsn, source.keepalive_lsn))
+            self.heartbeat.maybe_beat()
+        if tracker.confirmed > before:
+            source.confirm(tracker.confirmed)
+            self.p.progressed = True
+            now = time.time()
+            while self.commit_times and tracker.is_done(self.commit_times[0][0]):
+                _, committed = self.commit_times.popleft()
+                self.metrics.commit_to_ack.observe(max(0.0, now - committed))
+                self.metrics.transactions.inc()
+        source.maybe_send_status()
+        m = self.metrics
+        for op, n in self.op_counts.items():
+            m.events.labels(op).inc(n)
+        self.op_counts.clear()
+        if self.bytes_out:
+            m.bytes.inc(self.bytes_out)
+            self.bytes_out = 0
+        if self.sink.waits:
+            m.backpressure.inc(self.sink.waits)
+            self.sink.waits = 0
+        if self.builder.skipped_no_identity:
+            m.skipped.inc(self.builder.skipped_no_identity)
+            self.builder.skipped_no_identity = 0
+        m.inflight.set(self.sink.inflight_bytes)
+        m.confirmed.set(source.confirmed_lsn)
+        m.lag.set(max(0, source.server_wal_end - source.confirmed_lsn))
+
+    def handle(self, lsn: int, msg: pg.Decoded) -> None:
+        """One decoded message, in stream order."""
+        if isinstance(msg, (pg.Insert, pg.Update, pg.Delete)):
+            ev = self.builder.change(msg, lsn)
+            if ev is not None and self.p.filter.matches(ev["schema"], ev["table"]):
+                self.send(ev)
+        elif isinstance(msg, pg.Begin):
+            self.seq = self.builder.begin(msg).seq
+            self.tracker.open(self.seq)
+        elif isinstance(msg, pg.Commit):
+            self.builder.commit(msg)
+            self.commit_times.append((self.seq, msg.commit_ts_us / 1e6))
+            self.tracker.close(self.seq, msg.end_lsn)
+        elif isinstance(msg, pg.Relation):
+            self.builder.relation(msg)
+        elif isinstance(msg, pg.Truncate):
+            for ev in self.builder.truncate(msg, lsn):
+                if self.p.filter.matches(ev["schema"], ev["table"]):
+                    self.send(ev)
+        elif isinstance(msg, pg.TypeMessage):
+            self.builder.type_message(msg)
+        elif isinstance(msg, pg.Message) and msg.prefix == DDL_PREFIX:
+            if not msg.transactional or self.builder.txn is None:
+                log.warning("ignoring a non-transactional DDL message at %s", pg.format_lsn(lsn))
+                return
+            for ev in self.builder.ddl(msg, lsn):
+                if self.p.filter.matches(ev["schema"], ev["table"]):
+                    self.send_ddl(ev)
+        # Heartbeats, other logical messages and Origin only move the stream position.
+
+    def send(self, ev: Event) -> None:
+        value = self.p.serializer.encode(ev)
+        self.tracker.sent(self.seq)
+        self.sink.write(Outgoing(self.topic, self.p.key_for(ev), value), self.seq)
+        op = ev["op"]
+        self.op_counts[op] = self.op_counts.get(op, 0) + 1
+        self.bytes_out += len(value)
+
+    def send_ddl(self, ev: Event) -> None:
+        """Under primary-key keys a table's rows spread over every partition, so its
+        schema change goes to every partition: each sees it before dependent rows."""
+        if self.p.settings.producer.partition_key != "primary_key":
+            self.send(ev)
+            return
+        value = self.p.serializer.encode(ev)
+        key = f"{ev['schema']}.{ev['table']}".encode()
+        for partition in range(self.partitions):
+            self.tracker.sent(self.seq)
+            self.sink.write(Outgoing(self.topic, key, value, partition=partition), self.seq)
+        self.op_counts["ddl"] = self.op_counts.get("ddl", 0) + 1
+        self.bytes_out += len(value) * self.partitions
+
+
 @dataclass
 class Pipeline:
     settings: Pg2KafkaSettings
@@ -213,170 +353,50 @@ class Pipeline:
         self.streaming = False
         self.progressed = False  # confirmed something since the last failure
         self.last_loop = time.monotonic()
+        self._schema_keys: dict[str, bytes] = {}
 
     def key_for(self, ev: Event) -> bytes:
         mode = self.settings.producer.partition_key
         if mode == "schema":
-            return str(ev.get("schema", "")).encode()
-        if mode == "table":
-            return f"{ev.get('schema', '')}.{ev.get('table', '')}".encode()
-        key = ev.get("key") or {}
-        if not key:
-            return f"{ev.get('schema', '')}.{ev.get('table', '')}".encode()
-        return self.serializer.encode({"t": f"{ev['schema']}.{ev['table']}", "k": key})
+            schema = ev["schema"]
+            key = self._schema_keys.get(schema)
+            if key is None:
+                key = self._schema_keys[schema] = schema.encode()
+            return key
+        if mode == "table" or not ev.get("key"):
+            return f"{ev['schema']}.{ev['table']}".encode()
+        return self.serializer.encode({"t": f"{ev['schema']}.{ev['table']}", "k": ev["key"]})
 
     def run_once(self) -> None:
         """Stream until stopped or a failure; resources are released either way."""
         s = self.settings
-        conninfo = s.postgres.conninfo()
-        source = PostgresReplicationSource(
-            conninfo,
-            s.replication.slot,
-            s.replication.publication,
-            status_interval_s=s.replication.status_interval_s,
-        )
-        producer_conf = {
-            **s.kafka.client_config(),
-            "linger.ms": s.producer.linger_ms,
-            "batch.size": s.producer.batch_bytes,
-            "compression.type": s.producer.compression,
-            "message.timeout.ms": s.producer.delivery_timeout_ms,
-            "message.max.bytes": s.producer.max_message_bytes,
-        }
-        sink = KafkaSink(
-            producer_conf,
-            max_inflight_bytes=s.producer.max_inflight_bytes,
-            while_waiting=lambda: source.maybe_send_status(),
-        )
-        tracker = AckTracker()
-        leader = LeaderLock(conninfo, s.replication.slot)
-        catalog = Catalog(conninfo)
-        heartbeat = Heartbeat(catalog, s.replication.heartbeat_interval_s)
-        builder = EventBuilder(
-            s.postgres.database,
-            TypeRegistry(catalog.type_info),
-            no_identity=s.replication.no_identity,
-            primary_key=catalog.primary_key,
-        )
-        commit_times: dict[int, float] = {}
-
-        def on_durable(seq: int) -> None:
-            tracker.acked(seq)
-
-        sink.set_listener(on_durable)
-        topic = s.producer.topic
+        st = _Stream(self, s.postgres.conninfo())
         try:
             if s.producer.create_topic:
                 ensure_topic(
                     s.kafka.client_config(),
-                    topic,
+                    st.topic,
                     s.producer.topic_partitions,
                     s.producer.topic_replication_factor,
                 )
-            partitions = sink.partitions(topic)  # fails fast on a missing topic
-            if not leader.acquire(self.stop_event, s.replication.standby_poll_s):
+            st.partitions = st.sink.partitions(st.topic)  # fails fast on a missing topic
+            if not st.leader.acquire(self.stop_event, s.replication.standby_poll_s):
                 return
-            source.start()
+            st.source.start()
             self.streaming = True
-            seq = 0
+            batch_max = 2000
             while not self.stop_event.is_set():
                 self.last_loop = time.monotonic()
-                sink.poll(0)
-                before = tracker.confirmed
-                if tracker.confirmed > source.confirmed_lsn:
-                    source.confirm(tracker.confirmed)
-                if tracker.idle():
-                    # Nothing in flight: everything the server sent is in Kafka, including
-                    # what it skipped (other databases, filtered or empty transactions).
-                    tracker.advance_idle(max(source.received_lsn, source.keepalive_lsn))
-                    source.confirm(tracker.confirmed)
-                    heartbeat.maybe_beat()
-                if tracker.confirmed != before:
-                    self.progressed = True
-                    self._observe_acked(commit_times, tracker)
-                self.metrics.inflight.set(sink.inflight_bytes)
-                self.metrics.confirmed.set(source.confirmed_lsn)
-                self.metrics.lag.set(max(0, source.server_wal_end - source.confirmed_lsn))
-                got = source.poll(0.2)
-                if got is None:
-                    continue
-                lsn, msg = got
-                if isinstance(msg, pg.Begin):
-                    txn = builder.begin(msg)
-                    seq = txn.seq
-                    tracker.open(seq)
-                elif isinstance(msg, pg.Commit):
-                    builder.commit(msg)
-                    commit_times[seq] = msg.commit_ts_us / 1e6
-                    tracker.close(seq, msg.end_lsn)
-                    self.metrics.transactions.inc()
-                elif isinstance(msg, (pg.Insert, pg.Update, pg.Delete)):
-                    ev = builder.change(msg, lsn)
-                    if ev is None:
-                        self.metrics.skipped.inc()
-                        continue
-                    if self.filter.matches(ev["schema"], ev["table"]):
-                        self._send(sink, tracker, topic, ev, seq)
-                elif isinstance(msg, pg.Truncate):
-                    for ev in builder.truncate(msg, lsn):
-                        if self.filter.matches(ev["schema"], ev["table"]):
-                            self._send(sink, tracker, topic, ev, seq)
-                elif isinstance(msg, pg.Message) and msg.prefix == DDL_PREFIX:
-                    if not msg.transactional or builder.txn is None:
-                        log.warning(
-                            "ignoring a non-transactional DDL message at %s", pg.format_lsn(lsn)
-                        )
-                        continue
-                    for ev in builder.ddl(msg, lsn):
-                        if self.filter.matches(ev["schema"], ev["table"]):
-                            self._send_ddl(sink, tracker, topic, ev, seq, partitions)
-                elif isinstance(msg, pg.Relation):
-                    builder.relation(msg)
-                elif isinstance(msg, pg.TypeMessage):
-                    builder.type_message(msg)
-                # Origin and logical Message: nothing to emit yet.
-                if sink.waits:
-                    self.metrics.backpressure.inc(sink.waits)
-                    sink.waits = 0
+                st.housekeeping()
+                for lsn, msg in st.source.poll_batch(batch_max, 0.2):
+                    st.handle(lsn, msg)
             # Orderly stop: what is in flight gets its acks, then the final position.
-            sink.flush(30)
-            source.confirm(tracker.confirmed)
-            source.send_status()
+            st.sink.flush(30)
+            st.housekeeping()
+            st.source.send_status()
         finally:
             self.streaming = False
-            source.close()
-            sink.close()
-            catalog.close()
-            leader.release()
-
-    def _send(self, sink: KafkaSink, tracker: AckTracker, topic: str, ev: Event, seq: int) -> None:
-        value = self.serializer.encode(ev)
-        tracker.sent(seq)
-        sink.write(Outgoing(topic, self.key_for(ev), value), seq)
-        self.metrics.events.labels(ev["op"]).inc()
-        self.metrics.bytes.inc(len(value))
-
-    def _send_ddl(
-        self, sink: KafkaSink, tracker: AckTracker, topic: str, ev: Event, seq: int, partitions: int
-    ) -> None:
-        """Under primary-key keys a table's rows spread over every partition, so its
-        schema change goes to every partition: each sees it before dependent rows."""
-        if self.settings.producer.partition_key != "primary_key":
-            self._send(sink, tracker, topic, ev, seq)
-            return
-        value = self.serializer.encode(ev)
-        key = f"{ev['schema']}.{ev['table']}".encode()
-        for partition in range(partitions):
-            tracker.sent(seq)
-            sink.write(Outgoing(topic, key, value, partition=partition), seq)
-        self.metrics.events.labels("ddl").inc()
-        self.metrics.bytes.inc(len(value) * partitions)
-
-    def _observe_acked(self, commit_times: dict[int, float], tracker: AckTracker) -> None:
-        now = time.time()
-        done = [s for s in commit_times if tracker.is_done(s)]
-        for s in done:
-            self.metrics.commit_to_ack.observe(max(0.0, now - commit_times.pop(s)))
+            st.close()
 
     def run(self) -> None:
         """Run until stopped; transient failures reconnect with the configured backoff."""

@@ -18,7 +18,7 @@ from typing import Any
 import orjson
 
 from services.pg2kafka import pgoutput as pg
-from services.pg2kafka.types import TypeRegistry
+from services.pg2kafka.types import TypeRegistry, text_converter
 from shared.errors import PermanentError
 from shared.events import EVENT_VERSION, Event
 
@@ -38,6 +38,14 @@ _TYPE_NAMES: dict[int, str] = {
 def iso_utc(unix_us: int) -> str:
     dt = datetime.fromtimestamp(unix_us / 1_000_000, tz=UTC)
     return dt.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+@dataclass(frozen=True, slots=True)
+class _RelInfo:
+    names: tuple[str, ...]
+    converters: tuple[Callable[[str], Any] | None, ...]  # None: the text itself
+    key_names: tuple[str, ...]
+    types: dict[str, str]
 
 
 @dataclass
@@ -72,6 +80,7 @@ class EventBuilder:
         self.relations: dict[int, pg.Relation] = {}
         self.type_names: dict[int, str] = dict(_TYPE_NAMES)
         self.txn: Transaction | None = None
+        self._info: dict[int, _RelInfo] = {}
         self._seq = 0
         self.skipped_no_identity = 0
 
@@ -96,10 +105,31 @@ class EventBuilder:
                 cols = tuple(replace(c, is_key=c.name in pk) for c in msg.columns)
                 msg = replace(msg, columns=cols)
         self.relations[msg.oid] = msg
+        self._info.pop(msg.oid, None)
+
+    def _rel_info(self, rel: pg.Relation) -> _RelInfo:
+        """Per-relation facts computed once, not per row: names, converters, key columns."""
+        info = self._info.get(rel.oid)
+        if info is None:
+            convs = tuple(
+                None if (c := self.types.converter(col.type_oid)) is text_converter else c
+                for col in rel.columns
+            )
+            info = _RelInfo(
+                names=tuple(c.name for c in rel.columns),
+                converters=convs,
+                key_names=tuple(c.name for c in rel.columns if c.is_key),
+                types={
+                    c.name: self.type_names.get(c.type_oid, str(c.type_oid)) for c in rel.columns
+                },
+            )
+            self._info[rel.oid] = info
+        return info
 
     def type_message(self, msg: pg.TypeMessage) -> None:
         self.type_names[msg.oid] = msg.name
         self.types.forget(msg.oid)
+        self._info.clear()
 
     def _rel(self, oid: int) -> pg.Relation:
         rel = self.relations.get(oid)
@@ -112,23 +142,28 @@ class EventBuilder:
     def _row(
         self, rel: pg.Relation, values: tuple[pg.Value, ...]
     ) -> tuple[dict[str, Any], list[str]]:
+        info = self._rel_info(rel)
         row: dict[str, Any] = {}
         toast: list[str] = []
-        for col, value in zip(rel.columns, values, strict=True):
-            if value is pg.UNCHANGED_TOAST:
-                toast.append(col.name)
+        if len(values) != len(info.names):
+            raise PermanentError(
+                f"pgoutput protocol: {len(values)} values for {len(info.names)} columns"
+                f" of {rel.schema}.{rel.table}"
+            )
+        for name, conv, value in zip(info.names, info.converters, values, strict=True):
+            if value.__class__ is str:
+                row[name] = value if conv is None else conv(value)
             elif value is None:
-                row[col.name] = None
-            else:
-                assert isinstance(value, str)
-                row[col.name] = self.types.convert(col.type_oid, value)
+                row[name] = None
+            else:  # UNCHANGED_TOAST
+                toast.append(name)
         return row, toast
 
     def _key(self, rel: pg.Relation, row: dict[str, Any]) -> dict[str, Any]:
-        return {c.name: row.get(c.name) for c in rel.columns if c.is_key}
+        return {name: row.get(name) for name in self._rel_info(rel).key_names}
 
     def _types(self, rel: pg.Relation) -> dict[str, str]:
-        return {c.name: self.type_names.get(c.type_oid, str(c.type_oid)) for c in rel.columns}
+        return self._rel_info(rel).types
 
     def _envelope(self, op: str, lsn: int, rel: pg.Relation | None) -> Event:
         txn = self.txn
@@ -147,7 +182,7 @@ class EventBuilder:
     def change(self, msg: pg.Insert | pg.Update | pg.Delete, lsn: int) -> Event | None:
         """The event for one row change, or None when skipped (no identity, ``skip``)."""
         rel = self._rel(msg.relation_oid)
-        has_key = any(c.is_key for c in rel.columns)
+        has_key = bool(self._rel_info(rel).key_names)
         if not has_key and self.no_identity == "skip":
             self.skipped_no_identity += 1
             return None

@@ -97,7 +97,6 @@ class KafkaSink(Sink[Outgoing, int]):
             except KafkaException as exc:
                 self.inflight_bytes -= size
                 raise _classified(exc.args[0]) from exc
-        self.producer.poll(0)
 
     def poll(self, timeout_s: float = 0.0) -> None:
         """Serve delivery callbacks; raise a delivery failure seen so far."""

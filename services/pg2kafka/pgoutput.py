@@ -140,8 +140,8 @@ _COMMIT = struct.Struct("!bQQq")
 class _Reader:
     __slots__ = ("buf", "pos")
 
-    def __init__(self, buf: bytes | memoryview) -> None:
-        self.buf = bytes(buf)
+    def __init__(self, buf: bytes) -> None:
+        self.buf = buf
         self.pos = 1  # past the tag byte
 
     def need(self, n: int) -> None:
@@ -190,26 +190,45 @@ class _Reader:
         return b
 
     def tuple_data(self) -> tuple[Value, ...]:
-        ncols = self.int16()
-        values: list[Value] = []
-        buf = self.buf
-        for _ in range(ncols):
-            self.need(1)
-            kind = buf[self.pos]
-            self.pos += 1
-            if kind == 0x74:  # 't' text
-                n = self.int32()
-                self.need(n)
-                values.append(buf[self.pos : self.pos + n].decode("utf-8"))
-                self.pos += n
-            elif kind == 0x6E:  # 'n' null
-                values.append(None)
-            elif kind == 0x75:  # 'u' unchanged toast
-                values.append(UNCHANGED_TOAST)
-            else:
-                # 'b' (binary) only appears with the binary option, which we never request.
-                raise DecodeError(f"unsupported tuple column kind {chr(kind)!r}")
-        return tuple(values)
+        values, self.pos = _tuple_data(self.buf, self.pos)
+        return values
+
+
+_unpack_i16 = _I16.unpack_from
+_unpack_i32 = _I32.unpack_from
+
+
+def _tuple_data(buf: bytes, pos: int) -> tuple[tuple[Value, ...], int]:
+    """TupleData at ``pos``: the hot path of decoding, hence locals and no helpers."""
+    end = len(buf)
+    if pos + 2 > end:
+        raise DecodeError("truncated message: tuple without column count")
+    (ncols,) = _unpack_i16(buf, pos)
+    pos += 2
+    values: list[Value] = []
+    append = values.append
+    for _ in range(ncols):
+        if pos >= end:
+            raise DecodeError("truncated message: missing column")
+        kind = buf[pos]
+        pos += 1
+        if kind == 0x74:  # 't' text
+            if pos + 4 > end:
+                raise DecodeError("truncated message: missing length")
+            (n,) = _unpack_i32(buf, pos)
+            pos += 4
+            if pos + n > end:
+                raise DecodeError(f"truncated message: value of {n} bytes")
+            append(buf[pos : pos + n].decode("utf-8"))
+            pos += n
+        elif kind == 0x6E:  # 'n' null
+            append(None)
+        elif kind == 0x75:  # 'u' unchanged toast
+            append(UNCHANGED_TOAST)
+        else:
+            # 'b' (binary) only appears with the binary option, which we never request.
+            raise DecodeError(f"unsupported tuple column kind {chr(kind)!r}")
+    return tuple(values), pos
 
 
 def to_unix_us(pg_us: int) -> int:
@@ -220,8 +239,15 @@ def decode(payload: bytes | memoryview) -> Decoded:
     """Decode one pgoutput message (the data part of an XLogData message)."""
     if not payload:
         raise DecodeError("empty message")
+    if isinstance(payload, memoryview):
+        payload = payload.tobytes()
+    first = payload[0]
+    if first == 0x49 and len(payload) >= 6 and payload[5] == 0x4E:  # Insert, the common case
+        (oid,) = _U32.unpack_from(payload, 1)
+        values, _ = _tuple_data(payload, 6)
+        return Insert(oid, values)
     r = _Reader(payload)
-    tag = chr(r.buf[0])
+    tag = chr(first)
     if tag == "B":
         final_lsn, ts, xid = r.unpack(_BEGIN)
         return Begin(final_lsn, to_unix_us(ts), xid)

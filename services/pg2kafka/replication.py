@@ -130,6 +130,20 @@ class PostgresReplicationSource:
                 continue
             log.warning("ignoring unknown replication message %r", kind)
 
+    def poll_batch(self, max_messages: int, timeout_s: float) -> list[tuple[int, pgoutput.Decoded]]:
+        """Up to ``max_messages`` already-received messages; waits up to ``timeout_s``
+        only for the first one. Batching keeps the per-message cost to decoding."""
+        first = self.poll(timeout_s)
+        if first is None:
+            return []
+        out = [first]
+        while len(out) < max_messages:
+            nxt = self.poll(0)
+            if nxt is None:
+                break
+            out.append(nxt)
+        return out
+
     def confirm(self, lsn: int) -> None:
         if lsn > self.confirmed_lsn:
             self.confirmed_lsn = lsn

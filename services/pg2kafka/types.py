@@ -77,6 +77,9 @@ def _text(v: str) -> str:
     return v
 
 
+text_converter: Converter = _text  # callers may skip calling it: the text is the value
+
+
 # Built-in type OIDs (pg_type.dat); stable across versions.
 BUILTIN: dict[int, Converter] = {
     16: _bool,

@@ -1,0 +1,378 @@
+"""pg2kafka benchmark: throughput against pg_recvlogical, commit→Kafka latency, memory.
+
+Run against the local stack (``deploy/local/walcast up`` first):
+
+    .venv/bin/python bench/pg2kafka_bench.py [--events 300000] [--rate 5000] [--seconds 20]
+
+1. **Throughput.** Two pgoutput slots are created at the same position; ``--events``
+   small-row changes are written in 1000-row transactions (a backlog). ``pg_recvlogical``
+   drains one slot to /dev/null (the baseline: the server's decoding speed plus a client
+   that does nothing), pg2kafka drains the other into Kafka with acks=all. Both are timed
+   from process start until the slot's confirmed LSN reaches the end of the backlog.
+   Reported: events/s of each and their ratio (target: pg2kafka >= 50k events/s).
+2. **Latency.** pg2kafka streams live while a writer commits ``--rate`` events/s (100-row
+   transactions) for ``--seconds``; the topic uses LogAppendTime, so latency = broker
+   append time - Postgres commit time (same clock). Reported: p50 / p99 (target <= 50 ms).
+3. **Memory.** Peak RSS of pg2kafka during the throughput run, against the memory
+   guard + 100 MB target.
+
+Prints a table and writes ``bench/results/pg2kafka.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import orjson
+import psycopg
+from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka.admin import AdminClient
+from confluent_kafka.cimpl import NewTopic
+
+REPO = Path(__file__).resolve().parents[1]
+STATE = Path(os.environ.get("WALCAST_STACK_DIR", REPO / ".stack"))
+RESULTS = REPO / "bench" / "results"
+
+
+def read_env() -> dict[str, str]:
+    values = {}
+    for line in (STATE / "walcast.env").read_text().splitlines():
+        if line and not line.startswith("#") and "=" in line:
+            k, _, v = line.partition("=")
+            values[k] = v
+    return values
+
+
+def pg_bin(name: str) -> str:
+    found = sorted(Path("/usr/lib/postgresql").glob(f"*/bin/{name}"))
+    if found:
+        return str(found[-1])
+    which = shutil.which(name)
+    if which is None:
+        raise SystemExit(f"{name} not found")
+    return which
+
+
+class Bench:
+    def __init__(self, env: dict[str, str]) -> None:
+        self.env = env
+        self.dsn = env["WALCAST_PG_DSN"]
+        self.bootstrap = env["WALCAST_KAFKA_BOOTSTRAP"]
+        self.run_id = uuid.uuid4().hex[:8]
+        self.admin = AdminClient({"bootstrap.servers": self.bootstrap})
+        self.cleanup: list[str] = []
+
+    def sql(self, statement: str, params: list[Any] | None = None) -> list[tuple[Any, ...]]:
+        with psycopg.connect(self.dsn, autocommit=True) as c:
+            cur = c.execute(statement, params)  # type: ignore[arg-type]
+            return cur.fetchall() if cur.description else []
+
+    def lsn(self) -> int:
+        return int(self.sql("SELECT pg_current_wal_lsn() - '0/0'::pg_lsn")[0][0])
+
+    def confirmed(self, slot: str) -> int:
+        rows = self.sql(
+            "SELECT confirmed_flush_lsn - '0/0'::pg_lsn FROM pg_replication_slots"
+            " WHERE slot_name = %s",
+            [slot],
+        )
+        return int(rows[0][0]) if rows else 0
+
+    def topic(self, name: str, config: dict[str, str] | None = None) -> None:
+        fut = self.admin.create_topics([NewTopic(name, 1, 1, config=config or {})])[name]
+        fut.result(30)
+
+    def pg2kafka(self, name: str, log: Path, **extra: str) -> subprocess.Popen[bytes]:
+        env = {
+            **os.environ,
+            "PG2KAFKA_REPLICATION__SLOT": name,
+            "PG2KAFKA_REPLICATION__PUBLICATION": name,
+            "PG2KAFKA_PRODUCER__TOPIC": name,
+            "PG2KAFKA_HTTP__PORT": "0",
+            "PG2KAFKA_LOG__FORMAT": "text",
+            **extra,
+        }
+        with log.open("wb") as out:
+            return subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "services.pg2kafka",
+                    "--env-file",
+                    str(STATE / "walcast.env"),
+                    "run",
+                ],
+                env=env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                cwd=REPO,
+            )
+
+    def wait_confirmed(
+        self, slot: str, target: int, proc: subprocess.Popen[bytes], timeout: float = 900
+    ) -> float:
+        start = time.monotonic()
+        while self.confirmed(slot) < target:
+            if proc.poll() is not None and proc.returncode not in (0, None):
+                raise SystemExit(f"{slot}: process exited with {proc.returncode}")
+            if time.monotonic() - start > timeout:
+                raise SystemExit(f"{slot}: not caught up within {timeout}s")
+            time.sleep(0.05)
+        return time.monotonic()
+
+    def init_stream(self, name: str, table: str) -> None:
+        self.sql(f'CREATE PUBLICATION "{name}" FOR TABLE {table}')
+        self.sql("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", [name])
+        self.cleanup.append(name)
+
+    def close(self) -> None:
+        for name in self.cleanup:
+            self.sql(
+                "SELECT pg_drop_replication_slot(%s) FROM pg_replication_slots"
+                " WHERE slot_name = %s AND NOT active",
+                [name, name],
+            )
+            self.sql(f'DROP PUBLICATION IF EXISTS "{name}"')
+        topics = [t for t in self.admin.list_topics(timeout=10).topics if self.run_id in t]
+        if topics:
+            for fut in self.admin.delete_topics(topics).values():
+                fut.result(30)
+
+
+def rss_mb(pid: int) -> float:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return 0.0
+
+
+def throughput(b: Bench, events: int) -> dict[str, Any]:
+    table = f"bench_tp_{b.run_id}"
+    b.sql(f"CREATE TABLE {table} (id int PRIMARY KEY, n int, s text)")
+    base, ours = f"bench_base_{b.run_id}", f"bench_ours_{b.run_id}"
+    b.init_stream(base, table)
+    b.init_stream(ours, table)
+    b.topic(ours)
+    print(f"writing a backlog of {events:,} changes in 1000-row transactions ...", flush=True)
+    with psycopg.connect(b.dsn, autocommit=True) as c:
+        for lo in range(1, events + 1, 1000):
+            c.execute(
+                f"INSERT INTO {table} SELECT g, g, 'row ' || g"
+                " FROM generate_series(%s::int, %s::int) g",
+                [lo, min(lo + 999, events)],
+            )
+    target = b.lsn()
+
+    print("draining with pg_recvlogical (baseline) ...", flush=True)
+    started = time.monotonic()
+    recv = subprocess.Popen(
+        [
+            pg_bin("pg_recvlogical"),
+            "-d",
+            b.dsn,
+            "--slot",
+            base,
+            "--start",
+            "-o",
+            "proto_version=1",
+            "-o",
+            f"publication_names={base}",
+            "-f",
+            "/dev/null",
+            "-E",
+            f"{target >> 32:X}/{target & 0xFFFFFFFF:X}",
+            "--no-loop",
+            "-s",
+            "1",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    recv.wait(900)
+    base_s = time.monotonic() - started
+    if recv.returncode != 0:
+        raise SystemExit(
+            f"pg_recvlogical failed: {recv.stderr.read().decode() if recv.stderr else ''}"
+        )
+
+    print("draining with pg2kafka (acks=all) ...", flush=True)
+    log = RESULTS / "pg2kafka-throughput.log"
+    started = time.monotonic()
+    proc = b.pg2kafka(ours, log, PG2KAFKA_REPLICATION__STATUS_INTERVAL_S="0.2")
+    peak = [0.0]
+    done = threading.Event()
+
+    def sample() -> None:
+        while not done.is_set():
+            peak[0] = max(peak[0], rss_mb(proc.pid))
+            time.sleep(0.1)
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    try:
+        ended = b.wait_confirmed(ours, target, proc)
+    finally:
+        done.set()
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(60)
+    ours_s = ended - started
+    _, high = Consumer(
+        {"bootstrap.servers": b.bootstrap, "group.id": "bench"}
+    ).get_watermark_offsets(TopicPartition(ours, 0), timeout=10)
+    return {
+        "events": events,
+        "pg_recvlogical_s": round(base_s, 3),
+        "pg_recvlogical_events_per_s": round(events / base_s),
+        "pg2kafka_s": round(ours_s, 3),
+        "pg2kafka_events_per_s": round(events / ours_s),
+        "ratio": round(base_s / ours_s, 3),
+        "kafka_messages": high,
+        "pg2kafka_peak_rss_mb": round(peak[0], 1),
+        "memory_guard_mb": 100,
+    }
+
+
+def latency(b: Bench, rate: int, seconds: int) -> dict[str, Any]:
+    table = f"bench_lat_{b.run_id}"
+    name = f"bench_lat_{b.run_id}"
+    b.sql(f"CREATE TABLE {table} (id int PRIMARY KEY, n int)")
+    b.init_stream(name, table)
+    b.topic(name, {"message.timestamp.type": "LogAppendTime"})
+    proc = b.pg2kafka(name, RESULTS / "pg2kafka-latency.log", PG2KAFKA_PRODUCER__LINGER_MS="2")
+    try:
+        per_txn = 100
+        interval = per_txn / rate
+        written = 0
+        with psycopg.connect(b.dsn, autocommit=True) as c:
+            # Warm-up, not measured: the idempotent producer obtains its producer id
+            # (~0.5 s after start) and holds the first messages until it has.
+            c.execute(
+                f"INSERT INTO {table} SELECT g, g FROM generate_series(%s::int, %s::int) g",
+                [written + 1, written + per_txn],
+            )
+            written += per_txn
+            b.wait_confirmed(name, b.lsn(), proc, 60)
+            warmup = written
+            print(f"live writes at {rate:,} events/s for {seconds}s ...", flush=True)
+            start = time.monotonic()
+            next_at = start
+            while time.monotonic() - start < seconds:
+                c.execute(
+                    f"INSERT INTO {table} SELECT g, g FROM generate_series(%s::int, %s::int) g",
+                    [written + 1, written + per_txn],
+                )
+                written += per_txn
+                next_at += interval
+                delay = next_at - time.monotonic()
+                if delay > 0:
+                    time.sleep(delay)
+            achieved = (written - warmup) / (time.monotonic() - start)
+        b.wait_confirmed(name, b.lsn(), proc, 120)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(60)
+    consumer = Consumer(
+        {"bootstrap.servers": b.bootstrap, "group.id": f"{name}-lat", "enable.auto.commit": False}
+    )
+    consumer.assign([TopicPartition(name, 0, 0)])
+    lat_ms: list[float] = []
+    consumed = 0
+    deadline = time.monotonic() + 120
+    while consumed < written and time.monotonic() < deadline:
+        for msg in consumer.consume(5000, 1.0):
+            if msg.error():
+                continue
+            consumed += 1
+            if consumed <= warmup:
+                continue
+            ev = orjson.loads(msg.value())
+            commit = datetime.fromisoformat(ev["commit_ts"].replace("Z", "+00:00")).timestamp()
+            lat_ms.append(msg.timestamp()[1] - commit * 1000)
+    consumer.close()
+    lat_ms.sort()
+    q = statistics.quantiles(lat_ms, n=100)
+    return {
+        "target_events_per_s": rate,
+        "achieved_events_per_s": round(achieved),
+        "events": len(lat_ms),
+        "p50_ms": round(q[49], 1),
+        "p99_ms": round(q[98], 1),
+        "max_ms": round(lat_ms[-1], 1),
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--events", type=int, default=300_000)
+    parser.add_argument("--rate", type=int, default=5000)
+    parser.add_argument("--seconds", type=int, default=20)
+    args = parser.parse_args()
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    b = Bench(read_env())
+    try:
+        tp = throughput(b, args.events)
+        lat = latency(b, args.rate, args.seconds)
+    finally:
+        b.close()
+    rows = [
+        (
+            "pg_recvlogical drain (baseline)",
+            f"{tp['pg_recvlogical_events_per_s']:,} ev/s",
+            f"{tp['pg_recvlogical_s']} s",
+            "",
+        ),
+        (
+            "pg2kafka drain, acks=all",
+            f"{tp['pg2kafka_events_per_s']:,} ev/s",
+            f"{tp['pg2kafka_s']} s",
+            ">= 50,000 ev/s",
+        ),
+        ("ratio pg2kafka / pg_recvlogical", f"{tp['ratio']:.2f}", "", ""),
+        (
+            f"commit->Kafka p50 at {lat['achieved_events_per_s']:,} ev/s",
+            f"{lat['p50_ms']} ms",
+            "",
+            "",
+        ),
+        (
+            f"commit->Kafka p99 at {lat['achieved_events_per_s']:,} ev/s",
+            f"{lat['p99_ms']} ms",
+            "",
+            "<= 50 ms",
+        ),
+        (
+            "pg2kafka peak RSS",
+            f"{tp['pg2kafka_peak_rss_mb']} MB",
+            "",
+            f"<= guard {tp['memory_guard_mb']} MB + 100 MB",
+        ),
+    ]
+    print()
+    print(f"{'measure':<42}{'value':>16}{'time':>12}  target")
+    for name, value, took, target in rows:
+        print(f"{name:<42}{value:>16}{took:>12}  {target}")
+    out = RESULTS / "pg2kafka.json"
+    out.write_text(
+        orjson.dumps({"throughput": tp, "latency": lat}, option=orjson.OPT_INDENT_2).decode()
+    )
+    print(f"\nwritten {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
