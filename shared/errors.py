@@ -97,6 +97,43 @@ def _kafka_verdict(exc: BaseException) -> Verdict | None:
     return Verdict.PERMANENT
 
 
+# libpq reports connection failures as text, without SQLSTATE: these say the
+# configuration is wrong (waiting will not help); any other connection failure is
+# transient (server restarting, network).
+_PG_CONNECT_PERMANENT = {
+    "password authentication failed": "check postgres.user and postgres.password",
+    "no pg_hba.conf entry": "allow this host/user in pg_hba.conf (and replication for it)",
+    "does not exist": "check postgres.database and postgres.user",
+    "SSL is not enabled on the server": "set postgres.sslmode to disable or prefer",
+    "permission denied": "grant the role what the message names",
+}
+
+
+def _pg_connection_verdict(exc: BaseException) -> Verdict | None:
+    if type(exc).__name__ != "OperationalError" or not type(exc).__module__.startswith("psycopg"):
+        return None
+    text = str(exc)
+    if any(marker in text for marker in _PG_CONNECT_PERMANENT):
+        return Verdict.PERMANENT
+    return Verdict.RETRIABLE
+
+
+def operator_hint(exc: BaseException) -> str:
+    """What the operator should change for a permanent failure, when we can tell."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, PermanentError) and current.hint:
+            return current.hint
+        text = str(current)
+        for marker, hint in _PG_CONNECT_PERMANENT.items():
+            if marker in text:
+                return hint
+        current = current.__cause__ or current.__context__
+    return ""
+
+
 def _one(exc: BaseException) -> Verdict | None:
     if isinstance(exc, PermanentError):
         return Verdict.PERMANENT
@@ -105,6 +142,9 @@ def _one(exc: BaseException) -> Verdict | None:
     sqlstate = getattr(exc, "sqlstate", None)
     if isinstance(sqlstate, str) and len(sqlstate) == 5:
         return _pg_verdict(sqlstate)
+    verdict = _pg_connection_verdict(exc)
+    if verdict is not None:
+        return verdict
     if type(exc).__name__ == "KafkaException":
         return _kafka_verdict(exc)
     if isinstance(exc, (ConnectionError, TimeoutError)):

@@ -11,7 +11,13 @@ from pathlib import Path
 from services.pg2kafka import admin
 from services.pg2kafka.app import build
 from services.pg2kafka.settings import Pg2KafkaSettings
-from shared.errors import PermanentError, WalcastError
+from shared.errors import (
+    RetriesExhaustedError,
+    Verdict,
+    WalcastError,
+    classify,
+    operator_hint,
+)
 from shared.logs import configure_logging, register_secret
 from shared.settings import load_settings
 
@@ -67,9 +73,13 @@ def main(argv: list[str] | None = None) -> int:
             service = build(settings)
             service.install_signal_handlers()
             service.run()
-    except PermanentError as exc:
-        log.error("%s", exc)
-        print(f"pg2kafka: {exc}", file=sys.stderr)
+    except Exception as exc:
+        if classify(exc) is not Verdict.PERMANENT and not isinstance(exc, RetriesExhaustedError):
+            raise
+        hint = operator_hint(exc)
+        message = str(exc) if not hint or hint in str(exc) else f"{exc} — {hint}"
+        log.error("stopping: %s", message)
+        print(f"pg2kafka: {message}", file=sys.stderr)
         return 1
     return 0
 

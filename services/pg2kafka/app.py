@@ -34,6 +34,7 @@ from services.pg2kafka.kafka_sink import KafkaSink, Outgoing, ensure_topic
 from services.pg2kafka.replication import PostgresReplicationSource
 from services.pg2kafka.settings import Pg2KafkaSettings
 from services.pg2kafka.types import TypeInfo, TypeRegistry
+from shared.errors import PermanentError
 from shared.events import Event, JsonEventSerializer
 from shared.http import OpsServer
 from shared.retry import call_with_retry
@@ -73,6 +74,12 @@ class Metrics:
         self.backpressure = Counter(
             "walcast_pg2kafka_backpressure_waits",
             "times reading paused because the memory guard was full",
+            registry=registry,
+        )
+        self.batch = Histogram(
+            "walcast_pg2kafka_batch_messages",
+            "replication messages handled per loop batch",
+            buckets=(1, 10, 50, 100, 250, 500, 1000, 2000),
             registry=registry,
         )
         self.commit_to_ack = Histogram(
@@ -130,6 +137,21 @@ class Catalog:
             .fetchall()
         )
         return [str(r[0]) for r in rows]
+
+    def slot_holder(self, slot: str) -> tuple[int, str] | None:
+        """(pid, application_name) of the process streaming ``slot``, if any."""
+        row = (
+            self._conn()
+            .execute(
+                "SELECT s.active_pid, coalesce(a.application_name, '')"
+                " FROM pg_catalog.pg_replication_slots s"
+                " LEFT JOIN pg_catalog.pg_stat_activity a ON a.pid = s.active_pid"
+                " WHERE s.slot_name = %s AND s.active",
+                [slot],
+            )
+            .fetchone()
+        )
+        return None if row is None else (int(str(row[0])), str(row[1]))
 
     def execute(self, statement: str, params: list[object]) -> None:
         self._conn().execute(statement, params)
@@ -216,12 +238,14 @@ class _Stream:
             s.replication.slot,
             s.replication.publication,
             status_interval_s=s.replication.status_interval_s,
+            wal_sender_timeout_s=s.replication.wal_sender_timeout_s,
         )
         self.sink = KafkaSink(
             {
                 **s.kafka.client_config(),
                 "linger.ms": s.producer.linger_ms,
                 "batch.size": s.producer.batch_bytes,
+                "batch.num.messages": s.producer.batch_messages,
                 "compression.type": s.producer.compression,
                 "message.timeout.ms": s.producer.delivery_timeout_ms,
                 "message.max.bytes": s.producer.max_message_bytes,
@@ -240,7 +264,8 @@ class _Stream:
             no_identity=s.replication.no_identity,
             primary_key=self.catalog.primary_key,
         )
-        self.partitions = 1
+        self.partitions: dict[str, int] = {}  # topic -> partition count, learnt once
+        self.topics: dict[tuple[str, str], str] = {}  # (schema, table) -> topic
         self.seq = 0
         self.commit_times: deque[tuple[int, float]] = deque()
         self.op_counts: dict[str, int] = {}
@@ -318,10 +343,37 @@ class _Stream:
                     self.send_ddl(ev)
         # Heartbeats, other logical messages and Origin only move the stream position.
 
+    def ensure_topic(self, topic: str) -> int:
+        """The topic's partition count; creates the topic first when configured to."""
+        count = self.partitions.get(topic)
+        if count is None:
+            prod = self.p.settings.producer
+            if prod.create_topic:
+                ensure_topic(
+                    self.p.settings.kafka.client_config(),
+                    topic,
+                    prod.topic_partitions,
+                    prod.topic_replication_factor,
+                )
+            count = self.partitions[topic] = self.sink.partitions(topic)
+        return count
+
+    def topic_for(self, ev: Event) -> str:
+        template = self.p.settings.producer.topic_template
+        if template is None:
+            return self.topic
+        where = (ev["schema"], ev["table"])
+        topic = self.topics.get(where)
+        if topic is None:
+            topic = template.format(db=ev["db"], schema=ev["schema"], table=ev["table"])
+            self.ensure_topic(topic)
+            self.topics[where] = topic
+        return topic
+
     def send(self, ev: Event) -> None:
         value = self.p.serializer.encode(ev)
         self.tracker.sent(self.seq)
-        self.sink.write(Outgoing(self.topic, self.p.key_for(ev), value), self.seq)
+        self.sink.write(Outgoing(self.topic_for(ev), self.p.key_for(ev), value), self.seq)
         op = ev["op"]
         self.op_counts[op] = self.op_counts.get(op, 0) + 1
         self.bytes_out += len(value)
@@ -334,11 +386,13 @@ class _Stream:
             return
         value = self.p.serializer.encode(ev)
         key = f"{ev['schema']}.{ev['table']}".encode()
-        for partition in range(self.partitions):
+        topic = self.topic_for(ev)
+        partitions = self.ensure_topic(topic)
+        for partition in range(partitions):
             self.tracker.sent(self.seq)
-            self.sink.write(Outgoing(self.topic, key, value, partition=partition), self.seq)
+            self.sink.write(Outgoing(topic, key, value, partition=partition), self.seq)
         self.op_counts["ddl"] = self.op_counts.get("ddl", 0) + 1
-        self.bytes_out += len(value) * self.partitions
+        self.bytes_out += len(value) * partitions
 
 
 @dataclass
@@ -372,24 +426,22 @@ class Pipeline:
         s = self.settings
         st = _Stream(self, s.postgres.conninfo())
         try:
-            if s.producer.create_topic:
-                ensure_topic(
-                    s.kafka.client_config(),
-                    st.topic,
-                    s.producer.topic_partitions,
-                    s.producer.topic_replication_factor,
-                )
-            st.partitions = st.sink.partitions(st.topic)  # fails fast on a missing topic
+            if s.producer.topic_template is None:
+                st.ensure_topic(st.topic)  # fails fast on a missing topic
             if not st.leader.acquire(self.stop_event, s.replication.standby_poll_s):
                 return
+            self.wait_for_slot(st)
             st.source.start()
             self.streaming = True
             batch_max = 2000
             while not self.stop_event.is_set():
                 self.last_loop = time.monotonic()
                 st.housekeeping()
-                for lsn, msg in st.source.poll_batch(batch_max, 0.2):
+                batch = st.source.poll_batch(batch_max, 0.2)
+                for lsn, msg in batch:
                     st.handle(lsn, msg)
+                if batch:
+                    self.metrics.batch.observe(len(batch))
             # Orderly stop: what is in flight gets its acks, then the final position.
             st.sink.flush(30)
             st.housekeeping()
@@ -397,6 +449,26 @@ class Pipeline:
         finally:
             self.streaming = False
             st.close()
+
+    def wait_for_slot(self, st: _Stream) -> None:
+        """As leader, give a previous leader's walsender ``slot_busy_grace_s`` to go; a
+        slot still streamed by someone else after that belongs to another consumer."""
+        grace = self.settings.replication.slot_busy_grace_s
+        deadline = time.monotonic() + grace
+        while True:
+            holder = st.catalog.slot_holder(self.settings.replication.slot)
+            if holder is None:
+                return
+            if time.monotonic() >= deadline:
+                pid, app_name = holder
+                raise PermanentError(
+                    f"replication slot {self.settings.replication.slot!r} is streamed by"
+                    f" another process (pid {pid}, application_name {app_name!r})",
+                    hint="stop that consumer, or give pg2kafka its own replication.slot",
+                )
+            self.stop_event.wait(0.5)
+            if self.stop_event.is_set():
+                return
 
     def run(self) -> None:
         """Run until stopped; transient failures reconnect with the configured backoff."""

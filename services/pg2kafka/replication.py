@@ -58,11 +58,15 @@ class PostgresReplicationSource:
         publication: str,
         *,
         status_interval_s: float = 5.0,
+        wal_sender_timeout_s: float | None = None,
     ) -> None:
         self.conninfo = conninfo
         self.slot = slot
         self.publication = publication
         self.status_interval_s = status_interval_s
+        self.options = SESSION_OPTIONS
+        if wal_sender_timeout_s is not None:
+            self.options += f" -c wal_sender_timeout={int(wal_sender_timeout_s * 1000)}"
         self.conn: psycopg.Connection[tuple[object, ...]] | None = None
         self.received_lsn = 0
         self.confirmed_lsn = 0
@@ -75,7 +79,7 @@ class PostgresReplicationSource:
     def start(self) -> None:
         """Connect and START_REPLICATION from the slot's confirmed position."""
         self.conn = psycopg.connect(
-            self.conninfo, replication="database", autocommit=True, options=SESSION_OPTIONS
+            self.conninfo, replication="database", autocommit=True, options=self.options
         )
         pgconn = self.conn.pgconn
         # Starting at 0/0 means "from the slot's confirmed_flush_lsn".

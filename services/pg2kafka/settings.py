@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import re
+import string
 from typing import Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 from pydantic_settings import SettingsConfigDict
 
 from services.pg2kafka.filters import split_pattern
@@ -28,15 +29,29 @@ class ReplicationSettings(Section):
     # Seconds between standby status updates; must stay well under the server's
     # wal_sender_timeout (60 s by default) or Postgres drops the connection.
     status_interval_s: float = Field(default=5.0, gt=0, le=30)
+    # Override the server's wal_sender_timeout for pg2kafka's replication connection
+    # (seconds; unset = the server's). Must stay above status_interval_s.
+    wal_sender_timeout_s: float | None = Field(default=None, gt=0)
     # Seconds between heartbeat messages written into this database's WAL, so the slot
     # advances even when nothing published changes (idle or fully filtered). 0 = off.
     heartbeat_interval_s: float = Field(default=30.0, ge=0)
     # High availability: any number of pg2kafka processes may run for one slot; the one
     # holding a Postgres advisory lock streams, the others check every standby_poll_s.
     standby_poll_s: float = Field(default=1.0, gt=0, le=60)
+    # A leader that finds the slot streamed by someone else waits this long (a dead
+    # leader's walsender takes a moment to go), then stops: another consumer owns it.
+    slot_busy_grace_s: float = Field(default=30.0, ge=0)
     # Changes to tables without replica identity columns: emit them with an empty key,
     # or skip them (counted in walcast_pg2kafka_skipped_no_identity_total).
     no_identity: Literal["emit", "skip"] = "emit"
+
+    @model_validator(mode="after")
+    def _timeouts(self) -> ReplicationSettings:
+        if self.wal_sender_timeout_s is not None and (
+            self.wal_sender_timeout_s <= 2 * self.status_interval_s
+        ):
+            raise ValueError("wal_sender_timeout_s must exceed twice status_interval_s")
+        return self
 
     @field_validator("slot")
     @classmethod
@@ -68,6 +83,19 @@ class FilterSettings(Section):
         return self.include == ["*.*"] and not self.exclude
 
 
+_TEMPLATE_FIELDS = {"db", "schema", "table"}
+
+
+def _check_template(template: str) -> str:
+    names = {f for _, f, _, _ in string.Formatter().parse(template) if f is not None}
+    unknown = names - _TEMPLATE_FIELDS
+    if unknown:
+        raise ValueError(
+            f"unknown placeholder(s) {sorted(unknown)}; use {{db}}, {{schema}}, {{table}}"
+        )
+    return template
+
+
 class ProducerSettings(Section):
     """The Kafka side: where events go and how they are batched.
 
@@ -75,9 +103,15 @@ class ProducerSettings(Section):
     """
 
     topic: str = "walcast.cdc"
+    # Optional per-table routing: a topic name built from {db}, {schema} and {table}
+    # (for example "cdc.{schema}.{table}"). Unset: every table goes to `topic`.
+    topic_template: str | None = None
     partition_key: Literal["schema", "table", "primary_key"] = "schema"
+    # Producer batching: a batch goes when it holds batch_messages or batch_bytes, or
+    # after linger_ms — whichever comes first.
     linger_ms: int = Field(default=20, ge=0, le=10_000)
     batch_bytes: int = Field(default=1_048_576, ge=1024)
+    batch_messages: int = Field(default=10_000, ge=1, le=1_000_000)
     compression: Literal["none", "gzip", "snappy", "lz4", "zstd"] = "lz4"
     # Memory guard: bytes handed to Kafka but not yet acknowledged. When full, pg2kafka
     # stops reading the slot until acks free room (backpressure, nothing dropped).
@@ -91,6 +125,11 @@ class ProducerSettings(Section):
     create_topic: bool = False
     topic_partitions: int = Field(default=6, ge=1)
     topic_replication_factor: int = Field(default=1, ge=1)
+
+    @field_validator("topic_template")
+    @classmethod
+    def _template(cls, v: str | None) -> str | None:
+        return None if v is None else _check_template(v)
 
 
 class Pg2KafkaSettings(ServiceSettings):

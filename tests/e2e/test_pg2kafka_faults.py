@@ -260,6 +260,9 @@ def test_kafka_outage_under_load_is_bounded_and_lossless(
         tmp_path,
         PG2KAFKA_PRODUCER__MAX_INFLIGHT_BYTES=str(guard),
         PG2KAFKA_HTTP__PORT="19187",
+        # A 5 s wal_sender_timeout: a 30 s outage survives it only if standby status
+        # updates keep flowing while pg2kafka waits on Kafka (backpressure).
+        PG2KAFKA_REPLICATION__WAL_SENDER_TIMEOUT_S="5",
     )
     wait_until(lambda: ready(proc.log), "pg2kafka to lead", 30)
     baseline_rss = rss_bytes(proc.pid)
@@ -287,6 +290,9 @@ def test_kafka_outage_under_load_is_bounded_and_lossless(
         up = subprocess.run([walcast, "up"], capture_output=True, text=True, check=False)
         assert up.returncode == 0, up.stdout + up.stderr
     assert peak_inflight <= guard
+    # Backpressure kept the replication connection alive (standby status updates while
+    # waiting): no reconnect, no retry during the outage.
+    assert "retrying" not in proc.log.read_text(errors="replace"), proc.tail()
     # librdkafka may hold up to twice the guard in its own queue; the rest is the process.
     assert peak_rss - baseline_rss < 3 * guard + 64 * 1024 * 1024, (baseline_rss, peak_rss)
     target = current_lsn(dsn)

@@ -11,6 +11,7 @@ from shared.errors import (
     Verdict,
     classify,
     is_retriable,
+    operator_hint,
 )
 
 
@@ -73,3 +74,17 @@ def test_cycle_in_context_terminates() -> None:
     a.__context__ = b
     b.__context__ = a
     assert classify(a) is Verdict.PERMANENT
+
+
+def test_psycopg_connection_failures_without_sqlstate() -> None:
+    refused = psycopg.OperationalError(
+        'connection failed: connection to server at "127.0.0.1", port 1 failed: Connection refused'
+    )
+    assert classify(refused) is Verdict.RETRIABLE
+    auth = psycopg.OperationalError(
+        'connection failed: FATAL:  password authentication failed for user "walcast"'
+    )
+    assert classify(auth) is Verdict.PERMANENT
+    assert "postgres.password" in operator_hint(auth)
+    assert operator_hint(PermanentError("x", hint="do this")) == "do this"
+    assert operator_hint(KeyError("bug")) == ""

@@ -293,3 +293,151 @@ def test_slot_advances_on_a_fully_filtered_database(
         h.stop()
         admin.tear_down(settings)
         delete_topic(settings)
+
+
+def test_replica_identity_using_index(harness: Harness, unique_name: str) -> None:
+    t = f"{unique_name}_ri"
+    harness.sql(f"CREATE TABLE {t} (id int NOT NULL, code text NOT NULL, v int)")
+    harness.sql(f"CREATE UNIQUE INDEX {t}_code ON {t} (code)")
+    harness.sql(f"ALTER TABLE {t} REPLICA IDENTITY USING INDEX {t}_code")
+    harness.start()
+    harness.sql(f"INSERT INTO {t} VALUES (1, 'a', 0)")
+    harness.sql(f"UPDATE {t} SET code = 'b' WHERE id = 1")
+    harness.sql(f"DELETE FROM {t} WHERE id = 1")
+    harness.events(lambda s: len(data(s, t)) >= 3)
+    ins, upd, dele = harness.table_events(t)
+    assert ins["key"] == {"code": "a"}
+    assert upd["key"] == {"code": "a"}  # the identity before the change
+    assert upd["old"] == {"code": "a"}
+    assert upd["new"] == {"id": 1, "code": "b", "v": 0}
+    assert dele["key"] == {"code": "b"}
+
+
+def test_per_table_topic_routing(
+    env_file: Path, stack_env: dict[str, str], unique_name: str
+) -> None:
+    settings = make_settings(
+        env_file, unique_name, producer={"topic_template": unique_name + ".{schema}.{table}"}
+    )
+    admin.init(settings)
+    h = Harness(settings, stack_env["WALCAST_PG_DSN"])
+    a, b = f"{unique_name}_a", f"{unique_name}_b"
+    created = [f"{unique_name}.public.{a}", f"{unique_name}.public.{b}"]
+    try:
+        h.sql(f"CREATE TABLE {a} (id int PRIMARY KEY)")
+        h.sql(f"CREATE TABLE {b} (id int PRIMARY KEY)")
+        h.start()
+        h.sql(f"INSERT INTO {a} VALUES (1)")
+        h.sql(f"INSERT INTO {b} VALUES (2)")
+        from confluent_kafka import Consumer
+
+        got: dict[str, list[int]] = {}
+        consumer = Consumer(
+            {
+                "bootstrap.servers": settings.kafka.bootstrap_servers,
+                "group.id": f"{unique_name}-route",
+                "auto.offset.reset": "earliest",
+                "topic.metadata.refresh.interval.ms": 1000,
+            }
+        )
+        consumer.subscribe([f"^{unique_name}\\..*"])
+        deadline = time.monotonic() + 60
+        try:
+            while sum(len(v) for v in got.values()) < 2 and time.monotonic() < deadline:
+                msg = consumer.poll(0.5)
+                if msg is None or msg.error():
+                    continue
+                ev = json.loads(msg.value())
+                if ev["op"] == "insert":
+                    got.setdefault(msg.topic(), []).append(ev["new"]["id"])
+        finally:
+            consumer.close()
+        assert got == {created[0]: [1], created[1]: [2]}
+    finally:
+        h.stop()
+        admin.tear_down(settings)
+        from confluent_kafka.admin import AdminClient
+
+        client = AdminClient(settings.kafka.client_config())
+        for fut in client.delete_topics(created).values():
+            fut.result(30)
+
+
+def test_slot_streamed_by_another_consumer_is_a_permanent_error(
+    harness: Harness, unique_name: str
+) -> None:
+    slot = harness.settings.replication.slot
+    recv = sorted(Path("/usr/lib/postgresql").glob("*/bin/pg_recvlogical"))[-1]
+    other = subprocess.Popen(
+        [
+            str(recv),
+            "-d",
+            harness.dsn,
+            "--slot",
+            slot,
+            "--start",
+            "-o",
+            "proto_version=1",
+            "-o",
+            f"publication_names={harness.settings.replication.publication}",
+            "-f",
+            "/dev/null",
+        ],
+        stderr=subprocess.PIPE,
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while not harness.sql(
+            "SELECT 1 FROM pg_replication_slots WHERE slot_name = %s AND active", [slot]
+        ):
+            assert time.monotonic() < deadline, "pg_recvlogical did not take the slot"
+            time.sleep(0.1)
+        settings = harness.settings.model_copy(
+            update={
+                "replication": harness.settings.replication.model_copy(
+                    update={"slot_busy_grace_s": 1.0}
+                )
+            }
+        )
+        with pytest.raises(PermanentError, match="streamed by another process") as info:
+            build(settings).run()
+        assert "pg_recvlogical" in str(info.value)
+    finally:
+        other.terminate()
+        other.wait(30)
+
+
+def test_bad_credentials_stop_at_once_with_the_fix(env_file: Path, unique_name: str) -> None:
+    env = {
+        **os.environ,
+        "PG2KAFKA_POSTGRES__PASSWORD": "not-the-password",
+        "PG2KAFKA_REPLICATION__SLOT": unique_name,
+        "PG2KAFKA_HTTP__PORT": "0",
+        "PG2KAFKA_PRODUCER__TOPIC": f"{unique_name}.cdc",
+        "PG2KAFKA_PRODUCER__CREATE_TOPIC": "true",
+        "PG2KAFKA_LOG__FORMAT": "text",
+    }
+    started = time.monotonic()
+    proc = subprocess.run(
+        [sys.executable, "-m", "services.pg2kafka", "--env-file", str(env_file), "run"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+        check=False,
+    )
+    try:
+        assert proc.returncode == 1
+        assert time.monotonic() - started < 30  # no retry loop on a wrong password
+        assert "password authentication failed" in proc.stderr
+        assert "check postgres.user and postgres.password" in proc.stderr
+        assert "not-the-password" not in proc.stderr
+    finally:
+        from confluent_kafka.admin import AdminClient
+
+        client = AdminClient(
+            {"bootstrap.servers": make_settings(env_file, unique_name).kafka.bootstrap_servers}
+        )
+        topic = f"{unique_name}.cdc"
+        if topic in client.list_topics(timeout=10).topics:
+            client.delete_topics([topic])[topic].result(30)
