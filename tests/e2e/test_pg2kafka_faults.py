@@ -19,7 +19,7 @@ from confluent_kafka.admin import AdminClient
 from services.pg2kafka import admin
 from services.pg2kafka.settings import Pg2KafkaSettings
 from shared.settings import load_settings
-from tests.e2e.conftest import REPO, Proc, wait_until
+from tests.e2e.conftest import REPO, Proc, free_port, wait_until
 
 
 @pytest.fixture
@@ -252,6 +252,7 @@ def test_kafka_outage_under_load_is_bounded_and_lossless(
     dsn, table = stream["dsn"], f"{unique_name}_out"
     slot = stream["settings"].replication.slot
     guard = 4 * 1024 * 1024
+    port = free_port()
     with psycopg.connect(dsn, autocommit=True) as c:
         c.execute(f"CREATE TABLE {table} (id int PRIMARY KEY, v int NOT NULL, pad text)")
     proc = start(
@@ -259,7 +260,7 @@ def test_kafka_outage_under_load_is_bounded_and_lossless(
         procs,
         tmp_path,
         PG2KAFKA_PRODUCER__MAX_INFLIGHT_BYTES=str(guard),
-        PG2KAFKA_HTTP__PORT="19187",
+        PG2KAFKA_HTTP__PORT=str(port),
         # A 5 s wal_sender_timeout: a 30 s outage survives it only if standby status
         # updates keep flowing while pg2kafka waits on Kafka (backpressure).
         PG2KAFKA_REPLICATION__WAL_SENDER_TIMEOUT_S="5",
@@ -282,7 +283,7 @@ def test_kafka_outage_under_load_is_bounded_and_lossless(
                     [written + 1, written + 2000],
                 )
                 written += 2000
-                peak_inflight = max(peak_inflight, metric(19187, "walcast_pg2kafka_inflight_bytes"))
+                peak_inflight = max(peak_inflight, metric(port, "walcast_pg2kafka_inflight_bytes"))
                 peak_rss = max(peak_rss, rss_bytes(proc.pid))
                 time.sleep(0.2)
         assert proc.alive(), proc.tail()

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -14,13 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.conftest import REPO
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+from tests.e2e.conftest import REPO, free_port
 
 
 @pytest.fixture
@@ -33,7 +26,7 @@ def replica_level_postgres() -> Iterator[int]:
         shutil.chown(root, "postgres", "postgres")
         root.chmod(0o755)
         as_owner = ["runuser", "-u", "postgres", "--"]
-    port = _free_port()
+    port = free_port()
     subprocess.run(
         [*as_owner, str(bindir / "initdb"), "-D", str(data), "-U", "postgres", "--auth=trust"],
         check=True,

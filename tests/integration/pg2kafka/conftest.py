@@ -132,21 +132,42 @@ def env_file(stack_env: dict[str, str]) -> Path:
     return Path(stack_env["WALCAST_STACK_DIR"]) / "walcast.env"
 
 
+HarnessFactory = Callable[..., Harness]
+
+
 @pytest.fixture
-def harness(env_file: Path, stack_env: dict[str, str], unique_name: str) -> Iterator[Harness]:
-    settings = make_settings(env_file, unique_name)
-    admin.init(settings)
-    h = Harness(settings, stack_env["WALCAST_PG_DSN"])
-    try:
-        yield h
-    finally:
+def make_harness(
+    env_file: Path, stack_env: dict[str, str], unique_name: str
+) -> Iterator[HarnessFactory]:
+    """``make_harness(init=True, **sections)``: a Harness with settings overrides (for
+    example ``producer={"partition_key": "primary_key"}``); everything it created — the
+    process, the consumer, slot, publication and topic — is removed after the test."""
+    made: list[Harness] = []
+
+    def make(*, init: bool = True, **sections: dict[str, Any]) -> Harness:
+        settings = make_settings(env_file, unique_name, **sections)
+        if init:
+            admin.init(settings)
+        h = Harness(settings, stack_env["WALCAST_PG_DSN"])
+        made.append(h)
+        return h
+
+    yield make
+    for h in made:
         try:
             h.stop()
         finally:
             if h.consumer is not None:
                 h.consumer.close()
-            admin.tear_down(settings)
-            delete_topic(settings)
+            admin.tear_down(h.settings)
+            client = AdminClient(h.settings.kafka.client_config())
+            if h.settings.producer.topic in client.list_topics(timeout=10).topics:
+                delete_topic(h.settings)
+
+
+@pytest.fixture
+def harness(make_harness: HarnessFactory) -> Harness:
+    return make_harness()
 
 
 def delete_topic(settings: Pg2KafkaSettings) -> None:

@@ -8,7 +8,7 @@ from pathlib import Path
 import jsonschema
 
 from services.pg2kafka import admin
-from tests.integration.pg2kafka.conftest import Harness, delete_topic, make_settings
+from tests.integration.pg2kafka.conftest import Harness, HarnessFactory, data
 
 SCHEMA = json.loads(
     (Path(__file__).resolve().parents[3] / "shared/schemas/change_event.v1.json").read_text()
@@ -58,15 +58,15 @@ def test_ddl_reaches_kafka_before_dependent_data(harness: Harness, unique_name: 
 
 
 def test_filters_shape_the_publication_and_follow_new_tables(
-    env_file: Path, stack_env: dict[str, str], unique_name: str
+    make_harness: HarnessFactory, unique_name: str
 ) -> None:
     app = f"{unique_name}_app"
-    settings = make_settings(
-        env_file, unique_name,
+    h = make_harness(
+        init=False,
         filters={"include": [f"{app}.*", f"*.{unique_name}_orders"],
                  "exclude": [f"{app}.secret*"]},
     )  # fmt: skip
-    h = Harness(settings, stack_env["WALCAST_PG_DSN"])
+    settings = h.settings
     h.sql(f"CREATE SCHEMA {app}")
     h.sql(f"CREATE TABLE {app}.t1 (id int PRIMARY KEY)")
     h.sql(f"CREATE TABLE {app}.secret_stuff (id int PRIMARY KEY)")
@@ -91,7 +91,7 @@ def test_filters_shape_the_publication_and_follow_new_tables(
         h.sql(f"INSERT INTO {unique_name}_orders VALUES (2)")  # a marker: the last change
         h.events(
             lambda s: (
-                len([e for e in s if e.get("table") == f"{unique_name}_orders"]) >= 2
+                len(data(s, f"{unique_name}_orders")) >= 2
                 and any(e.get("table") == "t2" and e["op"] == "insert" for e in s)
             )
         )
@@ -107,45 +107,32 @@ def test_filters_shape_the_publication_and_follow_new_tables(
         assert f"{app}.secret_more" not in admin.status(settings)["publication_tables"]
     finally:
         h.stop()
-        if h.consumer is not None:
-            h.consumer.close()
-        admin.tear_down(settings)
-        delete_topic(settings)
         h.sql(f"DROP SCHEMA {app} CASCADE")
 
 
 def test_ddl_goes_to_every_partition_under_primary_key_keys(
-    env_file: Path, stack_env: dict[str, str], unique_name: str
+    make_harness: HarnessFactory, unique_name: str
 ) -> None:
-    settings = make_settings(env_file, unique_name, producer={"partition_key": "primary_key"})
-    admin.init(settings)
-    h = Harness(settings, stack_env["WALCAST_PG_DSN"])
+    h = make_harness(producer={"partition_key": "primary_key"})
     t = f"{unique_name}_pkddl"
-    try:
-        h.sql(f"CREATE TABLE {t} (id int PRIMARY KEY)")
-        h.start()
-        h.sql(f"ALTER TABLE {t} ADD COLUMN note text")
-        h.sql(f"INSERT INTO {t} SELECT g, 'n' FROM generate_series(1, 20) g")
-        h.events(lambda s: len([e for e in s if e.get("table") == t]) >= 26)
-        # both schema changes (the CREATE, after init, and the ALTER) reach every partition
-        for tag in ("CREATE TABLE", "ALTER TABLE"):
-            parts = sorted(
-                p
-                for p, e in zip(h.partitions, h.seen, strict=True)
-                if e.get("table") == t and e["op"] == "ddl" and e["ddl"]["tag"] == tag
-            )
-            assert parts == [0, 1, 2], tag
-        # in every partition, the schema change precedes that partition's rows
-        for part in range(3):
-            ops = [
-                e["op"]
-                for p, e in zip(h.partitions, h.seen, strict=True)
-                if p == part and e.get("table") == t
-            ]
-            assert ops[0] == "ddl", (part, ops)
-    finally:
-        h.stop()
-        if h.consumer is not None:
-            h.consumer.close()
-        admin.tear_down(settings)
-        delete_topic(settings)
+    h.sql(f"CREATE TABLE {t} (id int PRIMARY KEY)")
+    h.start()
+    h.sql(f"ALTER TABLE {t} ADD COLUMN note text")
+    h.sql(f"INSERT INTO {t} SELECT g, 'n' FROM generate_series(1, 20) g")
+    h.events(lambda s: len([e for e in s if e.get("table") == t]) >= 26)
+    # both schema changes (the CREATE, after init, and the ALTER) reach every partition
+    for tag in ("CREATE TABLE", "ALTER TABLE"):
+        parts = sorted(
+            p
+            for p, e in zip(h.partitions, h.seen, strict=True)
+            if e.get("table") == t and e["op"] == "ddl" and e["ddl"]["tag"] == tag
+        )
+        assert parts == [0, 1, 2], tag
+    # in every partition, the schema change precedes that partition's rows
+    for part in range(3):
+        ops = [
+            e["op"]
+            for p, e in zip(h.partitions, h.seen, strict=True)
+            if p == part and e.get("table") == t
+        ]
+        assert ops[0] == "ddl", (part, ops)

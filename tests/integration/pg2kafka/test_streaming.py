@@ -13,11 +13,20 @@ from pathlib import Path
 import jsonschema
 import psycopg
 import pytest
+from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka.admin import AdminClient
 
 from services.pg2kafka import admin
 from services.pg2kafka.app import build
+from services.pg2kafka.kafka_sink import ensure_topic
 from shared.errors import PermanentError
-from tests.integration.pg2kafka.conftest import Harness, data, delete_topic, make_settings
+from tests.integration.pg2kafka.conftest import (
+    Harness,
+    HarnessFactory,
+    data,
+    delete_topic,
+    make_settings,
+)
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -172,35 +181,22 @@ def test_slot_confirmed_only_after_kafka_ack_and_restart_resumes(
         assert by_lsn.setdefault(e["lsn"], e["new"]["id"]) == e["new"]["id"]
 
 
-def test_primary_key_partitioning(
-    env_file: Path, stack_env: dict[str, str], unique_name: str
-) -> None:
-    settings = make_settings(env_file, unique_name, producer={"partition_key": "primary_key"})
-    admin.init(settings)
-    h = Harness(settings, stack_env["WALCAST_PG_DSN"])
-    try:
-        t = f"{unique_name}_pk"
-        h.sql(f"CREATE TABLE {t} (id int PRIMARY KEY, v int)")
-        h.start()
-        h.sql(f"INSERT INTO {t} SELECT g, 0 FROM generate_series(1, 30) g")
-        h.sql(f"UPDATE {t} SET v = 1 WHERE id = 7")
-        h.events(lambda s: len(data(s, t)) >= 31)
-        pairs = [(k, e) for k, e in zip(h.keys, h.seen, strict=True) if e in data(h.seen, t)]
-        assert len({k for k, _ in pairs}) == 30  # one key per row
-        row7 = {k for k, e in pairs if e["new"]["id"] == 7}
-        assert len(row7) == 1  # both changes of row 7 share a key, hence a partition
-    finally:
-        h.stop()
-        if h.consumer is not None:
-            h.consumer.close()
-        admin.tear_down(settings)
-        delete_topic(settings)
+def test_primary_key_partitioning(make_harness: HarnessFactory, unique_name: str) -> None:
+    h = make_harness(producer={"partition_key": "primary_key"})
+    t = f"{unique_name}_pk"
+    h.sql(f"CREATE TABLE {t} (id int PRIMARY KEY, v int)")
+    h.start()
+    h.sql(f"INSERT INTO {t} SELECT g, 0 FROM generate_series(1, 30) g")
+    h.sql(f"UPDATE {t} SET v = 1 WHERE id = 7")
+    h.events(lambda s: len(data(s, t)) >= 31)
+    pairs = [(k, e) for k, e in zip(h.keys, h.seen, strict=True) if e in data(h.seen, t)]
+    assert len({k for k, _ in pairs}) == 30  # one key per row
+    row7 = {k for k, e in pairs if e["new"]["id"] == 7}
+    assert len(row7) == 1  # both changes of row 7 share a key, hence a partition
 
 
 def test_missing_slot_is_a_permanent_error_with_the_fix(env_file: Path, unique_name: str) -> None:
     settings = make_settings(env_file, unique_name)
-    from services.pg2kafka.kafka_sink import ensure_topic
-
     ensure_topic(settings.kafka.client_config(), settings.producer.topic, 1, 1)
     service = build(settings)
     try:
@@ -252,8 +248,6 @@ def test_cli_rejects_unknown_key_and_reports_status(env_file: Path, unique_name:
         out = subprocess.run(
             [*base, "status", "--json"], capture_output=True, text=True, env=env, check=True
         )
-        import json
-
         info = json.loads(out.stdout)
         assert info["slot_exists"] is True
         assert info["kafka_reachable"] is True
@@ -263,36 +257,43 @@ def test_cli_rejects_unknown_key_and_reports_status(env_file: Path, unique_name:
 
 
 def test_slot_advances_on_a_fully_filtered_database(
-    env_file: Path, stack_env: dict[str, str], unique_name: str
+    make_harness: HarnessFactory, unique_name: str
 ) -> None:
     """Only a table that never changes is published; heavy writes elsewhere must not pin
     WAL: heartbeats and keepalives move the confirmed LSN past them."""
     quiet = f"{unique_name}_quiet"
     busy = f"{unique_name}_busy"
-    settings = make_settings(
-        env_file, unique_name,
+    h = make_harness(
+        init=False,
         filters={"include": [f"public.{quiet}"]},
         replication={"heartbeat_interval_s": 1.0},
-    )  # fmt: skip
-    h = Harness(settings, stack_env["WALCAST_PG_DSN"])
+    )
     h.sql(f"CREATE TABLE {quiet} (id int PRIMARY KEY)")
     h.sql(f"CREATE TABLE {busy} (id int PRIMARY KEY, pad text)")
-    admin.init(settings)
+    admin.init(h.settings)
+    h.start()
+    h.sql(f"INSERT INTO {busy} SELECT g, repeat('x', 200) FROM generate_series(1, 20000) g")
+    target = int(h.sql("SELECT pg_current_wal_lsn() - '0/0'::pg_lsn")[0][0])
+    deadline = time.monotonic() + 60
+    while h.slot_confirmed() < target:
+        assert time.monotonic() < deadline, "slot did not advance past the filtered writes"
+        time.sleep(0.2)
+    # and nothing of the filtered table reached Kafka: the topic is still empty
+    consumer = Consumer(
+        {
+            "bootstrap.servers": h.settings.kafka.bootstrap_servers,
+            "group.id": f"{unique_name}-empty",
+        }
+    )
     try:
-        h.start()
-        h.sql(f"INSERT INTO {busy} SELECT g, repeat('x', 200) FROM generate_series(1, 20000) g")
-        target = int(h.sql("SELECT pg_current_wal_lsn() - '0/0'::pg_lsn")[0][0])
-        deadline = time.monotonic() + 60
-        while h.slot_confirmed() < target:
-            assert time.monotonic() < deadline, "slot did not advance past the filtered writes"
-            time.sleep(0.2)
-        # nothing from the filtered table reached Kafka: the topic is empty
-        consumer_seen = h.events(lambda s: True, timeout=1)
-        assert [e for e in consumer_seen if e.get("table") == busy] == []
+        topic = h.settings.producer.topic
+        ends = [
+            consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1]
+            for p in range(3)
+        ]
     finally:
-        h.stop()
-        admin.tear_down(settings)
-        delete_topic(settings)
+        consumer.close()
+    assert ends == [0, 0, 0]
 
 
 def test_replica_identity_using_index(harness: Harness, unique_name: str) -> None:
@@ -313,14 +314,8 @@ def test_replica_identity_using_index(harness: Harness, unique_name: str) -> Non
     assert dele["key"] == {"code": "b"}
 
 
-def test_per_table_topic_routing(
-    env_file: Path, stack_env: dict[str, str], unique_name: str
-) -> None:
-    settings = make_settings(
-        env_file, unique_name, producer={"topic_template": unique_name + ".{schema}.{table}"}
-    )
-    admin.init(settings)
-    h = Harness(settings, stack_env["WALCAST_PG_DSN"])
+def test_per_table_topic_routing(make_harness: HarnessFactory, unique_name: str) -> None:
+    h = make_harness(producer={"topic_template": unique_name + ".{schema}.{table}"})
     a, b = f"{unique_name}_a", f"{unique_name}_b"
     created = [f"{unique_name}.public.{a}", f"{unique_name}.public.{b}"]
     try:
@@ -329,12 +324,10 @@ def test_per_table_topic_routing(
         h.start()
         h.sql(f"INSERT INTO {a} VALUES (1)")
         h.sql(f"INSERT INTO {b} VALUES (2)")
-        from confluent_kafka import Consumer
-
         got: dict[str, list[int]] = {}
         consumer = Consumer(
             {
-                "bootstrap.servers": settings.kafka.bootstrap_servers,
+                "bootstrap.servers": h.settings.kafka.bootstrap_servers,
                 "group.id": f"{unique_name}-route",
                 "auto.offset.reset": "earliest",
                 "topic.metadata.refresh.interval.ms": 1000,
@@ -355,10 +348,7 @@ def test_per_table_topic_routing(
         assert got == {created[0]: [1], created[1]: [2]}
     finally:
         h.stop()
-        admin.tear_down(settings)
-        from confluent_kafka.admin import AdminClient
-
-        client = AdminClient(settings.kafka.client_config())
+        client = AdminClient(h.settings.kafka.client_config())
         for fut in client.delete_topics(created).values():
             fut.result(30)
 
@@ -433,11 +423,7 @@ def test_bad_credentials_stop_at_once_with_the_fix(env_file: Path, unique_name: 
         assert "check postgres.user and postgres.password" in proc.stderr
         assert "not-the-password" not in proc.stderr
     finally:
-        from confluent_kafka.admin import AdminClient
-
-        client = AdminClient(
-            {"bootstrap.servers": make_settings(env_file, unique_name).kafka.bootstrap_servers}
-        )
+        client = AdminClient(make_settings(env_file, unique_name).kafka.client_config())
         topic = f"{unique_name}.cdc"
         if topic in client.list_topics(timeout=10).topics:
             client.delete_topics([topic])[topic].result(30)
