@@ -21,6 +21,7 @@ import signal
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from types import FrameType
 
@@ -175,10 +176,14 @@ class LeaderLock:
         self.slot = slot
         self.conn: psycopg.Connection[tuple[object, ...]] | None = None
 
-    def acquire(self, stop: threading.Event, poll_s: float) -> bool:
-        """Block until leader (True) or stopped (False)."""
+    def acquire(
+        self, stop: threading.Event, poll_s: float, tick: Callable[[], None] = lambda: None
+    ) -> bool:
+        """Block until leader (True) or stopped (False); ``tick`` runs every round, so
+        liveness checks see a waiting standby as alive."""
         announced = False
         while not stop.is_set():
+            tick()
             if self.conn is None or self.conn.closed:
                 self.conn = psycopg.connect(
                     self.conninfo, autocommit=True, application_name=f"pg2kafka-lock:{self.slot}"
@@ -428,14 +433,14 @@ class Pipeline:
         try:
             if s.producer.topic_template is None:
                 st.ensure_topic(st.topic)  # fails fast on a missing topic
-            if not st.leader.acquire(self.stop_event, s.replication.standby_poll_s):
+            if not st.leader.acquire(self.stop_event, s.replication.standby_poll_s, self.tick):
                 return
             self.wait_for_slot(st)
             st.source.start()
             self.streaming = True
             batch_max = 2000
             while not self.stop_event.is_set():
-                self.last_loop = time.monotonic()
+                self.tick()
                 st.housekeeping()
                 batch = st.source.poll_batch(batch_max, 0.2)
                 for lsn, msg in batch:
@@ -449,6 +454,10 @@ class Pipeline:
         finally:
             self.streaming = False
             st.close()
+
+    def tick(self) -> None:
+        """The main loop is alive (read by the /health check)."""
+        self.last_loop = time.monotonic()
 
     def wait_for_slot(self, st: _Stream) -> None:
         """As leader, give a previous leader's walsender ``slot_busy_grace_s`` to go; a
@@ -466,6 +475,7 @@ class Pipeline:
                     f" another process (pid {pid}, application_name {app_name!r})",
                     hint="stop that consumer, or give pg2kafka its own replication.slot",
                 )
+            self.tick()
             self.stop_event.wait(0.5)
             if self.stop_event.is_set():
                 return

@@ -136,3 +136,28 @@ def test_ddl_goes_to_every_partition_under_primary_key_keys(
             if p == part and e.get("table") == t
         ]
         assert ops[0] == "ddl", (part, ops)
+
+
+def test_partitioned_table_streams_under_its_root(harness: Harness, unique_name: str) -> None:
+    t = f"{unique_name}_parted"
+    harness.start()
+    harness.sql(
+        f"CREATE TABLE {t} (id int, day date, PRIMARY KEY (id, day)) PARTITION BY RANGE (day)"
+    )
+    harness.sql(
+        f"CREATE TABLE {t}_d1 PARTITION OF {t} FOR VALUES FROM ('2026-01-01') TO ('2026-01-02')"
+    )
+    harness.sql(f"INSERT INTO {t} VALUES (1, '2026-01-01')")
+    harness.events(lambda s: len(data(s, t)) >= 1)
+    mine = [(e["op"], e["table"]) for e in harness.seen if str(e.get("table", "")).startswith(t)]
+    assert mine == [("ddl", t), ("insert", t)]  # no event names the partition
+
+
+def test_migrations_are_versioned_and_applied_once(harness: Harness) -> None:
+    rows = harness.sql(
+        "SELECT version, name FROM _walcast.schema_migrations"
+        " WHERE component = 'pg2kafka' ORDER BY version"
+    )
+    assert rows == [(1, "ddl_capture"), (2, "ddl_skips_partitions")]
+    report = admin.init(harness.settings, migrations_only=True)
+    assert report.created == []  # nothing applied twice
