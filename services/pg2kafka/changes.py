@@ -9,6 +9,7 @@ every earlier transaction is acknowledged too (checkpoint last).
 
 from __future__ import annotations
 
+import logging
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -21,6 +22,8 @@ from services.pg2kafka import pgoutput as pg
 from services.pg2kafka.types import TypeRegistry, text_converter
 from shared.errors import PermanentError
 from shared.events import EVENT_VERSION, Event
+
+log = logging.getLogger(__name__)
 
 # Type names for the built-in OIDs, for the event's "types" map.
 _TYPE_NAMES: dict[int, str] = {
@@ -81,6 +84,7 @@ class EventBuilder:
         self.type_names: dict[int, str] = dict(_TYPE_NAMES)
         self.txn: Transaction | None = None
         self._info: dict[int, _RelInfo] = {}
+        self._warned: set[int] = set()
         self._seq = 0
         self.skipped_no_identity = 0
 
@@ -185,6 +189,14 @@ class EventBuilder:
         has_key = bool(self._rel_info(rel).key_names)
         if not has_key and self.no_identity == "skip":
             self.skipped_no_identity += 1
+            if rel.oid not in self._warned:
+                self._warned.add(rel.oid)
+                log.warning(
+                    "skipping changes of %s.%s: no replica identity (add a primary key, or"
+                    " set replication.no_identity=emit)",
+                    rel.schema,
+                    rel.table,
+                )
             return None
         new: dict[str, Any] | None = None
         old: dict[str, Any] | None = None

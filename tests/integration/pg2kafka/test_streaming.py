@@ -427,3 +427,29 @@ def test_bad_credentials_stop_at_once_with_the_fix(env_file: Path, unique_name: 
         topic = f"{unique_name}.cdc"
         if topic in client.list_topics(timeout=10).topics:
             client.delete_topics([topic])[topic].result(30)
+
+
+def test_slot_advances_on_an_idle_database(
+    make_harness: HarnessFactory, stack_env: dict[str, str], unique_name: str
+) -> None:
+    """Nothing happens in pg2kafka's database while another database on the same server
+    writes a lot: the slot still follows the server's WAL instead of pinning it."""
+    other = f"{unique_name}_db"
+    h = make_harness(replication={"heartbeat_interval_s": 1.0})
+    h.sql(f"CREATE DATABASE {other}")
+    try:
+        h.start()
+        other_dsn = stack_env["WALCAST_PG_DSN"].rsplit("/", 1)[0] + f"/{other}"
+        with psycopg.connect(other_dsn, autocommit=True) as c:
+            c.execute("CREATE TABLE busy (id int PRIMARY KEY, pad text)")
+            c.execute(
+                "INSERT INTO busy SELECT g, repeat('x', 200) FROM generate_series(1, 20000) g"
+            )
+        target = int(h.sql("SELECT pg_current_wal_lsn() - '0/0'::pg_lsn")[0][0])
+        deadline = time.monotonic() + 60
+        while h.slot_confirmed() < target:
+            assert time.monotonic() < deadline, "the slot stayed behind the server's WAL"
+            time.sleep(0.2)
+    finally:
+        h.stop()
+        h.sql(f"DROP DATABASE IF EXISTS {other} WITH (FORCE)")

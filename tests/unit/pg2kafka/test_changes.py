@@ -63,13 +63,17 @@ def test_update_full_identity_and_delete() -> None:
     assert d["new"] is None
 
 
-def test_no_identity_emit_or_skip() -> None:
+def test_no_identity_emit_or_skip(caplog: pytest.LogCaptureFixture) -> None:
     ev = builder().change(pg.Insert(16385, ("hello",)), 1)
     assert ev is not None
     assert ev["key"] == {}
     b = builder("skip")
     assert b.change(pg.Insert(16385, ("hello",)), 1) is None
-    assert b.skipped_no_identity == 1
+    assert b.change(pg.Insert(16385, ("again",)), 2) is None
+    assert b.skipped_no_identity == 2
+    warnings = [r for r in caplog.records if "no replica identity" in r.getMessage()]
+    assert len(warnings) == 1  # once per table, not per row
+    assert "app.log" in warnings[0].getMessage()
 
 
 def test_truncate_and_protocol_errors() -> None:
