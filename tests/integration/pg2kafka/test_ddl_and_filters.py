@@ -8,6 +8,7 @@ from pathlib import Path
 import jsonschema
 
 from services.pg2kafka import admin
+from services.pg2kafka.migrations import available
 from tests.integration.pg2kafka.conftest import Harness, HarnessFactory, data
 
 SCHEMA = json.loads(
@@ -158,6 +159,7 @@ def test_migrations_are_versioned_and_applied_once(harness: Harness) -> None:
         "SELECT version, name FROM _walcast.schema_migrations"
         " WHERE component = 'pg2kafka' ORDER BY version"
     )
-    assert rows == [(1, "ddl_capture"), (2, "ddl_skips_partitions")]
+    assert rows == [(m.version, m.name) for m in available("pg2kafka")]
+    assert rows[:3] == [(1, "ddl_capture"), (2, "ddl_skips_partitions"), (3, "subscriptions")]
     report = admin.init(harness.settings, migrations_only=True)
     assert report.created == []  # nothing applied twice
