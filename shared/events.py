@@ -10,8 +10,10 @@ Fields (always present unless noted):
 ``op``           insert | update | delete | truncate | ddl | message | heartbeat
 ``db``           source database
 ``schema``, ``table``   source relation (absent for heartbeat / message)
-``lsn``          LSN of this change (integer), unique per change: the sinks' version
-``commit_lsn``   end LSN of the transaction's commit (integer)
+``lsn``          LSN of this change (integer), the sinks' version; rows of one
+                 multi-row insert share it
+``seq``          position within the transaction: (commit_lsn, seq) identifies a change
+``commit_lsn``   LSN where the transaction's commit record starts (integer)
 ``xid``          transaction id
 ``commit_ts``    commit time, ISO-8601 UTC with microseconds
 ``key``          identity columns → values (replica identity / primary key); {} if none

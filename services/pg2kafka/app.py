@@ -32,10 +32,13 @@ from services.pg2kafka import pgoutput as pg
 from services.pg2kafka.changes import AckTracker, EventBuilder
 from services.pg2kafka.filters import TableFilter
 from services.pg2kafka.kafka_sink import KafkaSink, Outgoing, ensure_topic
-from services.pg2kafka.replication import PostgresReplicationSource
+from services.pg2kafka.replication import (
+    PostgresReplicationSource,
+    replication_application_name,
+)
 from services.pg2kafka.settings import Pg2KafkaSettings
 from services.pg2kafka.types import TypeInfo, TypeRegistry
-from shared.errors import PermanentError
+from shared.errors import PermanentError, RetriableError
 from shared.events import Event, JsonEventSerializer
 from shared.http import OpsServer
 from shared.retry import call_with_retry
@@ -57,6 +60,11 @@ class Metrics:
         self.skipped = Counter(
             "walcast_pg2kafka_skipped_no_identity",
             "changes skipped: table without replica identity",
+            registry=registry,
+        )
+        self.malformed = Counter(
+            "walcast_pg2kafka_malformed_messages",
+            "logical messages with the DDL prefix that were not valid DDL messages (skipped)",
             registry=registry,
         )
         self.inflight = Gauge(
@@ -139,6 +147,17 @@ class Catalog:
         )
         return [str(r[0]) for r in rows]
 
+    def wal_sender_timeout_s(self) -> float:
+        row = (
+            self._conn()
+            .execute(
+                "SELECT setting::float / 1000 FROM pg_catalog.pg_settings"
+                " WHERE name = 'wal_sender_timeout'"
+            )
+            .fetchone()
+        )
+        return float(str(row[0])) if row else 60.0
+
     def slot_holder(self, slot: str) -> tuple[int, str] | None:
         """(pid, application_name) of the process streaming ``slot``, if any."""
         row = (
@@ -175,6 +194,7 @@ class LeaderLock:
         self.conninfo = conninfo
         self.slot = slot
         self.conn: psycopg.Connection[tuple[object, ...]] | None = None
+        self._checked = time.monotonic()
 
     def acquire(
         self, stop: threading.Event, poll_s: float, tick: Callable[[], None] = lambda: None
@@ -200,6 +220,20 @@ class LeaderLock:
                 announced = True
             stop.wait(poll_s)
         return False
+
+    def check(self, every_s: float) -> None:
+        """While streaming: make sure the lock's session is still there. If it died, a
+        standby may lead by now, so stop and start over as a candidate."""
+        now = time.monotonic()
+        if now - self._checked < every_s:
+            return
+        self._checked = now
+        try:
+            if self.conn is None or self.conn.closed:
+                raise psycopg.OperationalError("lock connection closed")
+            self.conn.execute("SELECT 1")
+        except psycopg.Error as exc:
+            raise RetriableError(f"lost the leader lock's session: {exc}") from exc
 
     def release(self) -> None:
         if self.conn is not None:
@@ -256,7 +290,7 @@ class _Stream:
                 "message.max.bytes": s.producer.max_message_bytes,
             },
             max_inflight_bytes=s.producer.max_inflight_bytes,
-            while_waiting=self.source.maybe_send_status,
+            while_waiting=self.while_waiting,
         )
         self.tracker = AckTracker()
         self.sink.set_listener(self.tracker.acked)
@@ -275,6 +309,15 @@ class _Stream:
         self.commit_times: deque[tuple[int, float]] = deque()
         self.op_counts: dict[str, int] = {}
         self.bytes_out = 0
+
+    def while_waiting(self) -> None:
+        """Runs while a write waits for Kafka (memory guard full, or librdkafka's queue):
+        acks that arrive still confirm, the status keeps Postgres' connection alive, the
+        liveness check sees a waiting loop, not a dead one."""
+        self.p.tick()
+        self.source.confirm(self.tracker.confirmed)
+        self.source.maybe_send_status()
+        self.leader.check(self.p.settings.replication.standby_poll_s * 5)
 
     def close(self) -> None:
         self.source.close()
@@ -301,6 +344,7 @@ class _Stream:
                 self.metrics.commit_to_ack.observe(max(0.0, now - committed))
                 self.metrics.transactions.inc()
         source.maybe_send_status()
+        self.leader.check(self.p.settings.replication.standby_poll_s * 5)
         m = self.metrics
         for op, n in self.op_counts.items():
             m.events.labels(op).inc(n)
@@ -311,6 +355,9 @@ class _Stream:
         if self.sink.waits:
             m.backpressure.inc(self.sink.waits)
             self.sink.waits = 0
+        if self.builder.malformed_ddl:
+            m.malformed.inc(self.builder.malformed_ddl)
+            self.builder.malformed_ddl = 0
         if self.builder.skipped_no_identity:
             m.skipped.inc(self.builder.skipped_no_identity)
             self.builder.skipped_no_identity = 0
@@ -321,9 +368,9 @@ class _Stream:
     def handle(self, lsn: int, msg: pg.Decoded) -> None:
         """One decoded message, in stream order."""
         if isinstance(msg, (pg.Insert, pg.Update, pg.Delete)):
-            ev = self.builder.change(msg, lsn)
-            if ev is not None and self.p.filter.matches(ev["schema"], ev["table"]):
-                self.send(ev)
+            for ev in self.builder.change(msg, lsn):
+                if self.p.filter.matches(ev["schema"], ev["table"]):
+                    self.send(ev)
         elif isinstance(msg, pg.Begin):
             self.seq = self.builder.begin(msg).seq
             self.tracker.open(self.seq)
@@ -392,7 +439,8 @@ class _Stream:
         value = self.p.serializer.encode(ev)
         key = f"{ev['schema']}.{ev['table']}".encode()
         topic = self.topic_for(ev)
-        partitions = self.ensure_topic(topic)
+        # Partitions may have been added since start: ask again (DDL is rare).
+        partitions = self.partitions[topic] = self.sink.partitions(topic)
         for partition in range(partitions):
             self.tracker.sent(self.seq)
             self.sink.write(Outgoing(topic, key, value, partition=partition), self.seq)
@@ -462,7 +510,10 @@ class Pipeline:
     def wait_for_slot(self, st: _Stream) -> None:
         """As leader, give a previous leader's walsender ``slot_busy_grace_s`` to go; a
         slot still streamed by someone else after that belongs to another consumer."""
-        grace = self.settings.replication.slot_busy_grace_s
+        # A walsender whose client vanished lingers up to wal_sender_timeout.
+        rep = self.settings.replication
+        timeout = rep.wal_sender_timeout_s or st.catalog.wal_sender_timeout_s()
+        grace = max(rep.slot_busy_grace_s, timeout + 5)
         deadline = time.monotonic() + grace
         while True:
             holder = st.catalog.slot_holder(self.settings.replication.slot)
@@ -470,6 +521,10 @@ class Pipeline:
                 return
             if time.monotonic() >= deadline:
                 pid, app_name = holder
+                if app_name == replication_application_name(self.settings.replication.slot):
+                    # Another pg2kafka (a leader whose lock connection died): not ours to
+                    # judge as misconfiguration; back off and try again.
+                    raise RetriableError(f"slot still streamed by pg2kafka pid {pid}")
                 raise PermanentError(
                     f"replication slot {self.settings.replication.slot!r} is streamed by"
                     f" another process (pid {pid}, application_name {app_name!r})",

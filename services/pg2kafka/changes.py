@@ -43,6 +43,33 @@ def iso_utc(unix_us: int) -> str:
     return dt.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
+def _ddl_shape(payload: Any) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The tables of a DDL message, or ValueError when it is not what the triggers write."""
+    if not isinstance(payload, dict):
+        raise ValueError("not an object")
+    tables = payload.get("tables", [])
+    dropped = payload.get("dropped", [])
+    if not isinstance(tables, list) or not isinstance(dropped, list):
+        raise ValueError("tables / dropped are not lists")
+    for t in tables:
+        if not (
+            isinstance(t, dict)
+            and isinstance(t.get("schema"), str)
+            and isinstance(t.get("table"), str)
+            and isinstance(t.get("columns"), list)
+            and isinstance(t.get("primary_key"), list)
+        ):
+            raise ValueError(f"bad table entry {t!r:.200}")
+    for t in dropped:
+        if not (
+            isinstance(t, dict)
+            and isinstance(t.get("schema"), str)
+            and isinstance(t.get("table"), str)
+        ):
+            raise ValueError(f"bad dropped entry {t!r:.200}")
+    return tables, dropped
+
+
 @dataclass(frozen=True, slots=True)
 class _RelInfo:
     names: tuple[str, ...]
@@ -57,6 +84,7 @@ class Transaction:
     commit_lsn: int
     commit_ts: str
     seq: int
+    events: int = 0  # events built so far: the next event's "seq"
 
 
 class EventBuilder:
@@ -85,6 +113,7 @@ class EventBuilder:
         self.txn: Transaction | None = None
         self._info: dict[int, _RelInfo] = {}
         self._warned: set[int] = set()
+        self.malformed_ddl = 0
         self._seq = 0
         self.skipped_no_identity = 0
 
@@ -178,13 +207,20 @@ class EventBuilder:
             ev["schema"] = rel.schema
             ev["table"] = rel.table
         ev["lsn"] = lsn
+        # Position in the transaction: rows of one multi-row insert (COPY) share an LSN;
+        # (commit_lsn, seq) is unique and the same on every redelivery.
+        ev["seq"] = txn.events
+        txn.events += 1
         ev["commit_lsn"] = txn.commit_lsn
         ev["xid"] = txn.xid
         ev["commit_ts"] = txn.commit_ts
         return ev
 
-    def change(self, msg: pg.Insert | pg.Update | pg.Delete, lsn: int) -> Event | None:
-        """The event for one row change, or None when skipped (no identity, ``skip``)."""
+    def change(self, msg: pg.Insert | pg.Update | pg.Delete, lsn: int) -> list[Event]:
+        """The events for one row change: none when skipped (no identity, ``skip``), one
+        normally, two for an update that changed the row's key — a delete of the old key
+        then an insert of the new row — so every event of a key stays under that key (and
+        in one partition under primary-key keys)."""
         rel = self._rel(msg.relation_oid)
         has_key = bool(self._rel_info(rel).key_names)
         if not has_key and self.no_identity == "skip":
@@ -197,31 +233,46 @@ class EventBuilder:
                     rel.schema,
                     rel.table,
                 )
-            return None
-        new: dict[str, Any] | None = None
-        old: dict[str, Any] | None = None
-        toast: list[str] = []
+            return []
         if isinstance(msg, pg.Insert):
-            op = "insert"
             new, toast = self._row(rel, msg.new)
-            key = self._key(rel, new)
-        elif isinstance(msg, pg.Update):
-            op = "update"
-            new, toast = self._row(rel, msg.new)
-            if msg.old is not None:
-                old, _ = self._row(rel, msg.old)
-                if msg.old_kind == "K":
-                    old = self._key(rel, old)
-            # The identity of the row *before* the change: a key update moves the document.
-            key = self._key(rel, old if old is not None else new)
-        else:
-            op = "delete"
+            return [self._event("insert", lsn, rel, self._key(rel, new), new, None, toast)]
+        if isinstance(msg, pg.Delete):
+            before, _ = self._row(rel, msg.old)
+            key = self._key(rel, before)
+            return [
+                self._event(
+                    "delete", lsn, rel, key, None, key if msg.old_kind == "K" else before, []
+                )
+            ]
+        new, toast = self._row(rel, msg.new)
+        old: dict[str, Any] | None = None
+        if msg.old is not None:
             old, _ = self._row(rel, msg.old)
-            if msg.old_kind == "K":
-                old = self._key(rel, old)
-            key = self._key(rel, old)
+        new_key = self._key(rel, new)
+        old_key = self._key(rel, old) if old is not None else new_key
+        if has_key and old_key != new_key:
+            # pgoutput sends the old key ('K') only when it changed, or the whole old row
+            # ('O') under FULL identity; either way the row moved to another key.
+            gone = old_key if msg.old_kind == "K" else old
+            return [
+                self._event("delete", lsn, rel, old_key, None, gone, []),
+                self._event("insert", lsn, rel, new_key, new, None, toast),
+            ]
+        return [self._event("update", lsn, rel, new_key, new, old, toast)]
+
+    def _event(
+        self,
+        op: str,
+        lsn: int,
+        rel: pg.Relation,
+        key: dict[str, Any],
+        new: dict[str, Any] | None,
+        old: dict[str, Any] | None,
+        toast: list[str],
+    ) -> Event:
         ev = self._envelope(op, lsn, rel)
-        ev["key"] = key if has_key else {}
+        ev["key"] = key if self._rel_info(rel).key_names else {}
         ev["new"] = new
         ev["old"] = old
         if toast:
@@ -237,10 +288,15 @@ class EventBuilder:
         """
         try:
             payload = orjson.loads(msg.content)
-        except orjson.JSONDecodeError as exc:
-            raise PermanentError(f"DDL message at {pg.format_lsn(lsn)} is not JSON") from exc
+            tables, dropped = _ddl_shape(payload)
+        except (orjson.JSONDecodeError, ValueError) as exc:
+            # Anyone may call pg_logical_emit_message unless V004's REVOKE applies: a
+            # malformed message must not stop the stream (and pin WAL) forever.
+            self.malformed_ddl += 1
+            log.warning("skipping a malformed DDL message at %s: %s", pg.format_lsn(lsn), exc)
+            return []
         events: list[Event] = []
-        for table in payload.get("tables", []):
+        for table in tables:
             ev = self._ddl_envelope(lsn, table["schema"], table["table"])
             ev["ddl"] = {
                 "tag": payload.get("tag"),
@@ -249,7 +305,7 @@ class EventBuilder:
                 "primary_key": table["primary_key"],
             }
             events.append(ev)
-        for table in payload.get("dropped", []):
+        for table in dropped:
             ev = self._ddl_envelope(lsn, table["schema"], table["table"])
             ev["ddl"] = {
                 "tag": payload.get("tag"),
@@ -262,7 +318,7 @@ class EventBuilder:
     def _ddl_envelope(self, lsn: int, schema: str, table: str) -> Event:
         ev = self._envelope("ddl", lsn, None)
         out: Event = {"v": ev["v"], "op": "ddl", "db": ev["db"], "schema": schema, "table": table}
-        out.update((k, ev[k]) for k in ("lsn", "commit_lsn", "xid", "commit_ts"))
+        out.update((k, ev[k]) for k in ("lsn", "seq", "commit_lsn", "xid", "commit_ts"))
         out["key"] = {}
         out["new"] = None
         out["old"] = None

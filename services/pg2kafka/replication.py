@@ -44,6 +44,11 @@ SESSION_OPTIONS = (
 )
 
 
+def replication_application_name(slot: str) -> str:
+    """How pg2kafka's replication connection names itself in pg_stat_activity."""
+    return f"pg2kafka:{slot}"
+
+
 def _pg_now_us() -> int:
     return int(time.time() * 1_000_000) - pgoutput.PG_EPOCH_OFFSET_US
 
@@ -79,7 +84,11 @@ class PostgresReplicationSource:
     def start(self) -> None:
         """Connect and START_REPLICATION from the slot's confirmed position."""
         self.conn = psycopg.connect(
-            self.conninfo, replication="database", autocommit=True, options=self.options
+            self.conninfo,
+            replication="database",
+            autocommit=True,
+            options=self.options,
+            application_name=replication_application_name(self.slot),
         )
         pgconn = self.conn.pgconn
         # Starting at 0/0 means "from the slot's confirmed_flush_lsn".
@@ -112,7 +121,7 @@ class PostgresReplicationSource:
                     pgconn.consume_input()
                 continue
             if nbytes == -1:
-                raise _stream_end(pgconn)
+                raise _stream_end(pgconn, self.slot)
             if nbytes == -2:
                 raise RetriableError(
                     f"replication stream failed: {pgconn.error_message.decode(errors='replace')}"
@@ -211,9 +220,13 @@ def _start_error(result: pq.abc.PGresult | None, slot: str) -> Exception:
     return RetriableError(f"START_REPLICATION failed ({sqlstate}): {message}")
 
 
-def _stream_end(pgconn: pq.abc.PGconn) -> Exception:
+def _stream_end(pgconn: pq.abc.PGconn, slot: str) -> Exception:
+    """The server ended the stream: classify by SQLSTATE like a failed start."""
     result = pgconn.get_result()
     if result is not None and result.status == pq.ExecStatus.FATAL_ERROR:
+        sqlstate = (result.error_field(pq.DiagnosticField.SQLSTATE) or b"").decode()
+        if sqlstate and sqlstate[:2] not in ("08", "57", "53", "58", "40"):
+            return _start_error(result, slot)
         msg = (result.error_message or b"").decode(errors="replace").strip()
         return RetriableError(f"replication stream ended by the server: {msg}")
     return RetriableError("replication stream ended by the server")

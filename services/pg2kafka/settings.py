@@ -53,11 +53,13 @@ class ReplicationSettings(Section):
             raise ValueError("wal_sender_timeout_s must exceed twice status_interval_s")
         return self
 
-    @field_validator("slot")
+    @field_validator("slot", "publication")
     @classmethod
-    def _slot_name(cls, v: str) -> str:
+    def _plain_name(cls, v: str) -> str:
+        # pgoutput reads publication_names as an unquoted identifier list: upper case or
+        # commas would silently name another publication. Slots allow only these anyway.
         if not _SLOT_RE.match(v):
-            raise ValueError("slot names are 1-63 characters of a-z, 0-9 and _")
+            raise ValueError("use 1-63 characters of a-z, 0-9 and _")
         return v
 
 

@@ -305,12 +305,14 @@ def test_replica_identity_using_index(harness: Harness, unique_name: str) -> Non
     harness.sql(f"INSERT INTO {t} VALUES (1, 'a', 0)")
     harness.sql(f"UPDATE {t} SET code = 'b' WHERE id = 1")
     harness.sql(f"DELETE FROM {t} WHERE id = 1")
-    harness.events(lambda s: len(data(s, t)) >= 3)
-    ins, upd, dele = harness.table_events(t)
+    harness.events(lambda s: len(data(s, t)) >= 4)
+    ins, gone, moved, dele = harness.table_events(t)
     assert ins["key"] == {"code": "a"}
-    assert upd["key"] == {"code": "a"}  # the identity before the change
-    assert upd["old"] == {"code": "a"}
-    assert upd["new"] == {"id": 1, "code": "b", "v": 0}
+    # the identity changed: a delete of the old key, then an insert under the new one
+    assert (gone["op"], gone["key"], gone["old"]) == ("delete", {"code": "a"}, {"code": "a"})
+    assert (moved["op"], moved["key"]) == ("insert", {"code": "b"})
+    assert moved["new"] == {"id": 1, "code": "b", "v": 0}
+    assert (gone["lsn"], gone["seq"] + 1) == (moved["lsn"], moved["seq"])
     assert dele["key"] == {"code": "b"}
 
 
@@ -385,7 +387,7 @@ def test_slot_streamed_by_another_consumer_is_a_permanent_error(
         settings = harness.settings.model_copy(
             update={
                 "replication": harness.settings.replication.model_copy(
-                    update={"slot_busy_grace_s": 1.0}
+                    update={"slot_busy_grace_s": 1.0, "wal_sender_timeout_s": 2.0}
                 )
             }
         )

@@ -25,12 +25,11 @@ def builder(no_identity: str = "emit") -> EventBuilder:
 
 
 def test_insert_event_envelope_and_toast_marker() -> None:
-    ev = builder().change(pg.Insert(16384, ("1", "ann", pg.UNCHANGED_TOAST)), 400)
-    assert ev is not None
+    (ev,) = builder().change(pg.Insert(16384, ("1", "ann", pg.UNCHANGED_TOAST)), 400)
     assert ev["v"] == 1
     assert ev["op"] == "insert"
     assert (ev["db"], ev["schema"], ev["table"]) == ("db1", "app", "Users")
-    assert (ev["lsn"], ev["commit_lsn"], ev["xid"]) == (400, 500, 77)
+    assert (ev["lsn"], ev["seq"], ev["commit_lsn"], ev["xid"]) == (400, 0, 500, 77)
     assert ev["commit_ts"] == "2023-11-14T22:13:20.000000Z"
     assert ev["key"] == {"id": 1}
     assert ev["new"] == {"id": 1, "name": "ann"}  # the unchanged TOAST value is not null
@@ -43,37 +42,71 @@ def test_insert_event_envelope_and_toast_marker() -> None:
     assert ser.decode(ser.encode(ev)) == ev
 
 
-def test_update_with_changed_key_uses_old_identity() -> None:
-    ev = builder().change(pg.Update(16384, ("2", "ann", "x"), "K", ("1", None, None)), 401)
-    assert ev is not None
-    assert ev["key"] == {"id": 1}
-    assert ev["old"] == {"id": 1}
-    assert ev["new"]["id"] == 2
+def test_seq_numbers_changes_within_a_transaction() -> None:
+    b = builder()
+    evs = [
+        *b.change(pg.Insert(16384, ("1", "a", "x")), 400),
+        *b.change(pg.Insert(16384, ("2", "b", "x")), 400),
+    ]  # one multi-insert: same LSN
+    assert [(e["lsn"], e["seq"]) for e in evs] == [(400, 0), (400, 1)]
+    b.commit(pg.Commit(500, 510, 0))
+    b.begin(pg.Begin(600, 0, 78))
+    (nxt,) = b.change(pg.Insert(16384, ("3", "c", "x")), 550)
+    assert nxt["seq"] == 0  # numbering restarts with each transaction
+
+
+def test_update_that_changes_the_key_is_a_delete_then_an_insert() -> None:
+    evs = builder().change(pg.Update(16384, ("2", "ann", "x"), "K", ("1", None, None)), 401)
+    assert [(e["op"], e["key"]) for e in evs] == [("delete", {"id": 1}), ("insert", {"id": 2})]
+    assert evs[0]["old"] == {"id": 1}
+    assert evs[0]["new"] is None
+    assert evs[1]["new"] == {"id": 2, "name": "ann", "bio": "x"}
+    assert evs[1]["old"] is None
+    assert evs[0]["lsn"] == evs[1]["lsn"]
+    assert (evs[0]["seq"], evs[1]["seq"]) == (0, 1)
 
 
 def test_update_full_identity_and_delete() -> None:
     b = builder()
-    ev = b.change(pg.Update(16384, ("1", "b", "x"), "O", ("1", "a", "x")), 402)
-    assert ev is not None
+    (ev,) = b.change(pg.Update(16384, ("1", "b", "x"), "O", ("1", "a", "x")), 402)
+    assert ev["op"] == "update"
     assert ev["old"] == {"id": 1, "name": "a", "bio": "x"}
-    d = b.change(pg.Delete(16384, "K", ("1", None, None)), 403)
-    assert d is not None
+    moved = b.change(pg.Update(16384, ("9", "b", "x"), "O", ("1", "b", "x")), 403)
+    assert [e["op"] for e in moved] == ["delete", "insert"]  # FULL identity, key changed
+    assert moved[0]["old"] == {"id": 1, "name": "b", "bio": "x"}
+    (d,) = b.change(pg.Delete(16384, "K", ("1", None, None)), 404)
     assert d["op"] == "delete"
     assert d["old"] == {"id": 1}
     assert d["new"] is None
 
 
 def test_no_identity_emit_or_skip(caplog: pytest.LogCaptureFixture) -> None:
-    ev = builder().change(pg.Insert(16385, ("hello",)), 1)
-    assert ev is not None
+    (ev,) = builder().change(pg.Insert(16385, ("hello",)), 1)
     assert ev["key"] == {}
     b = builder("skip")
-    assert b.change(pg.Insert(16385, ("hello",)), 1) is None
-    assert b.change(pg.Insert(16385, ("again",)), 2) is None
+    assert b.change(pg.Insert(16385, ("hello",)), 1) == []
+    assert b.change(pg.Insert(16385, ("again",)), 2) == []
     assert b.skipped_no_identity == 2
     warnings = [r for r in caplog.records if "no replica identity" in r.getMessage()]
     assert len(warnings) == 1  # once per table, not per row
     assert "app.log" in warnings[0].getMessage()
+
+
+@pytest.mark.parametrize(
+    "content",
+    [
+        b"1",
+        b"not json",
+        b'{"tables": [null]}',
+        b'{"tables": "x"}',
+        b'{"tables": [{"schema": "s", "table": "t"}]}',
+        b'{"dropped": [{"schema": 1}]}',
+    ],
+)
+def test_malformed_ddl_messages_are_skipped_and_counted(content: bytes) -> None:
+    b = builder()
+    assert b.ddl(pg.Message(True, 1, "walcast.ddl", content), 1) == []
+    assert b.malformed_ddl == 1
 
 
 def test_truncate_and_protocol_errors() -> None:
