@@ -136,6 +136,7 @@ def sync_publication(
             "SELECT n.nspname, c.relname FROM pg_catalog.pg_class c"
             " JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace"
             " WHERE c.relkind IN ('r', 'p') AND NOT c.relispartition"
+            " AND c.relpersistence = 'p'"
             " AND n.nspname NOT IN ('pg_catalog', 'information_schema')"
             " AND n.nspname NOT LIKE 'pg\\_%%'"
             " AND _walcast.table_matches(%s, n.nspname, c.relname) ORDER BY 1, 2",

@@ -258,9 +258,18 @@ class Heartbeat:
         if self.interval_s <= 0 or time.monotonic() - self.last < self.interval_s:
             return
         self.last = time.monotonic()
-        self.catalog.execute(
-            "SELECT pg_logical_emit_message(false, %s, now()::text)", [self.PREFIX]
-        )
+        try:
+            self.catalog.execute(
+                "SELECT pg_logical_emit_message(false, %s, now()::text)", [self.PREFIX]
+            )
+        except psycopg.errors.InsufficientPrivilege as exc:
+            # Keepalive positions still advance the slot; heartbeats only make it steadier.
+            log.warning(
+                "heartbeats disabled: %s (GRANT EXECUTE ON FUNCTION"
+                " pg_logical_emit_message(boolean, text, text) TO this role)",
+                exc,
+            )
+            self.interval_s = 0
 
 
 class _Stream:

@@ -6,6 +6,8 @@ import json
 from pathlib import Path
 
 import jsonschema
+import psycopg
+import pytest
 
 from services.pg2kafka import admin
 from services.pg2kafka.migrations import available
@@ -163,3 +165,41 @@ def test_migrations_are_versioned_and_applied_once(harness: Harness) -> None:
     assert rows[:3] == [(1, "ddl_capture"), (2, "ddl_skips_partitions"), (3, "subscriptions")]
     report = admin.init(harness.settings, migrations_only=True)
     assert report.created == []  # nothing applied twice
+
+
+def test_ddl_messages_cannot_be_forged_and_malformed_ones_are_skipped(
+    harness: Harness, unique_name: str
+) -> None:
+    role = f"{unique_name}_app"
+    harness.sql(f"CREATE ROLE {role} LOGIN PASSWORD 'pw-{role}'")
+    try:
+        dsn = harness.dsn.replace("walcast:walcast@", f"{role}:pw-{role}@")
+        with (
+            psycopg.connect(dsn, autocommit=True) as c,
+            pytest.raises(psycopg.errors.InsufficientPrivilege),
+        ):
+            c.execute("SELECT pg_logical_emit_message(true, 'walcast.ddl', '{}')")
+    finally:
+        harness.sql(f"DROP ROLE {role}")
+    t = f"{unique_name}_after"
+    harness.sql(f"CREATE TABLE {t} (id int PRIMARY KEY)")
+    harness.start()
+    # a privileged mistake must not stop the stream either
+    harness.sql("SELECT pg_logical_emit_message(true, 'walcast.ddl', 'not json')")
+    harness.sql("SELECT pg_logical_emit_message(true, 'walcast.ddl', '{\"tables\": [null]}')")
+    harness.sql(f"INSERT INTO {t} VALUES (1)")
+    harness.events(lambda s: len(data(s, t)) >= 1)
+
+
+def test_temporary_and_unlogged_tables_never_break_application_ddl(
+    make_harness: HarnessFactory, unique_name: str
+) -> None:
+    h = make_harness(filters={"include": ["*.*"], "exclude": [f"{unique_name}_x.*"]})
+    with psycopg.connect(h.dsn, autocommit=True) as c:
+        c.execute(f"CREATE TEMP TABLE {unique_name}_tmp (id int)")
+        c.execute(f"CREATE UNLOGGED TABLE {unique_name}_unlogged (id int PRIMARY KEY)")
+        c.execute(f"CREATE TABLE {unique_name}_real (id int PRIMARY KEY)")
+        c.execute(f"DROP TABLE {unique_name}_unlogged")
+    tables = admin.status(h.settings)["publication_tables"]
+    assert f"public.{unique_name}_real" in tables
+    assert not [t for t in tables if t.endswith(("_tmp", "_unlogged"))]
