@@ -49,50 +49,52 @@ DDL_PREFIX = "walcast.ddl"
 
 
 class Metrics:
-    def __init__(self, registry: CollectorRegistry) -> None:
+    """One pipeline's metrics; ``prefix`` keeps two pipelines of a process apart."""
+
+    def __init__(self, registry: CollectorRegistry, prefix: str = "walcast_pg2kafka") -> None:
         self.events = Counter(
-            "walcast_pg2kafka_events", "change events produced", ["op"], registry=registry
+            f"{prefix}_events", "change events produced", ["op"], registry=registry
         )
-        self.bytes = Counter("walcast_pg2kafka_bytes", "event bytes produced", registry=registry)
+        self.bytes = Counter(f"{prefix}_bytes", "event bytes produced", registry=registry)
         self.transactions = Counter(
-            "walcast_pg2kafka_transactions", "transactions fully acknowledged", registry=registry
+            f"{prefix}_transactions", "transactions fully acknowledged", registry=registry
         )
         self.skipped = Counter(
-            "walcast_pg2kafka_skipped_no_identity",
+            f"{prefix}_skipped_no_identity",
             "changes skipped: table without replica identity",
             registry=registry,
         )
         self.malformed = Counter(
-            "walcast_pg2kafka_malformed_messages",
+            f"{prefix}_malformed_messages",
             "logical messages with the DDL prefix that were not valid DDL messages (skipped)",
             registry=registry,
         )
         self.inflight = Gauge(
-            "walcast_pg2kafka_inflight_bytes",
+            f"{prefix}_inflight_bytes",
             "bytes handed to Kafka, not yet acknowledged",
             registry=registry,
         )
         self.confirmed = Gauge(
-            "walcast_pg2kafka_confirmed_lsn", "LSN confirmed to the slot", registry=registry
+            f"{prefix}_confirmed_lsn", "LSN confirmed to the slot", registry=registry
         )
         self.lag = Gauge(
-            "walcast_pg2kafka_replication_lag_bytes",
+            f"{prefix}_replication_lag_bytes",
             "server WAL end minus confirmed LSN",
             registry=registry,
         )
         self.backpressure = Counter(
-            "walcast_pg2kafka_backpressure_waits",
+            f"{prefix}_backpressure_waits",
             "times reading paused because the memory guard was full",
             registry=registry,
         )
         self.batch = Histogram(
-            "walcast_pg2kafka_batch_messages",
+            f"{prefix}_batch_messages",
             "replication messages handled per loop batch",
             buckets=(1, 10, 50, 100, 250, 500, 1000, 2000),
             registry=registry,
         )
         self.commit_to_ack = Histogram(
-            "walcast_pg2kafka_commit_to_ack_seconds",
+            f"{prefix}_commit_to_ack_seconds",
             "Postgres commit time to Kafka acknowledgement of the whole transaction",
             buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
             registry=registry,
@@ -280,11 +282,11 @@ class _Stream:
         s = pipeline.settings
         self.p = pipeline
         self.metrics = pipeline.metrics
-        self.topic = s.producer.topic
+        self.topic = pipeline.target.topic
         self.source = PostgresReplicationSource(
             conninfo,
-            s.replication.slot,
-            s.replication.publication,
+            pipeline.target.slot,
+            pipeline.target.publication,
             status_interval_s=s.replication.status_interval_s,
             wal_sender_timeout_s=s.replication.wal_sender_timeout_s,
         )
@@ -303,7 +305,7 @@ class _Stream:
         )
         self.tracker = AckTracker()
         self.sink.set_listener(self.tracker.acked)
-        self.leader = LeaderLock(conninfo, s.replication.slot)
+        self.leader = LeaderLock(conninfo, pipeline.target.slot)
         self.catalog = Catalog(conninfo)
         self.heartbeat = Heartbeat(self.catalog, s.replication.heartbeat_interval_s)
         self.builder = EventBuilder(
@@ -420,7 +422,7 @@ class _Stream:
         return count
 
     def topic_for(self, ev: Event) -> str:
-        template = self.p.settings.producer.topic_template
+        template = self.p.target.topic_template
         if template is None:
             return self.topic
         where = (ev["schema"], ev["table"])
@@ -457,11 +459,32 @@ class _Stream:
         self.bytes_out += len(value) * partitions
 
 
+@dataclass(frozen=True)
+class StreamTarget:
+    """Which slot a pipeline streams and where its messages go."""
+
+    slot: str
+    publication: str
+    topic: str
+    topic_template: str | None = None
+
+    @classmethod
+    def cdc(cls, settings: Pg2KafkaSettings) -> StreamTarget:
+        return cls(
+            settings.replication.slot,
+            settings.replication.publication,
+            settings.producer.topic,
+            settings.producer.topic_template,
+        )
+
+
 @dataclass
 class Pipeline:
     settings: Pg2KafkaSettings
     metrics: Metrics
     stop_event: threading.Event
+    target: StreamTarget
+    stream_cls: type[_Stream] = _Stream
 
     def __post_init__(self) -> None:
         self.serializer = JsonEventSerializer()
@@ -486,9 +509,9 @@ class Pipeline:
     def run_once(self) -> None:
         """Stream until stopped or a failure; resources are released either way."""
         s = self.settings
-        st = _Stream(self, s.postgres.conninfo())
+        st = self.stream_cls(self, s.postgres.conninfo())
         try:
-            if s.producer.topic_template is None:
+            if self.target.topic_template is None:
                 st.ensure_topic(st.topic)  # fails fast on a missing topic
             if not st.leader.acquire(self.stop_event, s.replication.standby_poll_s, self.tick):
                 return
@@ -525,17 +548,17 @@ class Pipeline:
         grace = max(rep.slot_busy_grace_s, timeout + 5)
         deadline = time.monotonic() + grace
         while True:
-            holder = st.catalog.slot_holder(self.settings.replication.slot)
+            holder = st.catalog.slot_holder(self.target.slot)
             if holder is None:
                 return
             if time.monotonic() >= deadline:
                 pid, app_name = holder
-                if app_name == replication_application_name(self.settings.replication.slot):
+                if app_name == replication_application_name(self.target.slot):
                     # Another pg2kafka (a leader whose lock connection died): not ours to
                     # judge as misconfiguration; back off and try again.
                     raise RetriableError(f"slot still streamed by pg2kafka pid {pid}")
                 raise PermanentError(
-                    f"replication slot {self.settings.replication.slot!r} is streamed by"
+                    f"replication slot {self.target.slot!r} is streamed by"
                     f" another process (pid {pid}, application_name {app_name!r})",
                     hint="stop that consumer, or give pg2kafka its own replication.slot",
                 )
@@ -593,7 +616,7 @@ def build(settings: Pg2KafkaSettings) -> Service:
     """Compose pg2kafka from its settings; nothing connects until ``run``."""
     registry = CollectorRegistry()
     stop_event = threading.Event()
-    pipeline = Pipeline(settings, Metrics(registry), stop_event)
+    pipeline = Pipeline(settings, Metrics(registry), stop_event, StreamTarget.cdc(settings))
     ops: OpsServer | None = None
     if settings.http.enabled:
         ops = OpsServer(registry, settings.http.host, settings.http.port)
