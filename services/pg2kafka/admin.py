@@ -63,31 +63,85 @@ def init(settings: Pg2KafkaSettings, *, migrations_only: bool = False) -> InitRe
         if migrations_only:
             return report
         sync_publication(conn, settings, report)
-        slot = conn.execute(
-            "SELECT plugin, database FROM pg_replication_slots WHERE slot_name = %s", [rep.slot]
-        ).fetchone()
-        if slot is None:
-            conn.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", [rep.slot])
-            report.created.append(f"slot {rep.slot}")
-        elif slot[0] != "pgoutput" or slot[1] != settings.postgres.database:
-            raise PermanentError(
-                f"slot {rep.slot!r} exists for plugin {slot[0]!r} in database {slot[1]!r}",
-                hint="choose another PG2KAFKA_REPLICATION__SLOT or drop that slot",
-            )
-        else:
-            report.existing.append(f"slot {rep.slot}")
+        ensure_slot(conn, rep.slot, settings.postgres.database, report)
+        if settings.subscriptions.enabled:
+            init_subscriptions(conn, settings, report)
     prod = settings.producer
     if prod.create_topic:
-        if ensure_topic(
-            settings.kafka.client_config(),
-            prod.topic,
-            prod.topic_partitions,
-            prod.topic_replication_factor,
-        ):
-            report.created.append(f"topic {prod.topic}")
-        else:
-            report.existing.append(f"topic {prod.topic}")
+        topics = [prod.topic]
+        if settings.subscriptions.enabled:
+            topics.append(settings.subscriptions.topic)
+        for topic in topics:
+            if ensure_topic(
+                settings.kafka.client_config(),
+                topic,
+                prod.topic_partitions,
+                prod.topic_replication_factor,
+            ):
+                report.created.append(f"topic {topic}")
+            else:
+                report.existing.append(f"topic {topic}")
     return report
+
+
+def ensure_slot(
+    conn: psycopg.Connection[tuple[Any, ...]], slot: str, database: str, report: InitReport
+) -> None:
+    row = conn.execute(
+        "SELECT plugin, database FROM pg_replication_slots WHERE slot_name = %s", [slot]
+    ).fetchone()
+    if row is None:
+        conn.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", [slot])
+        report.created.append(f"slot {slot}")
+    elif row[0] != "pgoutput" or row[1] != database:
+        raise PermanentError(
+            f"slot {slot!r} exists for plugin {row[0]!r} in database {row[1]!r}",
+            hint="choose another slot name or drop that slot",
+        )
+    else:
+        report.existing.append(f"slot {slot}")
+
+
+def init_subscriptions(
+    conn: psycopg.Connection[tuple[Any, ...]], settings: Pg2KafkaSettings, report: InitReport
+) -> None:
+    """The stream's row, its publication (only its own events), its slot, the partitions."""
+    sub = settings.subscriptions
+    conn.execute(
+        "INSERT INTO _walcast.streams (id) VALUES (%s) ON CONFLICT DO NOTHING", [sub.stream_id]
+    )
+    if conn.execute(
+        "SELECT 1 FROM pg_publication WHERE pubname = %s", [sub.publication]
+    ).fetchone():
+        report.existing.append(f"publication {sub.publication}")
+    else:
+        conn.execute(
+            sql.SQL(
+                "CREATE PUBLICATION {} FOR TABLE _walcast.events WHERE (stream_id = {})"
+                " WITH (publish = 'insert', publish_via_partition_root = true)"
+            ).format(sql.Identifier(sub.publication), sql.Literal(sub.stream_id))
+        )
+        report.created.append(f"publication {sub.publication}")
+    ensure_slot(conn, sub.slot, settings.postgres.database, report)
+    done = maintain_partitions(conn, settings)
+    report.created.extend(f"partition {name}" for name in done.get("created", []))
+
+
+def maintain_partitions(
+    conn: psycopg.Connection[tuple[Any, ...]], settings: Pg2KafkaSettings
+) -> dict[str, Any]:
+    """Run the partition maintenance once and record when it ran and runs next."""
+    sub = settings.subscriptions
+    row = conn.execute(
+        "SELECT _walcast.maintain_partitions(%s, %s)", [sub.premake_days, sub.retention_days]
+    ).fetchone()
+    conn.execute(
+        "UPDATE _walcast.streams SET last_maintenance_at = now(),"
+        " next_maintenance_at = now() + make_interval(secs => %s) WHERE id = %s",
+        [sub.maintenance_interval_s, sub.stream_id],
+    )
+    result: dict[str, Any] = row[0] if row else {}
+    return result
 
 
 def sync_publication(
@@ -166,6 +220,9 @@ def tear_down(settings: Pg2KafkaSettings) -> list[str]:
     rep = settings.replication
     removed = []
     with _connect(settings) as conn:
+        if settings.subscriptions.enabled:
+            sub = settings.subscriptions
+            removed.extend(_drop_stream(conn, sub.slot, sub.publication))
         active = conn.execute(
             "SELECT active_pid FROM pg_replication_slots WHERE slot_name = %s", [rep.slot]
         ).fetchone()
@@ -196,6 +253,51 @@ def tear_down(settings: Pg2KafkaSettings) -> list[str]:
     return removed
 
 
+def subscriptions_status(
+    conn: psycopg.Connection[tuple[Any, ...]], settings: Pg2KafkaSettings
+) -> dict[str, Any]:
+    sub = settings.subscriptions
+    parts = conn.execute(
+        "SELECT c.relname FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid"
+        " WHERE i.inhparent = '_walcast.events'::regclass ORDER BY 1"
+    ).fetchall()
+    row = conn.execute(
+        "SELECT last_maintenance_at::text, next_maintenance_at::text, failover_checkpoint"
+        " FROM _walcast.streams WHERE id = %s",
+        [sub.stream_id],
+    ).fetchone()
+    return {
+        "stream_id": sub.stream_id,
+        "slot": sub.slot,
+        "topic": sub.topic,
+        "partitions": [p[0] for p in parts],
+        "last_maintenance_at": row[0] if row else None,
+        "next_maintenance_at": row[1] if row else None,
+        "subscriptions": conn.execute(
+            "SELECT count(*) FROM _walcast.subscriptions WHERE stream_id = %s", [sub.stream_id]
+        ).fetchone()[0],  # type: ignore[index]
+    }
+
+
+def _drop_stream(conn: psycopg.Connection[tuple[Any, ...]], slot: str, pub: str) -> list[str]:
+    removed = []
+    active = conn.execute(
+        "SELECT active_pid FROM pg_replication_slots WHERE slot_name = %s", [slot]
+    ).fetchone()
+    if active is not None:
+        if active[0] is not None:
+            raise PermanentError(
+                f"slot {slot!r} is being streamed by pid {active[0]}",
+                hint="stop pg2kafka before tear-down",
+            )
+        conn.execute("SELECT pg_drop_replication_slot(%s)", [slot])
+        removed.append(f"slot {slot}")
+    if conn.execute("SELECT 1 FROM pg_publication WHERE pubname = %s", [pub]).fetchone():
+        conn.execute(sql.SQL("DROP PUBLICATION {}").format(sql.Identifier(pub)))
+        removed.append(f"publication {pub}")
+    return removed
+
+
 def status(settings: Pg2KafkaSettings) -> dict[str, Any]:
     rep = settings.replication
     out: dict[str, Any] = {"slot": rep.slot, "publication": rep.publication}
@@ -216,6 +318,8 @@ def status(settings: Pg2KafkaSettings) -> dict[str, Any]:
             [rep.publication],
         ).fetchall()
         out["publication_tables"] = [t[0] for t in tables]
+        if settings.subscriptions.enabled:
+            out["subscription_events"] = subscriptions_status(conn, settings)
     try:
         from confluent_kafka.admin import AdminClient
 

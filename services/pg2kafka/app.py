@@ -24,11 +24,14 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from types import FrameType
+from typing import Any
 
+import orjson
 import psycopg
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from services.pg2kafka import pgoutput as pg
+from services.pg2kafka.admin import maintain_partitions
 from services.pg2kafka.changes import AckTracker, EventBuilder
 from services.pg2kafka.filters import TableFilter
 from services.pg2kafka.kafka_sink import KafkaSink, Outgoing, ensure_topic
@@ -459,6 +462,80 @@ class _Stream:
         self.bytes_out += len(value) * partitions
 
 
+class _SubscriptionEventsStream(_Stream):
+    """Streams the rows of _walcast.events for one stream_id (its publication's row filter)
+    to the events topic: value = the payload exactly as stored, key = a payload field or
+    the subscription key, metadata as Kafka headers. Nothing else in the slot is sent."""
+
+    def handle(self, lsn: int, msg: pg.Decoded) -> None:
+        if isinstance(msg, pg.Insert):
+            rel = self.builder.relations.get(msg.relation_oid)
+            if rel is not None and (rel.schema, rel.table) == ("_walcast", "events"):
+                self.send_event(lsn, rel, msg.new)
+            return
+        if isinstance(msg, (pg.Update, pg.Delete, pg.Truncate, pg.Message)):
+            return  # only inserts are published; DDL and heartbeats are not ours to send
+        super().handle(lsn, msg)
+
+    def send_event(self, lsn: int, rel: pg.Relation, values: tuple[pg.Value, ...]) -> None:
+        row = {c.name: v for c, v in zip(rel.columns, values, strict=True)}
+        payload = row.get("payload")
+        if not isinstance(payload, str):
+            log.warning("event %s at %s has no payload; skipped", row.get("id"), pg.format_lsn(lsn))
+            return
+        headers: list[tuple[str, bytes]] = [
+            ("walcast-event-id", str(row.get("id")).encode()),
+            ("walcast-stream-id", str(row.get("stream_id")).encode()),
+            ("walcast-created-at", str(row.get("created_at")).encode()),
+            ("walcast-lsn", str(lsn).encode()),
+        ]
+        metadata = row.get("metadata")
+        if isinstance(metadata, str):
+            meta = orjson.loads(metadata)
+            if isinstance(meta, dict):
+                for k, v in meta.items():
+                    headers.append((str(k), v.encode() if isinstance(v, str) else orjson.dumps(v)))
+        value = payload.encode()
+        self.tracker.sent(self.seq)
+        self.sink.write(Outgoing(self.topic, self.event_key(payload), value, headers), self.seq)
+        self.op_counts["event"] = self.op_counts.get("event", 0) + 1
+        self.bytes_out += len(value)
+
+    def event_key(self, payload: str) -> bytes | None:
+        doc = orjson.loads(payload)
+        if not isinstance(doc, dict):
+            return None
+        field = self.p.settings.subscriptions.key_field
+        if field:
+            node: Any = doc
+            for part in field.split("."):
+                node = node.get(part) if isinstance(node, dict) else None
+            if node is not None:
+                return (node if isinstance(node, str) else orjson.dumps(node).decode()).encode()
+        name = doc.get("tg_name")
+        return name.encode() if isinstance(name, str) else None
+
+
+class Maintenance:
+    """Creates and drops event partitions every ``maintenance_interval_s``, whether or not
+    events flow (the reference design only maintained while events arrived)."""
+
+    def __init__(self, settings: Pg2KafkaSettings, stop: threading.Event) -> None:
+        self.settings = settings
+        self.stop = stop
+
+    def run(self) -> None:
+        interval = self.settings.subscriptions.maintenance_interval_s
+        while not self.stop.is_set():
+            try:
+                with psycopg.connect(self.settings.postgres.conninfo(), autocommit=True) as c:
+                    done = maintain_partitions(c, self.settings)
+                log.info("partition maintenance", extra={"result": done})
+            except psycopg.Error as exc:
+                log.warning("partition maintenance failed, retrying next round: %s", exc)
+            self.stop.wait(interval)
+
+
 @dataclass(frozen=True)
 class StreamTarget:
     """Which slot a pipeline streams and where its messages go."""
@@ -476,6 +553,11 @@ class StreamTarget:
             settings.producer.topic,
             settings.producer.topic_template,
         )
+
+    @classmethod
+    def subscription_events(cls, settings: Pg2KafkaSettings) -> StreamTarget:
+        sub = settings.subscriptions
+        return cls(sub.slot, sub.publication, sub.topic)
 
 
 @dataclass
@@ -591,14 +673,42 @@ class Service:
     ops: OpsServer | None
     stop_event: threading.Event
 
+    events: Pipeline | None = None
+
     def run(self) -> None:
+        """Run the CDC pipeline here and, with subscriptions enabled, the events pipeline
+        and the partition maintenance beside it. The first to fail stops the others."""
         if self.ops is not None:
             self.ops.start()
+        threads: list[threading.Thread] = []
+        errors: list[BaseException] = []
+
+        def guarded(target: Callable[[], None]) -> Callable[[], None]:
+            def run() -> None:
+                try:
+                    target()
+                except BaseException as exc:  # noqa: BLE001 - re-raised by run()
+                    errors.append(exc)
+                    self.stop_event.set()
+
+            return run
+
+        if self.events is not None:
+            maintenance = Maintenance(self.settings, self.stop_event)
+            for name, target in (("events", self.events.run), ("maintenance", maintenance.run)):
+                thread = threading.Thread(target=guarded(target), name=name, daemon=True)
+                thread.start()
+                threads.append(thread)
         try:
-            self.pipeline.run()
+            guarded(self.pipeline.run)()
         finally:
+            self.stop_event.set()
+            for thread in threads:
+                thread.join(60)
             if self.ops is not None:
                 self.ops.stop()
+        if errors:
+            raise errors[0]
 
     def stop(self, *_: object) -> None:
         self.stop_event.set()
@@ -617,6 +727,15 @@ def build(settings: Pg2KafkaSettings) -> Service:
     registry = CollectorRegistry()
     stop_event = threading.Event()
     pipeline = Pipeline(settings, Metrics(registry), stop_event, StreamTarget.cdc(settings))
+    events: Pipeline | None = None
+    if settings.subscriptions.enabled:
+        events = Pipeline(
+            settings,
+            Metrics(registry, prefix="walcast_pg2kafka_subscription"),
+            stop_event,
+            StreamTarget.subscription_events(settings),
+            _SubscriptionEventsStream,
+        )
     ops: OpsServer | None = None
     if settings.http.enabled:
         ops = OpsServer(registry, settings.http.host, settings.http.port)
@@ -625,7 +744,14 @@ def build(settings: Pg2KafkaSettings) -> Service:
             lambda: (time.monotonic() - pipeline.last_loop < 120, "main loop ticking"),
         )
         ops.add_ready_check("streaming", lambda: (pipeline.streaming, "replication streaming"))
-    return Service(settings, registry, pipeline, ops, stop_event)
+        if events is not None:
+            ev = events
+            ops.add_health_check(
+                "events_loop",
+                lambda: (time.monotonic() - ev.last_loop < 120, "events loop ticking"),
+            )
+            ops.add_ready_check("events_streaming", lambda: (ev.streaming, "events streaming"))
+    return Service(settings, registry, pipeline, ops, stop_event, events)
 
 
 __all__ = ["Pipeline", "Service", "build"]

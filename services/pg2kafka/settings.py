@@ -134,6 +134,33 @@ class ProducerSettings(Section):
         return None if v is None else _check_template(v)
 
 
+class SubscriptionSettings(Section):
+    """The subscription events stream: _walcast.events rows of ``stream_id`` to ``topic``.
+
+    It has its own slot and publication (a row filter on stream_id), separate from the
+    CDC stream, so the two never hold each other's WAL.
+    """
+
+    enabled: bool = False
+    stream_id: int = Field(default=1, ge=1)
+    slot: str = "walcast_events"
+    publication: str = "walcast_events"
+    topic: str = "walcast.events"
+    # Kafka key: this payload field (dotted path, e.g. "group_id"), when present; else the
+    # subscription key (tg_name).
+    key_field: str | None = None
+    premake_days: int = Field(default=7, ge=0, le=366)
+    retention_days: int = Field(default=7, ge=1, le=3660)
+    maintenance_interval_s: float = Field(default=3600.0, gt=0)
+
+    @field_validator("slot", "publication")
+    @classmethod
+    def _plain_name(cls, v: str) -> str:
+        if not _SLOT_RE.match(v):
+            raise ValueError("use 1-63 characters of a-z, 0-9 and _")
+        return v
+
+
 class Pg2KafkaSettings(ServiceSettings):
     model_config = SettingsConfigDict(env_prefix="PG2KAFKA_")
 
@@ -142,4 +169,5 @@ class Pg2KafkaSettings(ServiceSettings):
     replication: ReplicationSettings = ReplicationSettings()
     filters: FilterSettings = FilterSettings()
     producer: ProducerSettings = ProducerSettings()
+    subscriptions: SubscriptionSettings = SubscriptionSettings()
     http: HttpSettings = HttpSettings(port=9187)

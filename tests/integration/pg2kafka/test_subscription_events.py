@@ -1,0 +1,115 @@
+"""pg2kafka streams its stream's subscription events to the events topic."""
+
+from __future__ import annotations
+
+import random
+import time
+from typing import Any
+
+import orjson
+from confluent_kafka import Consumer
+from confluent_kafka.admin import AdminClient
+from psycopg.types.json import Jsonb
+
+from services.pg2kafka import admin
+from tests.integration.pg2kafka.conftest import HarnessFactory
+
+
+def test_events_reach_their_topic_with_key_and_headers(
+    make_harness: HarnessFactory, unique_name: str
+) -> None:
+    stream = random.randint(2 * 10**9, 3 * 10**9)
+    other = stream + 1
+    h = make_harness(
+        init=False,
+        subscriptions={
+            "enabled": True, "stream_id": stream, "slot": f"{unique_name}_ev",
+            "publication": f"{unique_name}_ev", "topic": f"{unique_name}.events",
+            "key_field": "group_id", "maintenance_interval_s": 3600,
+        },
+    )  # fmt: skip
+    s = unique_name
+    h.sql(f"CREATE SCHEMA {s}")
+    h.sql(f"CREATE TABLE {s}.orders (id int PRIMARY KEY, user_id int, total numeric(10,2))")
+    report = admin.init(h.settings)
+    assert f"slot {unique_name}_ev" in report.created
+    h.sql("INSERT INTO _walcast.streams (id) VALUES (%s) ON CONFLICT DO NOTHING", [other])
+    try:
+        h.sql(
+            "INSERT INTO _walcast.subscriptions (key, stream_id, operation, schema_name,"
+            " table_name, column_names, payload_extensions, metadata)"
+            " VALUES (%s, %s, 'INSERT', %s, 'orders', %s, %s, %s)",
+            [
+                f"{s}:order-notification",
+                stream,
+                s,
+                ["id", "user_id", "total"],
+                Jsonb(
+                    [
+                        {"json_path": "group_id", "expression": "new.user_id::text"},
+                        {"json_path": "queue_name", "expression": "'order-notifications'"},
+                    ]
+                ),
+                Jsonb({"topic": "orders", "priority": {"level": 1}}),
+            ],
+        )
+        h.start()
+        h.sql(f"INSERT INTO {s}.orders VALUES (1, 42, 10.5), (2, 43, 99.99)")
+        h.sql(
+            "INSERT INTO _walcast.events (payload, stream_id) VALUES (%s, %s)",
+            [Jsonb({"type": "manual", "n": 1}), stream],
+        )
+        h.sql(
+            "INSERT INTO _walcast.events (payload, stream_id) VALUES (%s, %s)",
+            [Jsonb({"type": "not-ours"}), other],
+        )  # another stream: not delivered
+        got: list[dict[str, Any]] = []
+        consumer = Consumer(
+            {
+                "bootstrap.servers": h.settings.kafka.bootstrap_servers,
+                "group.id": f"{unique_name}-ev",
+                "auto.offset.reset": "earliest",
+            }
+        )
+        consumer.subscribe([f"{unique_name}.events"])
+        deadline = time.monotonic() + 60
+        try:
+            while len(got) < 3 and time.monotonic() < deadline:
+                msg = consumer.poll(0.5)
+                if msg is None or msg.error():
+                    continue
+                got.append(
+                    {
+                        "key": msg.key(),
+                        "value": orjson.loads(msg.value()),
+                        "headers": dict(msg.headers() or []),
+                    }
+                )
+            extra = consumer.poll(2.0)  # nothing else may arrive
+        finally:
+            consumer.close()
+        assert extra is None or extra.error()
+        by_key = {g["key"]: g for g in got}
+        assert set(by_key) == {b"42", b"43", None}
+        order = by_key[b"42"]
+        assert order["value"]["new"] == {"id": 1, "user_id": 42, "total": 10.5}
+        assert order["value"]["queue_name"] == "order-notifications"
+        assert order["headers"]["topic"] == b"orders"
+        assert order["headers"]["priority"] == b'{"level":1}'
+        assert order["headers"]["walcast-stream-id"] == str(stream).encode()
+        assert by_key[None]["value"] == {"type": "manual", "n": 1}
+        # status shows the partitions and the next maintenance
+        info = admin.status(h.settings)["subscription_events"]
+        assert len(info["partitions"]) >= 8
+        assert info["next_maintenance_at"] is not None
+        assert info["subscriptions"] == 1
+    finally:
+        h.stop()
+        h.sql("DELETE FROM _walcast.streams WHERE id IN (%s, %s)", [stream, other])
+        h.sql("DELETE FROM _walcast.events WHERE stream_id IN (%s, %s)", [stream, other])
+        h.sql(f"DROP SCHEMA {s} CASCADE")
+        admin.tear_down(h.settings)
+        client = AdminClient(h.settings.kafka.client_config())
+        topic = f"{unique_name}.events"
+        if topic in client.list_topics(timeout=10).topics:
+            client.delete_topics([topic])[topic].result(30)
