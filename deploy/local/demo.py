@@ -5,8 +5,9 @@ Run by ``deploy/local/walcast demo`` after the local stack is up. It
 1. writes a small shop workload (customers, orders; inserts, updates, deletes) into the
    stack's Postgres, showing progress;
 2. runs each walcast service that has landed over it — today pg2kafka, streaming the
-   demo slot into the ``walcast.demo.cdc`` topic until it has confirmed everything
-   written (services that have not landed are listed as such, not faked);
+   demo tables into ``walcast.demo.cdc`` and, through a subscription on orders turning
+   paid, notification events into ``walcast.demo.events``, until both slots have
+   confirmed everything written (services that have not landed are listed as such);
 3. prints where the results are: Postgres tables and WAL position, Kafka topics and their
    end offsets, search index document counts, Delta table versions.
 """
@@ -27,6 +28,7 @@ import orjson
 import psycopg
 from confluent_kafka import Consumer, TopicPartition
 from confluent_kafka.admin import AdminClient
+from psycopg.types.json import Jsonb
 
 REPO = Path(__file__).resolve().parents[2]
 STATE = Path(os.environ.get("WALCAST_STACK_DIR", REPO / ".stack"))
@@ -53,8 +55,7 @@ def progress(label: str, done: int, total: int, started: float) -> None:
         print(line, flush=True)  # logs and CI: quarters only
 
 
-def workload(dsn: str, rows: int) -> None:
-    print(f"1. workload: {rows} customers and {rows * 2} orders into schema demo")
+def create_tables(dsn: str) -> None:
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute("CREATE SCHEMA IF NOT EXISTS demo")
         conn.execute(
@@ -65,6 +66,11 @@ def workload(dsn: str, rows: int) -> None:
             "CREATE TABLE IF NOT EXISTS demo.orders (id bigint PRIMARY KEY, customer_id bigint"
             " REFERENCES demo.customers, total numeric(12,2), items jsonb, status text)"
         )
+
+
+def workload(dsn: str, rows: int) -> None:
+    print(f"1. workload: {rows} customers and {rows * 2} orders into schema demo")
+    with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute("TRUNCATE demo.orders, demo.customers")
         started = time.monotonic()
         batch = max(rows // 20, 1)
@@ -92,6 +98,8 @@ def workload(dsn: str, rows: int) -> None:
 
 DEMO_SLOT = "walcast_demo"
 DEMO_TOPIC = "walcast.demo.cdc"
+DEMO_STREAM = 1
+DEMO_EVENTS_SLOT = "walcast_demo_events"
 
 
 def demo_env() -> dict[str, str]:
@@ -103,17 +111,49 @@ def demo_env() -> dict[str, str]:
         "PG2KAFKA_PRODUCER__CREATE_TOPIC": "true",
         "PG2KAFKA_HTTP__PORT": "0",
         "PG2KAFKA_LOG__FORMAT": "text",
+        "PG2KAFKA_SUBSCRIPTIONS__ENABLED": "true",
+        "PG2KAFKA_SUBSCRIPTIONS__STREAM_ID": str(DEMO_STREAM),
+        "PG2KAFKA_SUBSCRIPTIONS__SLOT": DEMO_EVENTS_SLOT,
+        "PG2KAFKA_SUBSCRIPTIONS__PUBLICATION": DEMO_EVENTS_SLOT,
+        "PG2KAFKA_SUBSCRIPTIONS__TOPIC": "walcast.demo.events",
+        "PG2KAFKA_SUBSCRIPTIONS__KEY_FIELD": "group_id",
     }
 
 
-def pg2kafka_init(env_file: Path) -> None:
-    """Create the demo slot before the workload, so the slot captures all of it."""
+ORDER_PAID = {
+    "key": "demo-order-paid",
+    "when": "new.status = 'paid' AND old.status IS DISTINCT FROM 'paid'",
+    "columns": ["id", "customer_id", "total"],
+    "metadata": {"topic": "orders"},
+    "extensions": [{"json_path": "group_id", "expression": "new.customer_id::text"}],
+}
+
+
+def pg2kafka_init(env_file: Path, dsn: str) -> None:
+    """Create the demo slots before the workload, so they capture all of it, and one
+    subscription: orders turning paid become events on walcast.demo.events."""
     subprocess.run(
         [sys.executable, "-m", "services.pg2kafka", "--env-file", str(env_file), "init"],
         env=demo_env(),
         check=True,
         stdout=subprocess.DEVNULL,
     )
+    create_tables(dsn)
+    sub = ORDER_PAID
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(
+            "SELECT _walcast.set_subscriptions(%s, ARRAY[ROW(%s, %s, 'UPDATE', 'demo',"
+            " 'orders', %s, %s, %s, %s, now(), now())::_walcast.subscriptions])",
+            [
+                DEMO_STREAM,
+                sub["key"],
+                DEMO_STREAM,
+                sub["when"],
+                sub["columns"],
+                Jsonb(sub["metadata"]),
+                Jsonb(sub["extensions"]),
+            ],
+        )
 
 
 def run_pg2kafka(env: dict[str, str], env_file: Path, timeout_s: float = 300) -> None:
@@ -121,9 +161,9 @@ def run_pg2kafka(env: dict[str, str], env_file: Path, timeout_s: float = 300) ->
     with psycopg.connect(env["WALCAST_PG_DSN"], autocommit=True) as conn:
         target_row = conn.execute("SELECT pg_current_wal_lsn() - '0/0'::pg_lsn").fetchone()
         start_row = conn.execute(
-            "SELECT confirmed_flush_lsn - '0/0'::pg_lsn FROM pg_replication_slots"
-            " WHERE slot_name = %s",
-            [DEMO_SLOT],
+            "SELECT min(confirmed_flush_lsn - '0/0'::pg_lsn) FROM pg_replication_slots"
+            " WHERE slot_name IN (%s, %s)",
+            [DEMO_SLOT, DEMO_EVENTS_SLOT],
         ).fetchone()
         assert target_row is not None
         assert start_row is not None
@@ -140,9 +180,9 @@ def run_pg2kafka(env: dict[str, str], env_file: Path, timeout_s: float = 300) ->
             started = time.monotonic()
             while True:
                 row = conn.execute(
-                    "SELECT confirmed_flush_lsn - '0/0'::pg_lsn FROM pg_replication_slots"
-                    " WHERE slot_name = %s",
-                    [DEMO_SLOT],
+                    "SELECT min(confirmed_flush_lsn - '0/0'::pg_lsn) FROM pg_replication_slots"
+                    " WHERE slot_name IN (%s, %s)",
+                    [DEMO_SLOT, DEMO_EVENTS_SLOT],
                 ).fetchone()
                 confirmed = int(row[0]) if row else start
                 done = min(max(confirmed - start, 0), target - start)
@@ -157,7 +197,7 @@ def run_pg2kafka(env: dict[str, str], env_file: Path, timeout_s: float = 300) ->
         finally:
             proc.send_signal(signal.SIGTERM)
             proc.wait(60)
-    print(f"  pg2kafka      slot {DEMO_SLOT} confirmed; log: {log_path}")
+    print(f"  pg2kafka      CDC and subscription slots confirmed; log: {log_path}")
 
 
 def run_services(env: dict[str, str], env_file: Path) -> None:
@@ -232,7 +272,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--rows must be at least 1")
     env = read_env()
     env_file = STATE / "walcast.env"
-    pg2kafka_init(env_file)
+    pg2kafka_init(env_file, env["WALCAST_PG_DSN"])
     workload(env["WALCAST_PG_DSN"], args.rows)
     run_services(env, env_file)
     summary(env)

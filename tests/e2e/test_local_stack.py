@@ -100,5 +100,7 @@ def test_demo_runs_and_summarises(stack_env: dict[str, str]) -> None:
     assert "40 rows" in out
     assert "demo.orders" in out
     assert "72 rows" in out  # 80 orders minus every 10th deleted
+    assert "walcast.demo.cdc" in out
+    assert "walcast.demo.events" in out  # the subscription's notification events
     for section in ("kafka", "opensearch", "elasticsearch", "delta"):
         assert f"\n  {section}" in out, section
