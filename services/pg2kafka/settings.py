@@ -21,6 +21,15 @@ from shared.settings import (
 _SLOT_RE = re.compile(r"^[a-z0-9_]{1,63}$")
 
 
+def plain_name(v: str) -> str:
+    """Slot and publication names: pgoutput reads publication_names as an unquoted
+    identifier list, so upper case or commas would silently name another publication;
+    slot names allow only these characters anyway."""
+    if not _SLOT_RE.match(v):
+        raise ValueError("use 1-63 characters of a-z, 0-9 and _")
+    return v
+
+
 class ReplicationSettings(Section):
     """The slot and publication pg2kafka streams from (created by ``pg2kafka init``)."""
 
@@ -53,14 +62,7 @@ class ReplicationSettings(Section):
             raise ValueError("wal_sender_timeout_s must exceed twice status_interval_s")
         return self
 
-    @field_validator("slot", "publication")
-    @classmethod
-    def _plain_name(cls, v: str) -> str:
-        # pgoutput reads publication_names as an unquoted identifier list: upper case or
-        # commas would silently name another publication. Slots allow only these anyway.
-        if not _SLOT_RE.match(v):
-            raise ValueError("use 1-63 characters of a-z, 0-9 and _")
-        return v
+    _names = field_validator("slot", "publication")(lambda v: plain_name(v))
 
 
 class FilterSettings(Section):
@@ -153,12 +155,7 @@ class SubscriptionSettings(Section):
     retention_days: int = Field(default=7, ge=1, le=3660)
     maintenance_interval_s: float = Field(default=3600.0, gt=0)
 
-    @field_validator("slot", "publication")
-    @classmethod
-    def _plain_name(cls, v: str) -> str:
-        if not _SLOT_RE.match(v):
-            raise ValueError("use 1-63 characters of a-z, 0-9 and _")
-        return v
+    _names = field_validator("slot", "publication")(lambda v: plain_name(v))
 
 
 class Pg2KafkaSettings(ServiceSettings):
