@@ -67,6 +67,11 @@ class Metrics:
             "changes skipped: table without replica identity",
             registry=registry,
         )
+        self.unconverted = Counter(
+            f"{prefix}_unconverted_values",
+            "column values sent as their text because conversion failed",
+            registry=registry,
+        )
         self.malformed = Counter(
             f"{prefix}_malformed_messages",
             "logical messages with the DDL prefix that were not valid DDL messages (skipped)",
@@ -369,6 +374,9 @@ class _Stream:
         if self.sink.waits:
             m.backpressure.inc(self.sink.waits)
             self.sink.waits = 0
+        if self.builder.unconverted:
+            m.unconverted.inc(self.builder.unconverted)
+            self.builder.unconverted = 0
         if self.builder.malformed_ddl:
             m.malformed.inc(self.builder.malformed_ddl)
             self.builder.malformed_ddl = 0

@@ -114,6 +114,7 @@ class EventBuilder:
         self._info: dict[int, _RelInfo] = {}
         self._warned: set[int] = set()
         self.malformed_ddl = 0
+        self.unconverted = 0  # values kept as text because their converter failed
         self._seq = 0
         self.skipped_no_identity = 0
 
@@ -185,7 +186,17 @@ class EventBuilder:
             )
         for name, conv, value in zip(info.names, info.converters, values, strict=True):
             if value.__class__ is str:
-                row[name] = value if conv is None else conv(value)
+                if conv is None:
+                    row[name] = value
+                else:
+                    try:
+                        row[name] = conv(value)
+                    except (ValueError, TypeError, IndexError) as exc:
+                        # Bad input never stops the stream and never vanishes: the value
+                        # travels as the server's text, and is counted and logged.
+                        row[name] = value
+                        self.unconverted += 1
+                        log.warning("kept %s.%s.%s as text: %s", rel.schema, rel.table, name, exc)
             elif value is None:
                 row[name] = None
             else:  # UNCHANGED_TOAST

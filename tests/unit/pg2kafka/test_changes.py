@@ -157,3 +157,19 @@ def test_ack_tracker_waits_for_commit_and_advances_when_idle() -> None:
     assert t.confirmed == 500
     with pytest.raises(PermanentError):
         t.acked(42)
+
+
+def test_a_value_that_does_not_convert_travels_as_text(caplog: pytest.LogCaptureFixture) -> None:
+    rel = pg.Relation(
+        16390,
+        "app",
+        "odd",
+        "d",
+        (pg.Column("id", 23, -1, True), pg.Column("tags", 1007, -1, False)),
+    )
+    b = builder()
+    b.relation(rel)
+    (ev,) = b.change(pg.Insert(16390, ("1", "{1,2")), 10)  # an unterminated array literal
+    assert ev["new"] == {"id": 1, "tags": "{1,2"}
+    assert b.unconverted == 1
+    assert any("kept app.odd.tags as text" in r.getMessage() for r in caplog.records)
