@@ -776,6 +776,7 @@ class SearchEngine(Component):
 
     main_class = ""
     env_key = ""
+    config_file = ""
 
     def install(self) -> None:
         self.jars = maven_classpath(self.name)
@@ -785,6 +786,14 @@ class SearchEngine(Component):
         base = self.dir / "base"
         if base.exists():
             shutil.rmtree(base)
+        # The runner keeps a node config it finds. Without one a node scans transport
+        # ports 9300-9305 for peers and can join (or refuse) another local cluster:
+        # a single-node cluster on its own transport port stays alone.
+        config = base / "node_1" / "config"
+        config.mkdir(parents=True)
+        (config / self.config_file).write_text(
+            f"discovery.type: single-node\ntransport.port: {self.port + 100}\n"
+        )
         assert self.port is not None
         # The runner numbers nodes from 1 and serves node n on baseHttpPort + n.
         spawn(
@@ -826,6 +835,7 @@ class SearchEngine(Component):
 
 class OpenSearch(SearchEngine):
     main_class = "org.codelibs.opensearch.runner.OpenSearchRunner"
+    config_file = "opensearch.yml"
     env_key = "WALCAST_OPENSEARCH_URL"
 
     def __init__(self) -> None:
@@ -834,6 +844,7 @@ class OpenSearch(SearchEngine):
 
 class Elasticsearch(SearchEngine):
     main_class = "org.codelibs.elasticsearch.runner.ElasticsearchClusterRunner"
+    config_file = "elasticsearch.yml"
     env_key = "WALCAST_ELASTICSEARCH_URL"
 
     def __init__(self) -> None:
