@@ -24,9 +24,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from types import FrameType
-from typing import Any
 
-import orjson
 import psycopg
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
@@ -65,6 +63,17 @@ class Metrics:
         self.skipped = Counter(
             f"{prefix}_skipped_no_identity",
             "changes skipped: table without replica identity",
+            registry=registry,
+        )
+        self.replayed = Counter(
+            f"{prefix}_replayed_events", "events sent from the replay queue", registry=registry
+        )
+        self.replay_remaining = Gauge(
+            f"{prefix}_replay_remaining", "events waiting in the replay queue", registry=registry
+        )
+        self.failovers = Counter(
+            f"{prefix}_failovers",
+            "times the stream switched to queueing because Kafka was unavailable",
             registry=registry,
         )
         self.unconverted = Counter(
@@ -286,6 +295,8 @@ class _Stream:
     """One connected streaming session: everything ``Pipeline.run_once`` creates, with
     the per-batch housekeeping and the per-message dispatch."""
 
+    needs_kafka = True  # False: a session that must run while Kafka is away
+
     def __init__(self, pipeline: Pipeline, conninfo: str) -> None:
         s = pipeline.settings
         self.p = pipeline
@@ -470,60 +481,6 @@ class _Stream:
         self.bytes_out += len(value) * partitions
 
 
-class _SubscriptionEventsStream(_Stream):
-    """Streams the rows of _walcast.events for one stream_id (its publication's row filter)
-    to the events topic: value = the payload exactly as stored, key = a payload field or
-    the subscription key, metadata as Kafka headers. Nothing else in the slot is sent."""
-
-    def handle(self, lsn: int, msg: pg.Decoded) -> None:
-        if isinstance(msg, pg.Insert):
-            rel = self.builder.relations.get(msg.relation_oid)
-            if rel is not None and (rel.schema, rel.table) == ("_walcast", "events"):
-                self.send_event(lsn, rel, msg.new)
-            return
-        if isinstance(msg, (pg.Update, pg.Delete, pg.Truncate, pg.Message)):
-            return  # only inserts are published; DDL and heartbeats are not ours to send
-        super().handle(lsn, msg)
-
-    def send_event(self, lsn: int, rel: pg.Relation, values: tuple[pg.Value, ...]) -> None:
-        row = {c.name: v for c, v in zip(rel.columns, values, strict=True)}
-        payload = row.get("payload")
-        if not isinstance(payload, str):
-            log.warning("event %s at %s has no payload; skipped", row.get("id"), pg.format_lsn(lsn))
-            return
-        headers: list[tuple[str, bytes]] = [
-            ("walcast-event-id", str(row.get("id")).encode()),
-            ("walcast-stream-id", str(row.get("stream_id")).encode()),
-            ("walcast-created-at", str(row.get("created_at")).encode()),
-            ("walcast-lsn", str(lsn).encode()),
-        ]
-        metadata = row.get("metadata")
-        if isinstance(metadata, str):
-            meta = orjson.loads(metadata)
-            if isinstance(meta, dict):
-                for k, v in meta.items():
-                    headers.append((str(k), v.encode() if isinstance(v, str) else orjson.dumps(v)))
-        value = payload.encode()
-        self.tracker.sent(self.seq)
-        self.sink.write(Outgoing(self.topic, self.event_key(payload), value, headers), self.seq)
-        self.op_counts["event"] = self.op_counts.get("event", 0) + 1
-        self.bytes_out += len(value)
-
-    def event_key(self, payload: str) -> bytes | None:
-        doc = orjson.loads(payload)
-        if not isinstance(doc, dict):
-            return None
-        field = self.p.settings.subscriptions.key_field
-        if field:
-            node: Any = doc
-            for part in field.split("."):
-                node = node.get(part) if isinstance(node, dict) else None
-            if node is not None:
-                return (node if isinstance(node, str) else orjson.dumps(node).decode()).encode()
-        name = doc.get("tg_name")
-        return name.encode() if isinstance(name, str) else None
-
-
 class Maintenance:
     """Creates and drops event partitions every ``maintenance_interval_s``, whether or not
     events flow (the reference design only maintained while events arrived)."""
@@ -601,7 +558,7 @@ class Pipeline:
         s = self.settings
         st = self.stream_cls(self, s.postgres.conninfo())
         try:
-            if self.target.topic_template is None:
+            if self.stream_cls.needs_kafka and self.target.topic_template is None:
                 st.ensure_topic(st.topic)  # fails fast on a missing topic
             if not st.leader.acquire(self.stop_event, s.replication.standby_poll_s, self.tick):
                 return
@@ -737,12 +694,13 @@ def build(settings: Pg2KafkaSettings) -> Service:
     pipeline = Pipeline(settings, Metrics(registry), stop_event, StreamTarget.cdc(settings))
     events: Pipeline | None = None
     if settings.subscriptions.enabled:
-        events = Pipeline(
+        from services.pg2kafka.subscriptions import SubscriptionPipeline
+
+        events = SubscriptionPipeline(
             settings,
             Metrics(registry, prefix="walcast_pg2kafka_subscription"),
             stop_event,
             StreamTarget.subscription_events(settings),
-            _SubscriptionEventsStream,
         )
     ops: OpsServer | None = None
     if settings.http.enabled:

@@ -59,6 +59,8 @@ class KafkaSink(Sink[Outgoing, int]):
         self._on_durable: Callable[[int], None] = lambda _seq: None
         self._failure: KafkaError | None = None
         self.waits = 0
+        self.outstanding = 0  # messages handed over, not yet reported delivered or failed
+        self.last_ack_at = time.monotonic()
 
     def set_listener(self, on_durable: Callable[[int], None]) -> None:
         self._on_durable = on_durable
@@ -76,10 +78,12 @@ class KafkaSink(Sink[Outgoing, int]):
 
         def delivered(err: KafkaError | None, _msg: object) -> None:
             self.inflight_bytes -= size
+            self.outstanding -= 1
             if err is not None:
                 if self._failure is None:
                     self._failure = err
                 return
+            self.last_ack_at = time.monotonic()
             self._on_durable(position)
 
         kwargs: dict[str, Any] = {"on_delivery": delivered}
@@ -90,6 +94,9 @@ class KafkaSink(Sink[Outgoing, int]):
         while True:
             try:
                 self.producer.produce(item.topic, item.value, item.key, **kwargs)
+                if self.outstanding == 0:
+                    self.last_ack_at = time.monotonic()  # the silence starts now
+                self.outstanding += 1
                 break
             except BufferError:
                 self.producer.poll(0.05)
@@ -117,6 +124,10 @@ class KafkaSink(Sink[Outgoing, int]):
     def close(self) -> None:
         # Unacknowledged messages are simply redelivered after restart: never confirmed.
         self.producer.flush(5)
+
+    def stalled_for(self) -> float:
+        """Seconds messages have been waiting without any acknowledgement (0 if none)."""
+        return time.monotonic() - self.last_ack_at if self.outstanding else 0.0
 
     def partitions(self, topic: str) -> int:
         md = self.producer.list_topics(topic, timeout=10)

@@ -154,6 +154,12 @@ class SubscriptionSettings(Section):
     premake_days: int = Field(default=7, ge=0, le=366)
     retention_days: int = Field(default=7, ge=1, le=3660)
     maintenance_interval_s: float = Field(default=3600.0, gt=0)
+    # Failover: no acknowledgement for this long with events waiting means Kafka is
+    # unavailable; events are then queued in the table (WAL released) and replayed once
+    # a probe every probe_interval_s finds Kafka again.
+    failover_after_s: float = Field(default=30.0, gt=0)
+    probe_interval_s: float = Field(default=5.0, gt=0)
+    replay_batch: int = Field(default=5000, ge=1)
 
     _names = field_validator("slot", "publication")(lambda v: plain_name(v))
 
