@@ -215,6 +215,13 @@ def _start_error(result: pq.abc.PGresult | None, slot: str) -> Exception:
             f"not allowed to stream: {message}",
             hint="grant the role REPLICATION (ALTER ROLE ... REPLICATION)",
         )
+    if sqlstate == "55000" and ("invalidated" in message or "can no longer get changes" in message):
+        return PermanentError(
+            message,
+            hint="the slot was invalidated (max_slot_wal_keep_size): changes after its last"
+            " position are gone from the WAL; recreate it (pg2kafka tear-down, init) and"
+            " resynchronise the consumers",
+        )
     if sqlstate == "55000":
         return PermanentError(message, hint="set wal_level = logical and restart Postgres")
     return RetriableError(f"START_REPLICATION failed ({sqlstate}): {message}")
