@@ -12,6 +12,8 @@ from confluent_kafka.admin import AdminClient
 from psycopg.types.json import Jsonb
 
 from services.pg2kafka import admin
+from services.pg2kafka.app import build
+from services.pg2kafka.subscriptions import SubscriptionPipeline
 from tests.integration.pg2kafka.conftest import HarnessFactory
 
 
@@ -113,3 +115,31 @@ def test_events_reach_their_topic_with_key_and_headers(
         topic = f"{unique_name}.events"
         if topic in client.list_topics(timeout=10).topics:
             client.delete_topics([topic])[topic].result(30)
+
+
+def test_a_second_failure_keeps_the_first_checkpoint(
+    make_harness: HarnessFactory, unique_name: str
+) -> None:
+    stream = 3 * 10**9 + random.randint(0, 10**8)
+    h = make_harness(
+        subscriptions={
+            "enabled": True,
+            "stream_id": stream,
+            "slot": f"{unique_name}_ev",
+            "publication": f"{unique_name}_ev",
+            "topic": f"{unique_name}.events",
+        },
+    )
+    try:
+        pipeline = build(h.settings).events
+        assert isinstance(pipeline, SubscriptionPipeline)
+        assert pipeline.checkpoint() is None
+        pipeline.set_checkpoint("first outage")
+        first = pipeline.checkpoint()
+        pipeline.set_checkpoint("second outage, during the replay")
+        assert pipeline.checkpoint() == first
+        assert first["reason"] == "first outage"
+        assert first["slot_lsn"]  # the slot position when the first failure happened
+    finally:
+        h.sql("DELETE FROM _walcast.streams WHERE id = %s", [stream])
+        admin.tear_down(h.settings)
