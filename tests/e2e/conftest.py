@@ -11,6 +11,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import psycopg
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
@@ -75,3 +76,14 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def confirmed(dsn: str, slot: str) -> int:
+    """The slot's confirmed_flush_lsn as an integer (0 if the slot is missing)."""
+    with psycopg.connect(dsn, autocommit=True) as c:
+        row = c.execute(
+            "SELECT confirmed_flush_lsn - '0/0'::pg_lsn FROM pg_replication_slots"
+            " WHERE slot_name = %s",
+            [slot],
+        ).fetchone()
+        return int(row[0]) if row else 0

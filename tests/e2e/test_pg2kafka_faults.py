@@ -19,7 +19,7 @@ from confluent_kafka.admin import AdminClient
 from services.pg2kafka import admin
 from services.pg2kafka.settings import Pg2KafkaSettings
 from shared.settings import load_settings
-from tests.e2e.conftest import REPO, Proc, free_port, wait_until
+from tests.e2e.conftest import REPO, Proc, confirmed, free_port, wait_until
 
 
 @pytest.fixture
@@ -62,16 +62,6 @@ def start(stream: Any, procs: list[Proc], tmp_path: Path, **extra: str) -> Proc:
     )
     procs.append(p)
     return p
-
-
-def confirmed(dsn: str, slot: str) -> int:
-    with psycopg.connect(dsn, autocommit=True) as c:
-        row = c.execute(
-            "SELECT confirmed_flush_lsn - '0/0'::pg_lsn FROM pg_replication_slots"
-            " WHERE slot_name = %s",
-            [slot],
-        ).fetchone()
-        return int(row[0]) if row else 0
 
 
 def current_lsn(dsn: str) -> int:

@@ -22,7 +22,7 @@ from psycopg.types.json import Jsonb
 from services.pg2kafka import admin
 from services.pg2kafka.settings import Pg2KafkaSettings
 from shared.settings import load_settings
-from tests.e2e.conftest import REPO, Proc, wait_until
+from tests.e2e.conftest import REPO, Proc, confirmed, wait_until
 
 WALCAST = str(REPO / "deploy/local/walcast")
 
@@ -124,16 +124,6 @@ def kafka(action: str) -> None:
         timeout=600,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
-
-
-def confirmed(dsn: str, slot: str) -> int:
-    with psycopg.connect(dsn, autocommit=True) as c:
-        row = c.execute(
-            "SELECT confirmed_flush_lsn - '0/0'::pg_lsn FROM pg_replication_slots"
-            " WHERE slot_name = %s",
-            [slot],
-        ).fetchone()
-        return int(row[0]) if row else 0
 
 
 def delivered(settings: Pg2KafkaSettings, want: int, timeout: float) -> list[dict[str, Any]]:
