@@ -262,8 +262,8 @@ def subscriptions_status(
         " WHERE i.inhparent = '_walcast.events'::regclass ORDER BY 1"
     ).fetchall()
     row = conn.execute(
-        "SELECT last_maintenance_at::text, next_maintenance_at::text, failover_checkpoint"
-        " FROM _walcast.streams WHERE id = %s",
+        "SELECT last_maintenance_at::text, next_maintenance_at::text, failover_checkpoint,"
+        " delivered_snapshot_at::text FROM _walcast.streams WHERE id = %s",
         [sub.stream_id],
     ).fetchone()
     return {
@@ -273,6 +273,8 @@ def subscriptions_status(
         "partitions": [p[0] for p in parts],
         "last_maintenance_at": row[0] if row else None,
         "next_maintenance_at": row[1] if row else None,
+        "failover_checkpoint": row[2] if row else None,
+        "delivered_snapshot_at": row[3] if row else None,
         "subscriptions": conn.execute(
             "SELECT count(*) FROM _walcast.subscriptions WHERE stream_id = %s", [sub.stream_id]
         ).fetchone()[0],  # type: ignore[index]

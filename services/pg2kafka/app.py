@@ -76,6 +76,11 @@ class Metrics:
             "times the stream switched to queueing because Kafka was unavailable",
             registry=registry,
         )
+        self.slot_recoveries = Counter(
+            f"{prefix}_slot_recoveries",
+            "invalidated slots recreated, undelivered events queued from the events table",
+            registry=registry,
+        )
         self.unconverted = Counter(
             f"{prefix}_unconverted_values",
             "column values sent as their text because conversion failed",
@@ -191,6 +196,18 @@ class Catalog:
             .fetchone()
         )
         return None if row is None else (int(str(row[0])), str(row[1]))
+
+    def snapshot_position(self) -> tuple[str, int]:
+        """A snapshot and a WAL insert position read after it: every transaction visible in
+        the snapshot wrote its commit record before that position."""
+        conn = self._conn()
+        snap = conn.execute("SELECT pg_catalog.pg_current_snapshot()::text").fetchone()
+        lsn = conn.execute(
+            "SELECT pg_catalog.pg_current_wal_insert_lsn() - '0/0'::pg_lsn"
+        ).fetchone()
+        assert snap is not None
+        assert lsn is not None
+        return str(snap[0]), int(str(lsn[0]))
 
     def execute(self, statement: str, params: list[object]) -> None:
         self._conn().execute(statement, params)

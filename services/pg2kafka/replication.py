@@ -23,6 +23,8 @@ import logging
 import select
 import struct
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import psycopg
 from psycopg import pq
@@ -195,6 +197,34 @@ class PostgresReplicationSource:
         return self.conn.pgconn
 
 
+@contextmanager
+def created_slot_snapshot(conninfo: str, slot: str) -> Iterator[tuple[str, str]]:
+    """Create logical slot ``slot`` (pgoutput) and yield (consistent point, exported
+    snapshot name). While the block runs the snapshot can be imported with ``SET
+    TRANSACTION SNAPSHOT``: a transaction visible in it is never streamed by the new slot,
+    one not visible in it always is, so the two together see every commit exactly once."""
+    with psycopg.connect(
+        conninfo,
+        replication="database",
+        autocommit=True,
+        application_name=replication_application_name(slot),
+    ) as conn:
+        result = conn.pgconn.exec_(
+            f"CREATE_REPLICATION_SLOT \"{slot}\" LOGICAL pgoutput (SNAPSHOT 'export')".encode()
+        )
+        if result.status != pq.ExecStatus.TUPLES_OK:
+            message = (result.error_message or b"").decode(errors="replace").strip()
+            raise RetriableError(f"could not create replication slot {slot!r}: {message}")
+        consistent_point = (result.get_value(0, 1) or b"").decode()
+        snapshot = (result.get_value(0, 2) or b"").decode()
+        yield consistent_point, snapshot
+
+
+class SlotInvalidatedError(PermanentError):
+    """The slot was invalidated (``max_slot_wal_keep_size``): the WAL after its position is
+    gone. Permanent for the CDC stream; the subscription stream recovers from its table."""
+
+
 def _quote_literal(value: str) -> str:
     return value.replace("'", "''")
 
@@ -215,9 +245,14 @@ def _start_error(result: pq.abc.PGresult | None, slot: str) -> Exception:
             f"not allowed to stream: {message}",
             hint="grant the role REPLICATION (ALTER ROLE ... REPLICATION)",
         )
-    if sqlstate == "55000" and ("invalidated" in message or "can no longer get changes" in message):
-        return PermanentError(
-            message,
+    detail = (result.error_field(pq.DiagnosticField.MESSAGE_DETAIL) or b"").decode()
+    if sqlstate == "55000" and any(
+        marker in text
+        for text in (message, detail)
+        for marker in ("invalidated", "can no longer get changes")
+    ):
+        return SlotInvalidatedError(
+            message if detail in message else f"{message} {detail}",
             hint="the slot was invalidated (max_slot_wal_keep_size): changes after its last"
             " position are gone from the WAL; recreate it (pg2kafka tear-down, init) and"
             " resynchronise the consumers",
@@ -239,4 +274,9 @@ def _stream_end(pgconn: pq.abc.PGconn, slot: str) -> Exception:
     return RetriableError("replication stream ended by the server")
 
 
-__all__ = ["PostgresReplicationSource", "format_lsn"]
+__all__ = [
+    "PostgresReplicationSource",
+    "SlotInvalidatedError",
+    "created_slot_snapshot",
+    "format_lsn",
+]

@@ -160,6 +160,10 @@ class SubscriptionSettings(Section):
     failover_after_s: float = Field(default=30.0, gt=0)
     probe_interval_s: float = Field(default=5.0, gt=0)
     replay_batch: int = Field(default=5000, ge=1)
+    # Invalidated-slot recovery: how often a delivered-snapshot candidate is taken. The
+    # stored snapshot trails delivery by about this much; after an invalidation, events
+    # delivered within that window are sent again (at least once), none is lost.
+    snapshot_interval_s: float = Field(default=5.0, gt=0)
 
     _names = field_validator("slot", "publication")(lambda v: plain_name(v))
 

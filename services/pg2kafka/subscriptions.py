@@ -16,6 +16,17 @@ States of one stream (``_walcast.streams`` row):
   checkpoint and the stream goes live again from the slot, which continues exactly after
   the last queued event.
 
+**Invalidated slot** (``max_slot_wal_keep_size``): the WAL after the slot's position is
+gone, so the table must say what is undelivered. While streaming (live or queueing), the
+stream stores a *delivered snapshot* once the slot's handled position passes it: every
+transaction visible in it was sent or queued. Recovery (under the leader lock, marked in
+the checkpoint so a crash midway redoes it) drops the slot, creates it again exporting a
+snapshot, and in that snapshot rebuilds the queue from the queued events plus every event
+whose ``xid`` the delivered snapshot does not see, in event id order; the new slot streams
+exactly what that snapshot does not see. Id order is commit order for events of one row:
+the generated triggers are deferred, so they draw ids while committing, and a second
+writer of the row waits on the first one's row lock until it committed.
+
 Delivery stays at least once: an event may be sent twice around a failover (same
 ``walcast-event-id`` header), never lost, and events keep commit order.
 """
@@ -24,16 +35,19 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import deque
 from typing import Any
 
 import orjson
 import psycopg
 from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient
+from psycopg import sql
 
 from services.pg2kafka import pgoutput as pg
-from services.pg2kafka.app import Pipeline, _Stream
+from services.pg2kafka.app import LeaderLock, Pipeline, _Stream
 from services.pg2kafka.kafka_sink import KafkaSink, Outgoing
+from services.pg2kafka.replication import SlotInvalidatedError, created_slot_snapshot
 from shared.errors import RetriableError
 
 log = logging.getLogger(__name__)
@@ -84,7 +98,59 @@ def _is_events(rel: pg.Relation | None) -> bool:
     return rel is not None and (rel.schema, rel.table) == ("_walcast", "events")
 
 
-class SubscriptionEventsStream(_Stream):
+class SnapshotWatermark:
+    """Delivered-snapshot candidates waiting for the handled position to pass them.
+
+    A candidate is (snapshot, lsn) with ``lsn`` read after the snapshot was taken, so every
+    transaction visible in the snapshot committed before ``lsn``. Once the slot's handled
+    (acknowledged or queued) position reaches ``lsn``, the snapshot is a delivered one.
+    Offers come in increasing lsn order. Past ``limit`` waiting candidates the newest is
+    replaced: the stored snapshot may then trail a little more, never run ahead.
+    """
+
+    def __init__(self, limit: int = 64) -> None:
+        self.candidates: deque[tuple[str, int]] = deque()
+        self.limit = limit
+
+    def offer(self, snapshot: str, lsn: int) -> None:
+        if len(self.candidates) >= self.limit:
+            self.candidates.pop()
+        self.candidates.append((snapshot, lsn))
+
+    def passed(self, handled_lsn: int) -> str | None:
+        """The newest candidate the handled position has passed (each is returned once)."""
+        newest = None
+        while self.candidates and self.candidates[0][1] <= handled_lsn:
+            newest = self.candidates.popleft()[0]
+        return newest
+
+
+class _EventsStream(_Stream):
+    """What both event sessions share: storing the delivered snapshot as the slot's handled
+    position passes it (see the module doc, *Invalidated slot*)."""
+
+    def __init__(self, pipeline: Pipeline, conninfo: str) -> None:
+        super().__init__(pipeline, conninfo)
+        self.watermark = SnapshotWatermark()
+        self.next_snapshot = 0.0
+
+    def housekeeping(self) -> None:
+        super().housekeeping()
+        sub = self.p.settings.subscriptions
+        now = time.monotonic()
+        if now >= self.next_snapshot:
+            self.next_snapshot = now + sub.snapshot_interval_s
+            self.watermark.offer(*self.catalog.snapshot_position())
+        delivered = self.watermark.passed(self.source.confirmed_lsn)
+        if delivered is not None:
+            self.catalog.execute(
+                "UPDATE _walcast.streams SET delivered_snapshot = %s::pg_snapshot,"
+                " delivered_snapshot_at = now() WHERE id = %s",
+                [delivered, sub.stream_id],
+            )
+
+
+class SubscriptionEventsStream(_EventsStream):
     """Live: event inserts of this stream to the events topic; nothing else is sent."""
 
     def handle(self, lsn: int, msg: pg.Decoded) -> None:
@@ -124,7 +190,7 @@ class SubscriptionEventsStream(_Stream):
             raise KafkaUnavailableError(f"no acknowledgement from Kafka for {stalled:.0f}s")
 
 
-class QueueStream(_Stream):
+class QueueStream(_EventsStream):
     """Failover: records the stream's events in _walcast.replay_queue in commit order and
     confirms the slot after each queued transaction; ends when Kafka answers again."""
 
@@ -227,18 +293,116 @@ class SubscriptionPipeline(Pipeline):
 
     def run_once(self) -> None:
         while not self.stop_event.is_set():
-            if self.checkpoint() is None and not self._live():
-                continue  # Kafka failed: the checkpoint is set now
-            if self.stop_event.is_set():
-                return
-            if not kafka_answers(self):
-                self.stream_cls = QueueStream
-                try:
-                    super().run_once()  # until Kafka answers (KafkaBackError) or stop
+            try:
+                checkpoint = self.checkpoint()
+                if isinstance(checkpoint, dict) and checkpoint.get("recovering"):
+                    self.recover_slot("a previous recovery did not finish")
+                    continue
+                if checkpoint is None and not self._live():
+                    continue  # Kafka failed: the checkpoint is set now
+                if self.stop_event.is_set():
                     return
-                except KafkaBackError:
-                    pass
-            self.replay()
+                if not kafka_answers(self):
+                    self.stream_cls = QueueStream
+                    try:
+                        super().run_once()  # until Kafka answers (KafkaBackError) or stop
+                        return
+                    except KafkaBackError:
+                        pass
+                self.replay()
+            except SlotInvalidatedError as exc:
+                self.recover_slot(str(exc))
+
+    def recover_slot(self, reason: str) -> None:
+        """Recreate an invalidated slot and queue every event it can no longer deliver.
+
+        Crash-safe: the checkpoint is marked ``recovering`` before the slot is dropped and
+        unmarked in the transaction that rebuilds the queue, so a recovery cut short is
+        redone from the start at the next attempt. Runs as the slot's leader.
+        """
+        sub = self.settings.subscriptions
+        conninfo = self.settings.postgres.conninfo()
+        slot = self.target.slot
+        lock = LeaderLock(conninfo, slot)
+        if not lock.acquire(self.stop_event, self.settings.replication.standby_poll_s, self.tick):
+            return
+        try:
+            with psycopg.connect(conninfo, autocommit=True) as conn:
+                state = conn.execute(
+                    "SELECT wal_status, active_pid FROM pg_catalog.pg_replication_slots"
+                    " WHERE slot_name = %s",
+                    [slot],
+                ).fetchone()
+                checkpoint = self.checkpoint()
+                pending = isinstance(checkpoint, dict) and checkpoint.get("recovering")
+                if not pending and state is not None and state[0] != "lost":
+                    return  # another pg2kafka recovered it meanwhile
+                if state is not None and state[1] is not None:
+                    raise RetriableError(f"slot {slot!r} is still streamed by pid {state[1]}")
+                log.warning(
+                    "subscription stream %s: slot %s unusable (%s); recreating it and"
+                    " queueing undelivered events from the events table",
+                    sub.stream_id,
+                    slot,
+                    reason,
+                )
+                conn.execute(
+                    "UPDATE _walcast.streams SET failover_checkpoint = coalesce("
+                    " failover_checkpoint, jsonb_build_object('at', now(), 'reason', %s::text))"
+                    " || '{\"recovering\": true}'::jsonb WHERE id = %s",
+                    [f"slot invalidated: {reason}", sub.stream_id],
+                )
+                if state is not None:
+                    conn.execute("SELECT pg_catalog.pg_drop_replication_slot(%s)", [slot])
+            with (
+                created_slot_snapshot(conninfo, slot) as (point, snapshot),
+                psycopg.connect(conninfo) as conn,
+            ):
+                conn.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
+                with conn.transaction():
+                    conn.execute(
+                        sql.SQL("SET TRANSACTION SNAPSHOT {}").format(sql.Literal(snapshot))
+                    )
+                    queued = self._rebuild_queue(conn, point)
+            self.metrics.slot_recoveries.inc()
+            log.warning(
+                "subscription stream %s: slot %s recreated at %s; %d events queued for replay",
+                sub.stream_id,
+                slot,
+                point,
+                queued,
+            )
+        finally:
+            lock.release()
+
+    def _rebuild_queue(self, conn: psycopg.Connection[Any], point: str) -> int:
+        """In the new slot's snapshot: the queue becomes the queued events plus every event
+        the delivered snapshot does not see, in id order; that snapshot is delivered now."""
+        stream = self.settings.subscriptions.stream_id
+        cur = conn.execute(
+            "WITH queued AS ("
+            "  DELETE FROM _walcast.replay_queue WHERE stream_id = %(s)s"
+            "  RETURNING event_created_at AS created_at, event_id AS id"
+            "), missed AS ("
+            "  SELECT e.created_at, e.id FROM _walcast.events e"
+            "  JOIN _walcast.streams st ON st.id = e.stream_id"
+            "  WHERE e.stream_id = %(s)s AND (st.delivered_snapshot IS NULL"
+            "    OR NOT pg_catalog.pg_visible_in_snapshot(e.xid, st.delivered_snapshot))"
+            ")"
+            " INSERT INTO _walcast.replay_queue (stream_id, event_created_at, event_id)"
+            " SELECT %(s)s, created_at, id FROM (SELECT * FROM queued UNION SELECT * FROM missed) u"
+            " ORDER BY id, created_at",
+            {"s": stream},
+        )
+        queued = cur.rowcount
+        conn.execute(
+            "UPDATE _walcast.streams SET failover_checkpoint = (failover_checkpoint - 'recovering')"
+            " || jsonb_build_object('slot_lsn', %s::text), replay_position = NULL,"
+            " delivered_snapshot = pg_catalog.pg_current_snapshot(), delivered_snapshot_at = now()"
+            " WHERE id = %s",
+            [point, stream],
+        )
+        return queued
 
     def _live(self) -> bool:
         """Stream live until stopped (True) or Kafka fails (checkpoint set, False)."""

@@ -284,3 +284,144 @@ def test_restart_during_replay_resumes_it(
     check_rows(events, rows, updates)
     wait_until(lambda: "replay done" in proc.log.read_text(errors="replace"), "done", 60)
     print(f"restart during replay: {left[0] if left else '?'} events were left in the queue")
+
+
+def invalidate_slots(dsn: str, slot: str) -> None:
+    """Make ``slot`` fall behind ``max_slot_wal_keep_size`` and be invalidated (every
+    inactive slot that lags as far goes with it), then restore the setting."""
+    with psycopg.connect(dsn, autocommit=True) as c:
+        c.execute("ALTER SYSTEM SET max_slot_wal_keep_size = '1MB'")
+        c.execute("SELECT pg_reload_conf()")
+        c.execute("CREATE TEMP TABLE wal_filler (x text)")
+        try:
+
+            def lost() -> bool:
+                c.execute(
+                    "INSERT INTO wal_filler SELECT repeat('x', 100) FROM generate_series(1, 20000)"
+                )
+                c.execute("SELECT pg_switch_wal()")
+                c.execute("CHECKPOINT")
+                row = c.execute(
+                    "SELECT wal_status FROM pg_replication_slots WHERE slot_name = %s", [slot]
+                ).fetchone()
+                return row is not None and row[0] == "lost"
+
+            wait_until(lost, f"slot {slot} to be invalidated", 60)
+        finally:
+            c.execute("ALTER SYSTEM RESET max_slot_wal_keep_size")
+            c.execute("SELECT pg_reload_conf()")
+
+
+def interleaved_updates(dsn: str, table: str, ids: list[int]) -> None:
+    """One version more for each row; the first session opens its transaction before the
+    second and commits after it, so insert order and commit order differ."""
+    with psycopg.connect(dsn) as a, psycopg.connect(dsn) as b:
+        for i in range(0, len(ids), 2):
+            a.execute(f"UPDATE {table} SET v = v + 1 WHERE id = %s", [ids[i]])
+            b.execute(f"UPDATE {table} SET v = v + 1 WHERE id = %s", [ids[i + 1]])
+            b.commit()
+            a.commit()
+
+
+def stream_event_ids(dsn: str, stream: int) -> set[bytes]:
+    with psycopg.connect(dsn, autocommit=True) as c:
+        rows = c.execute("SELECT id FROM _walcast.events WHERE stream_id = %s", [stream])
+        return {str(r[0]).encode() for r in rows}
+
+
+def test_invalidated_slot_is_recovered_from_the_events_table(
+    events_stream: Any, procs: list[Proc], tmp_path: Path
+) -> None:
+    es = events_stream
+    dsn, table, stream = es["dsn"], es["table"], es["stream"]
+    settings: Pg2KafkaSettings = es["settings"]
+    slot = settings.subscriptions.slot
+    rows = 100
+    ids = list(range(1, rows + 1))
+    with psycopg.connect(dsn, autocommit=True) as c:
+        c.execute(f"INSERT INTO {table} SELECT g, 0 FROM generate_series(1, %s::int) g", [rows])
+        c.execute(f"UPDATE {table} SET v = v + 1")
+    proc = start(es, procs, tmp_path)
+    phase1 = stream_event_ids(dsn, stream)
+    assert len(phase1) == 2 * rows
+
+    def snapshot_covers_phase1() -> bool:
+        with psycopg.connect(dsn, autocommit=True) as c:
+            row = c.execute(
+                "SELECT bool_and(pg_visible_in_snapshot(e.xid, s.delivered_snapshot))"
+                " FROM _walcast.events e JOIN _walcast.streams s ON s.id = e.stream_id"
+                " WHERE e.stream_id = %s",
+                [stream],
+            ).fetchone()
+            return bool(row and row[0])
+
+    wait_until(snapshot_covers_phase1, "a delivered snapshot covering the first events", 60)
+    assert admin.status(settings)["subscription_events"]["delivered_snapshot_at"] is not None
+    proc.stop()
+
+    # While pg2kafka is away: interleaved commits; then, after the invalidation, a manual
+    # event written by a transaction that stays open until the recovery has begun.
+    for _ in range(4):
+        interleaved_updates(dsn, table, ids)
+    invalidate_slots(dsn, slot)
+    # The CDC slot of this pg2kafka lagged as far: give it a new one (not under test).
+    with psycopg.connect(dsn, autocommit=True) as c:
+        c.execute("SELECT pg_drop_replication_slot(%s)", [settings.replication.slot])
+    admin.init(settings)
+    late = psycopg.connect(dsn)
+    try:
+        late.execute(
+            "INSERT INTO _walcast.events (payload, stream_id) VALUES (%s, %s)",
+            [Jsonb({"manual": "late"}), stream],
+        )
+        proc = start(es, procs, tmp_path)
+        wait_until(lambda: "unusable" in proc.log.read_text(errors="replace"), "recovery", 60)
+        late.commit()  # creating the new slot waits for this transaction
+    finally:
+        late.close()
+    wait_until(lambda: "recreated" in proc.log.read_text(errors="replace"), "new slot", 60)
+    # Live again on the new slot.
+    interleaved_updates(dsn, table, ids)
+    everything = stream_event_ids(dsn, stream)
+    assert len(everything) == 2 * rows + 5 * rows + 1
+    events = delivered(settings, len(everything), 180)
+    assert {e["id"] for e in events} == everything
+    changes = [e for e in events if "new" in e]
+    check_rows(changes, rows, 6)
+    resent = [e["id"] for e in events].count
+    assert all(resent(i) == 1 for i in phase1), "events behind the delivered snapshot resent"
+    wait_until(lambda: "replay done" in proc.log.read_text(errors="replace"), "replay done", 60)
+    with psycopg.connect(dsn, autocommit=True) as c:
+        state = c.execute(
+            "SELECT wal_status FROM pg_replication_slots WHERE slot_name = %s", [slot]
+        ).fetchone()
+        checkpoint = c.execute(
+            "SELECT failover_checkpoint FROM _walcast.streams WHERE id = %s", [stream]
+        ).fetchone()
+    assert state is not None
+    assert state[0] != "lost"
+    assert checkpoint == (None,)
+
+
+def test_recovery_cut_short_is_redone(
+    events_stream: Any, procs: list[Proc], tmp_path: Path
+) -> None:
+    """A crash after the old slot was dropped, before the queue was rebuilt: the mark in
+    the checkpoint makes the next start redo the recovery, so nothing is lost."""
+    es = events_stream
+    dsn, table, stream = es["dsn"], es["table"], es["stream"]
+    settings: Pg2KafkaSettings = es["settings"]
+    rows = 50
+    with psycopg.connect(dsn, autocommit=True) as c:
+        c.execute(f"INSERT INTO {table} SELECT g, 0 FROM generate_series(1, %s::int) g", [rows])
+        c.execute(
+            "UPDATE _walcast.streams SET failover_checkpoint ="
+            ' \'{"reason": "test", "recovering": true}\' WHERE id = %s',
+            [stream],
+        )
+        c.execute("SELECT pg_drop_replication_slot(%s)", [settings.subscriptions.slot])
+        c.execute(f"UPDATE {table} SET v = v + 1")
+    proc = start(es, procs, tmp_path)
+    events = delivered(settings, 2 * rows, 120)
+    check_rows([e for e in events if "new" in e], rows, 1)
+    wait_until(lambda: "replay done" in proc.log.read_text(errors="replace"), "replay done", 60)
