@@ -118,6 +118,35 @@ def _pg_connection_verdict(exc: BaseException) -> Verdict | None:
     return Verdict.RETRIABLE
 
 
+def http_status_verdict(status: int) -> Verdict:
+    """An HTTP answer from a search engine, for a whole request or one bulk item: too many
+    requests and server-side failures pass; any other 4xx will not change by waiting."""
+    if status == 429 or status >= 500:
+        return Verdict.RETRIABLE
+    return Verdict.PERMANENT
+
+
+_SEARCH_CLIENT_MODULES = ("elasticsearch", "opensearchpy", "elastic_transport")
+_HTTP_HINTS = {
+    401: "check the search engine credentials (username / password or API key)",
+    403: "grant the search engine user the index privileges walcast needs",
+}
+
+
+def _search_client_verdict(exc: BaseException) -> Verdict | None:
+    """opensearch-py and elasticsearch-py errors, duck-typed (the shared package does not
+    import either client): a connection failure has no integer status and passes."""
+    if not type(exc).__module__.startswith(_SEARCH_CLIENT_MODULES):
+        return None
+    status = getattr(exc, "status_code", None)
+    if isinstance(status, int):
+        return http_status_verdict(status)
+    name = type(exc).__name__
+    if "Connection" in name or "Timeout" in name:
+        return Verdict.RETRIABLE
+    return None
+
+
 def operator_hint(exc: BaseException) -> str:
     """What the operator should change for a permanent failure, when we can tell."""
     seen: set[int] = set()
@@ -126,6 +155,9 @@ def operator_hint(exc: BaseException) -> str:
         seen.add(id(current))
         if isinstance(current, PermanentError) and current.hint:
             return current.hint
+        status = getattr(current, "status_code", None)
+        if isinstance(status, int) and status in _HTTP_HINTS:
+            return _HTTP_HINTS[status]
         text = str(current)
         for marker, hint in _PG_CONNECT_PERMANENT.items():
             if marker in text:
@@ -147,6 +179,9 @@ def _one(exc: BaseException) -> Verdict | None:
         return verdict
     if type(exc).__name__ == "KafkaException":
         return _kafka_verdict(exc)
+    verdict = _search_client_verdict(exc)
+    if verdict is not None:
+        return verdict
     if isinstance(exc, (ConnectionError, TimeoutError)):
         return Verdict.RETRIABLE
     if isinstance(exc, OSError):

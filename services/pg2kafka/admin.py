@@ -15,10 +15,10 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from services.pg2kafka.kafka_sink import ensure_topic
 from services.pg2kafka.migrations import migrate
 from services.pg2kafka.settings import Pg2KafkaSettings
 from shared.errors import PermanentError
+from shared.kafka import ensure_topic
 
 log = logging.getLogger(__name__)
 

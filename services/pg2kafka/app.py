@@ -32,7 +32,6 @@ from services.pg2kafka import pgoutput as pg
 from services.pg2kafka.admin import maintain_partitions
 from services.pg2kafka.changes import AckTracker, EventBuilder
 from services.pg2kafka.filters import TableFilter
-from services.pg2kafka.kafka_sink import KafkaSink, Outgoing, ensure_topic
 from services.pg2kafka.replication import (
     PostgresReplicationSource,
     replication_application_name,
@@ -42,6 +41,7 @@ from services.pg2kafka.types import TypeInfo, TypeRegistry
 from shared.errors import PermanentError, RetriableError
 from shared.events import Event, JsonEventSerializer
 from shared.http import OpsServer
+from shared.kafka import KafkaSink, Outgoing, ensure_topic
 from shared.retry import call_with_retry
 
 log = logging.getLogger(__name__)

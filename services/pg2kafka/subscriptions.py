@@ -46,9 +46,9 @@ from psycopg import sql
 
 from services.pg2kafka import pgoutput as pg
 from services.pg2kafka.app import LeaderLock, Pipeline, _Stream
-from services.pg2kafka.kafka_sink import KafkaSink, Outgoing
 from services.pg2kafka.replication import SlotInvalidatedError, created_slot_snapshot
 from shared.errors import RetriableError
+from shared.kafka import KafkaSink, Outgoing
 
 log = logging.getLogger(__name__)
 

@@ -18,8 +18,8 @@ from confluent_kafka.admin import AdminClient
 
 from services.pg2kafka import admin
 from services.pg2kafka.app import build
-from services.pg2kafka.kafka_sink import ensure_topic
 from shared.errors import PermanentError
+from shared.kafka import ensure_topic
 from tests.integration.pg2kafka.conftest import (
     Harness,
     HarnessFactory,

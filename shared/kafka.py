@@ -1,15 +1,17 @@
-"""Kafka producer side of pg2kafka: idempotent, acks=all, memory-guarded.
+"""The Kafka producer every walcast service writes with: idempotent, acks=all,
+memory-guarded (pg2kafka's change and event topics, the consumers' dead-letter topics).
 
 :class:`KafkaSink` implements :class:`shared.interfaces.Sink` with item = an outgoing
 message and position = the transaction sequence number it belongs to. ``on_durable(seq)``
 runs once per message after Kafka acknowledged it (from inside ``poll``, on the caller's
 thread). A delivery failure (librdkafka gave up after ``delivery_timeout_ms``) is kept and
-raised from the next ``write`` / ``poll`` / ``flush``: the pipeline stops before it could
-confirm anything past the lost message, and restarts from the slot's confirmed LSN.
+raised from the next ``write`` / ``poll`` / ``flush``: the caller stops before it could
+checkpoint anything past the lost message (pg2kafka: the slot's confirmed LSN; consumers:
+their committed offsets), and the restart sends it again.
 
 Memory guard: ``inflight_bytes`` counts key + value bytes handed to the producer and not
 yet acknowledged. ``write`` blocks while the budget is used up, calling ``while_waiting``
-(the pipeline sends standby status updates there, so Postgres keeps the connection).
+(pg2kafka sends standby status updates there, so Postgres keeps the connection).
 """
 
 from __future__ import annotations

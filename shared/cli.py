@@ -1,0 +1,72 @@
+"""What every service's command line does around its commands: load and validate the
+settings (exit 2 on a bad one), set up logging with secrets masked, and turn a permanent
+failure into one line saying what to fix (exit 1). A retriable failure that escapes a
+command is a bug and keeps its traceback."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import TypeVar
+
+from pydantic import BaseModel, SecretStr
+
+from shared.errors import RetriesExhaustedError, Verdict, WalcastError, classify, operator_hint
+from shared.logs import configure_logging, register_secret
+from shared.settings import ServiceSettings, load_settings
+
+S = TypeVar("S", bound=ServiceSettings)
+
+
+def base_parser(prog: str, description: str) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog=prog, description=description)
+    parser.add_argument("--config", type=Path, help="YAML settings file")
+    parser.add_argument("--env-file", type=Path, help="dotenv file (the local stack writes one)")
+    return parser
+
+
+def secrets_of(settings: ServiceSettings) -> Iterable[str]:
+    """Every SecretStr value anywhere in the settings, for the log masking."""
+
+    def walk(value: object) -> Iterable[str]:
+        if isinstance(value, SecretStr):
+            yield value.get_secret_value()
+        elif isinstance(value, BaseModel):
+            for name in type(value).model_fields:
+                yield from walk(getattr(value, name))
+        elif isinstance(value, dict):
+            for v in value.values():
+                yield from walk(v)
+
+    yield from walk(settings)
+
+
+def run_command(
+    prog: str,
+    settings_cls: type[S],
+    args: argparse.Namespace,
+    command: Callable[[S], int | None],
+) -> int:
+    """Load settings for ``args`` and run ``command`` with them; return the exit code."""
+    try:
+        settings = load_settings(settings_cls, config_file=args.config, env_file=args.env_file)
+    except WalcastError as exc:
+        print(f"{prog}: {exc}", file=sys.stderr)
+        return 2
+    configure_logging(settings.log.level, settings.log.format)
+    for secret in secrets_of(settings):
+        register_secret(secret)
+    log = logging.getLogger(prog)
+    try:
+        return command(settings) or 0
+    except Exception as exc:
+        if classify(exc) is not Verdict.PERMANENT and not isinstance(exc, RetriesExhaustedError):
+            raise
+        hint = operator_hint(exc)
+        message = str(exc) if not hint or hint in str(exc) else f"{exc} — {hint}"
+        log.error("stopping: %s", message)
+        print(f"{prog}: {message}", file=sys.stderr)
+        return 1
