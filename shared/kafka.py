@@ -16,17 +16,20 @@ yet acknowledged. ``write`` blocks while the budget is used up, calling ``while_
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from confluent_kafka import KafkaError, KafkaException, Producer
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 from confluent_kafka.cimpl import NewTopic
 
 from shared.errors import PermanentError, RetriableError
-from shared.interfaces import Sink
+from shared.interfaces import Checkpointer, Sink
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -171,3 +174,50 @@ def ensure_topic(
             raise
         return False
     return True
+
+
+TopicPartitionKey = tuple[str, int]
+
+
+class KafkaOffsetCheckpointer(Checkpointer[dict[TopicPartitionKey, int]]):
+    """Commits a consumer group's offsets: position = {(topic, partition): last offset
+    processed}; the group stores offset + 1, the next record to read.
+
+    Called only after the sink write covering those records succeeded (checkpoint last).
+    A commit for a partition this member no longer owns (a rebalance happened) fails on
+    the broker; that is harmless — the new owner re-reads from the previous commit, and
+    the sinks are idempotent — so it is logged, not raised.
+    """
+
+    def __init__(self, consumer: Consumer) -> None:
+        self.consumer = consumer
+        self._committed: dict[TopicPartitionKey, int] = {}
+
+    def commit(self, position: dict[TopicPartitionKey, int]) -> None:
+        if not position:
+            return
+        offsets = [TopicPartition(t, p, o + 1) for (t, p), o in position.items()]
+        try:
+            result = self.consumer.commit(offsets=offsets, asynchronous=False)
+        except KafkaException as exc:
+            err = exc.args[0]
+            if err.code() in _REBALANCE_CODES:
+                log.warning("offset commit refused during a rebalance: %s", err.str())
+                return
+            raise
+        for tp in result or []:
+            if tp.error is not None:
+                log.warning("offset commit for %s[%d] failed: %s", tp.topic, tp.partition, tp.error)
+            else:
+                self._committed[(tp.topic, tp.partition)] = tp.offset - 1
+
+    def committed(self) -> dict[TopicPartitionKey, int] | None:
+        return dict(self._committed) or None
+
+
+_REBALANCE_CODES = (
+    KafkaError.REBALANCE_IN_PROGRESS,
+    KafkaError.ILLEGAL_GENERATION,
+    KafkaError.UNKNOWN_MEMBER_ID,
+    KafkaError._NO_OFFSET,
+)

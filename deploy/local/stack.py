@@ -761,6 +761,7 @@ class Kafka(Component):
         return {
             "WALCAST_KAFKA_BOOTSTRAP": f"{HOST}:{KAFKA_PORT}",
             "PG2KAFKA_KAFKA__BOOTSTRAP_SERVERS": f"{HOST}:{KAFKA_PORT}",
+            "KAFKA2SEARCH_KAFKA__BOOTSTRAP_SERVERS": f"{HOST}:{KAFKA_PORT}",
         }
 
 
@@ -830,7 +831,13 @@ class SearchEngine(Component):
         return status in ("green", "yellow"), f"{self.name} {version}, cluster {status}"
 
     def env(self) -> dict[str, str]:
-        return {self.env_key: f"http://{HOST}:{self.port}"}
+        url = f"http://{HOST}:{self.port}"
+        env = {self.env_key: url}
+        if isinstance(self, OpenSearch):
+            # kafka2search's default engine in the local stack (Elasticsearch: set
+            # KAFKA2SEARCH_ENGINE__KIND and __URLS, see README).
+            env["KAFKA2SEARCH_ENGINE__URLS"] = f'["{url}"]'
+        return env
 
 
 class OpenSearch(SearchEngine):

@@ -11,7 +11,7 @@ import pytest
 
 from services.pg2kafka import admin
 from services.pg2kafka.migrations import available
-from tests.integration.pg2kafka.conftest import Harness, HarnessFactory, data
+from tests.integration.conftest import Harness, HarnessFactory, data
 
 SCHEMA = json.loads(
     (Path(__file__).resolve().parents[3] / "shared/schemas/change_event.v1.json").read_text()

@@ -20,7 +20,7 @@ from services.pg2kafka import admin
 from services.pg2kafka.app import build
 from shared.errors import PermanentError
 from shared.kafka import ensure_topic
-from tests.integration.pg2kafka.conftest import (
+from tests.integration.conftest import (
     Harness,
     HarnessFactory,
     data,

@@ -14,7 +14,7 @@ from psycopg.types.json import Jsonb
 from services.pg2kafka import admin
 from services.pg2kafka.app import build
 from services.pg2kafka.subscriptions import SubscriptionPipeline
-from tests.integration.pg2kafka.conftest import HarnessFactory
+from tests.integration.conftest import HarnessFactory
 
 
 def test_events_reach_their_topic_with_key_and_headers(

@@ -1,0 +1,71 @@
+"""kafka2search command line: ``run``, ``status``, ``replay``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from datetime import datetime
+
+from services.kafka2search import admin
+from services.kafka2search.app import build
+from services.kafka2search.settings import Kafka2SearchSettings
+from shared.cli import base_parser, run_command
+
+log = logging.getLogger("kafka2search")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = base_parser("kafka2search", "change events from Kafka into OpenSearch / Elasticsearch")
+    sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("run", help="consume the CDC topic(s) and index them")
+    st = sub.add_parser("status", help="lag per partition, documents per index, dead letters")
+    st.add_argument("--json", action="store_true")
+    rp = sub.add_parser("replay", help="re-read from an offset or a time into the same indices")
+    start = rp.add_mutually_exclusive_group(required=True)
+    start.add_argument("--from-offset", type=int, help="offset to start at, in every partition")
+    start.add_argument(
+        "--from-timestamp",
+        type=datetime.fromisoformat,
+        help="ISO-8601 time (with offset, e.g. 2026-11-22T10:00:00+00:00)",
+    )
+    rp.add_argument("--partition", type=int, action="append", help="only these partitions")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+
+    def command(settings: Kafka2SearchSettings) -> None:
+        if args.command == "status":
+            info = admin.status(settings)
+            if args.json:
+                print(json.dumps(info, indent=2))
+                return
+            print(f"group {info['group']} ({info['engine']}), total lag {info['total_lag']}")
+            for p in info["lag"]:
+                print(f"  {p['topic']}[{p['partition']}]  committed {p['committed']}"
+                      f"  end {p['end']}  lag {p['lag']}")  # fmt: skip
+            for i in info["indices"]:
+                print(f"  {i['alias']} -> {i['index']}: {i['documents']} documents")
+            print(f"dead letters: {info['dead_letters']}")
+        elif args.command == "replay":
+            n = admin.replay(
+                settings,
+                from_offset=args.from_offset,
+                from_timestamp=args.from_timestamp,
+                partitions=args.partition,
+            )
+            print(f"replayed {n} records")
+        else:
+            log.info("starting", extra={"config": settings.effective()})
+            service = build(settings)
+            service.install_signal_handlers()
+            service.run()
+
+    return run_command("kafka2search", Kafka2SearchSettings, args, command)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,233 @@
+"""The search engine adapters: :class:`OpenSearchEngine` (opensearch-py) and
+:class:`ElasticsearchEngine` (elasticsearch-py, major version matching the server).
+
+Both speak the same REST API for what walcast needs, so one :class:`SearchEngine` sends
+the requests through the client's transport (connection pool, TLS, auth, sniffing come
+from the client) and the subclasses only build their client. The clients' own retries
+are off: retries wrap this adapter (``shared.retry``), and ``shared.errors.classify``
+decides what is worth retrying (429, 5xx, connection errors).
+"""
+
+from __future__ import annotations
+
+import base64
+from typing import Any
+
+import orjson
+
+from services.kafka2search.settings import EngineSettings, IndexSettings
+from shared.errors import PermanentError
+
+
+class SearchEngine:
+    """REST calls against one engine. Every method raises the client's exception on an
+    HTTP error (classified by ``shared.errors.classify``), except where noted."""
+
+    name = "search engine"
+
+    def __init__(self, client: Any) -> None:
+        self.client = client
+
+    def request(
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        params: dict[str, Any] | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> Any:
+        return self.client.transport.perform_request(
+            method, path, params=params or None, body=body, headers=headers
+        )
+
+    # -- documents ---------------------------------------------------------------------
+
+    def bulk(self, ndjson: bytes) -> list[dict[str, Any]]:
+        """Send a bulk body; returns one result per action, in order (``status``, and
+        ``error`` for a failed one). A failed item does not fail the request."""
+        answer = self.request(
+            "POST", "/_bulk", body=ndjson, headers={"content-type": "application/x-ndjson"}
+        )
+        items = answer.get("items", [])
+        return [next(iter(item.values())) for item in items]
+
+    def mget(self, index: str, ids: list[str]) -> dict[str, dict[str, Any]]:
+        """Stored ``_source`` of the documents that exist, by id."""
+        answer = self.request("POST", f"/{index}/_mget", body={"ids": ids})
+        return {d["_id"]: d.get("_source", {}) for d in answer.get("docs", []) if d.get("found")}
+
+    def count(self, index: str) -> int:
+        return int(self.request("GET", f"/{index}/_count")["count"])
+
+    def refresh(self, index: str) -> None:
+        self.request("POST", f"/{index}/_refresh")
+
+    def delete_all(self, index: str) -> int:
+        """Remove every document (a truncate); waits until done."""
+        answer = self.request(
+            "POST",
+            f"/{index}/_delete_by_query",
+            body={"query": {"match_all": {}}},
+            params={"conflicts": "proceed", "refresh": "true", "wait_for_completion": "true"},
+        )
+        return int(answer.get("deleted", 0))
+
+    def update_all(self, index: str, field: str, script: str, params: dict[str, Any]) -> int:
+        """Run a painless ``script`` on every document that has ``field``; waits until done.
+        Documents changed meanwhile are skipped (their newer write already has the new
+        shape)."""
+        answer = self.request(
+            "POST",
+            f"/{index}/_update_by_query",
+            body={
+                "query": {"exists": {"field": field}},
+                "script": {"lang": "painless", "source": script, "params": params},
+            },
+            params={"conflicts": "proceed", "refresh": "true", "wait_for_completion": "true"},
+        )
+        return int(answer.get("updated", 0))
+
+    # -- indices -----------------------------------------------------------------------
+
+    def resolve_alias(self, alias: str) -> str | None:
+        """The index behind ``alias`` (None when the alias does not exist)."""
+        return next(iter(self.aliases(alias).values()), None)
+
+    def exists(self, path: str) -> bool:
+        try:
+            self.request("HEAD", path)
+        except Exception as exc:
+            if getattr(exc, "status_code", None) == 404:
+                return False
+            raise
+        return True
+
+    def create_index(
+        self,
+        index: str,
+        alias: str,
+        settings: IndexSettings,
+        properties: dict[str, Any],
+        meta: dict[str, Any],
+    ) -> bool:
+        """Create ``index`` behind ``alias``; False when it already existed (a concurrent
+        instance created it first)."""
+        body = {
+            "settings": {
+                "number_of_shards": settings.shards,
+                "number_of_replicas": settings.replicas,
+                "refresh_interval": settings.refresh_interval,
+                "gc_deletes": settings.gc_deletes,
+            },
+            "mappings": {"dynamic": False, "_meta": meta, "properties": properties},
+            "aliases": {alias: {"is_write_index": True}},
+        }
+        try:
+            self.request("PUT", f"/{index}", body=body)
+        except Exception as exc:
+            if getattr(exc, "status_code", None) == 400 and "already_exists" in str(exc):
+                return False
+            raise
+        return True
+
+    def mapping(self, index: str) -> tuple[dict[str, Any], dict[str, Any]]:
+        """(properties, _meta) of ``index``."""
+        answer = self.request("GET", f"/{index}/_mapping")
+        mappings = next(iter(answer.values()))["mappings"]
+        return mappings.get("properties", {}), mappings.get("_meta", {})
+
+    def put_mapping(
+        self, index: str, properties: dict[str, Any], meta: dict[str, Any] | None = None
+    ) -> None:
+        body: dict[str, Any] = {"properties": properties}
+        if meta is not None:
+            body["_meta"] = meta
+        self.request("PUT", f"/{index}/_mapping", body=body)
+
+    def delete_index(self, index: str) -> None:
+        self.request("DELETE", f"/{index}", params={"ignore_unavailable": "true"})
+
+    def aliases(self, pattern: str) -> dict[str, str]:
+        """alias -> index for aliases matching ``pattern`` (wildcards allowed)."""
+        try:
+            answer = self.request("GET", f"/_alias/{pattern}")
+        except Exception as exc:
+            if getattr(exc, "status_code", None) == 404:
+                return {}
+            raise
+        return {a: index for index, v in answer.items() for a in v.get("aliases", {})}
+
+    def ping(self) -> bool:
+        try:
+            self.request("GET", "/")
+        except Exception:  # noqa: BLE001 - readiness answers yes or no
+            return False
+        return True
+
+    def close(self) -> None:
+        self.client.close()
+
+
+def _client_options(s: EngineSettings) -> dict[str, Any]:
+    opts: dict[str, Any] = {
+        "hosts": list(s.urls),
+        "timeout": s.request_timeout_s,
+        "max_retries": 0,
+        "retry_on_timeout": False,
+    }
+    if any(u.startswith("https://") for u in s.urls):
+        opts["use_ssl"] = True
+        opts["verify_certs"] = s.verify_certs
+        if s.ca_certs is not None:
+            opts["ca_certs"] = str(s.ca_certs)
+        if s.client_cert is not None:
+            opts["client_cert"] = str(s.client_cert)
+        if s.client_key is not None:
+            opts["client_key"] = str(s.client_key)
+        if not s.verify_certs:
+            opts["ssl_show_warn"] = False
+    if s.username is not None and s.password is not None:
+        opts["http_auth"] = (s.username, s.password.get_secret_value())
+    return opts
+
+
+class OpenSearchEngine(SearchEngine):
+    name = "OpenSearch"
+
+    def __init__(self, settings: EngineSettings) -> None:
+        from opensearchpy import OpenSearch
+
+        super().__init__(OpenSearch(**_client_options(settings)))
+
+
+class ElasticsearchEngine(SearchEngine):
+    name = "Elasticsearch"
+
+    def __init__(self, settings: EngineSettings) -> None:
+        from elasticsearch import Elasticsearch
+
+        opts = _client_options(settings)
+        if settings.api_key is not None:
+            opts["api_key"] = api_key_header_value(settings.api_key.get_secret_value())
+        super().__init__(Elasticsearch(**opts))
+
+
+def api_key_header_value(api_key: str) -> str:
+    """Accept "id:key" or the already-encoded form; return the encoded form."""
+    if ":" in api_key:
+        return base64.b64encode(api_key.encode()).decode()
+    return api_key
+
+
+def engine_for(settings: EngineSettings) -> SearchEngine:
+    if settings.kind == "opensearch":
+        return OpenSearchEngine(settings)
+    if settings.kind == "elasticsearch":
+        return ElasticsearchEngine(settings)
+    raise PermanentError(
+        f"unknown engine kind {settings.kind!r}", hint="opensearch or elasticsearch"
+    )
+
+
+def dumps(value: Any) -> bytes:
+    return orjson.dumps(value)
