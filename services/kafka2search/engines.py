@@ -149,13 +149,8 @@ class SearchEngine:
 
     def aliases(self, pattern: str) -> dict[str, str]:
         """alias -> index for aliases matching ``pattern`` (wildcards allowed)."""
-        try:
-            answer = self.request("GET", f"/_alias/{pattern}")
-        except Exception as exc:
-            if getattr(exc, "status_code", None) == 404:
-                return {}
-            raise
-        return {a: index for index, v in answer.items() for a in v.get("aliases", {})}
+        rows = self.request("GET", f"/_cat/aliases/{pattern}", params={"format": "json"})
+        return {row["alias"]: row["index"] for row in rows}
 
     def ping(self) -> bool:
         try:

@@ -7,6 +7,9 @@ import random
 import string
 from typing import Any
 
+import orjson
+from confluent_kafka import Producer
+
 from tests.integration.conftest import HarnessFactory
 from tests.integration.kafka2search.conftest import IndexerFactory
 
@@ -50,3 +53,133 @@ def test_the_index_equals_the_table_after_a_mixed_workload(
     assert ix.docs(table)["3"]["big"] == want["3"]["big"]  # kept through a TOAST-less update
     toast = [e for e in h.table_events(table) if e.get("unchanged_toast")]
     assert toast, "the workload should have produced updates with unchanged TOAST columns"
+
+
+def mapping_of(ix: Any, table: str) -> dict[str, Any]:
+    alias = ix.alias(table)
+    if ix.es.resolve_alias(alias) is None:
+        return {}
+    props, _meta = ix.es.mapping(alias)
+    return dict(props)
+
+
+def test_ddl_and_truncate_follow_the_table(
+    make_harness: HarnessFactory, make_indexer: IndexerFactory
+) -> None:
+    h = make_harness()
+    t = f"ddl_{h.settings.replication.slot[-8:]}"
+    h.sql(f"CREATE TABLE {t} (id int PRIMARY KEY, a text)")
+    h.start()
+    ix = make_indexer(h.settings.producer.topic, index={"on_drop_table": "delete"}).start()
+    h.sql(f"INSERT INTO {t} SELECT g, 'a' || g FROM generate_series(1, 50) g")
+
+    def rows(table: str) -> dict[str, Any]:
+        """NULL and absent are the same to a search engine: a column added without a
+        default is absent from documents written before it."""
+        return {
+            str(r[0]): r[1]
+            for r in h.sql(f"SELECT id, jsonb_strip_nulls(to_jsonb(x)) FROM {table} x")
+        }
+
+    def docs(table: str) -> dict[str, Any]:
+        return {i: {k: v for k, v in d.items() if v is not None} for i, d in ix.docs(table).items()}
+
+    ix.wait(lambda: docs(t) == rows(t), "the first rows")
+    # A new column is mapped (with its Postgres type) before any data carries it.
+    h.sql(f"ALTER TABLE {t} ADD COLUMN c int")
+    ix.wait(lambda: mapping_of(ix, t).get("c", {}).get("type") == "integer", "c mapped")
+    h.sql(f"UPDATE {t} SET c = id * 2 WHERE id <= 20")
+    ix.wait(lambda: docs(t) == rows(t), "c filled")
+    # Renaming keeps the data of rows the rename did not touch.
+    h.sql(f"ALTER TABLE {t} RENAME COLUMN a TO b")
+    ix.wait(lambda: docs(t) == rows(t), "a renamed to b in every document")
+    assert mapping_of(ix, t)["b"]["type"] == "text"
+    h.sql(f"ALTER TABLE {t} DROP COLUMN c")
+    ix.wait(lambda: docs(t) == rows(t), "c gone from every document")
+    assert not any("c" in d for d in ix.docs(t).values())
+    # A second table: its index appears; dropping the table deletes it (on_drop_table).
+    t2 = f"{t}_two"
+    h.sql(f"CREATE TABLE {t2} (k text, n int, PRIMARY KEY (k, n))")
+    h.sql(f"INSERT INTO {t2} VALUES ('x,y', 1), ('x', 2)")
+    ix.wait(lambda: set(ix.docs(t2)) == {'["x,y",1]', '["x",2]'}, "composite ids")
+    h.sql(f"DROP TABLE {t2}")
+    ix.wait(lambda: ix.es.resolve_alias(ix.alias(t2)) is None, "the dropped table's index gone")
+    # Truncate empties the index; later rows come back, earlier ones never do.
+    h.sql(f"TRUNCATE {t}")
+    h.sql(f"INSERT INTO {t} (id, b) VALUES (1000, 'after')")
+    ix.wait(lambda: docs(t) == rows(t), "only the rows after the truncate")
+    assert set(ix.docs(t)) == {"1000"}
+
+
+def test_poison_and_refused_documents_go_to_the_dead_letter_topic(
+    make_harness: HarnessFactory, make_indexer: IndexerFactory
+) -> None:
+    h = make_harness()
+    t = f"dlq_{h.settings.replication.slot[-8:]}"
+    h.sql(f"CREATE TABLE {t} (id int PRIMARY KEY, n int)")
+    h.start()
+    ix = make_indexer(h.settings.producer.topic).start()
+    h.sql(f"INSERT INTO {t} VALUES (1, 1)")
+    ix.wait(lambda: set(ix.docs(t)) == {"1"}, "the first row")
+    bad_value = {"v": 1, "op": "insert", "db": "walcast", "schema": "public", "table": t,
+                 "lsn": 1, "key": {"id": 2}, "new": {"id": 2, "n": "not a number"},
+                 "types": {"id": "int4", "n": "int4"}}  # fmt: skip
+    producer = Producer({"bootstrap.servers": h.settings.kafka.bootstrap_servers})
+    poison = [b"not json", orjson.dumps({"v": 99, "op": "insert"}), orjson.dumps(bad_value)]
+    for value in poison:
+        producer.produce(h.settings.producer.topic, value, b"public", partition=0)
+    producer.flush(10)
+    h.sql(f"INSERT INTO {t} VALUES (3, 3)")  # the stream goes on past them
+    ix.wait(lambda: set(ix.docs(t)) == {"1", "3"}, "the row after the poison")
+    letters = ix.dead_letters(3)
+    assert sorted(d["value"] for d in letters) == sorted(poison)
+    reasons = {d["value"]: d["headers"]["walcast-error"].decode() for d in letters}
+    assert "not JSON" in reasons[b"not json"]
+    assert "unknown event version 99" in reasons[poison[1]]
+    assert "refused by the engine (400)" in reasons[poison[2]]
+    assert all(d["headers"]["walcast-source-partition"] == b"0" for d in letters)
+    assert all(int(d["headers"]["walcast-source-offset"]) >= 0 for d in letters)
+
+
+def test_redelivered_and_out_of_order_events_change_nothing(
+    make_harness: HarnessFactory, make_indexer: IndexerFactory
+) -> None:
+    h = make_harness()
+    t = f"idem_{h.settings.replication.slot[-8:]}"
+    h.sql(f"CREATE TABLE {t} (id int PRIMARY KEY, v int)")
+    h.start()
+    ix = make_indexer(h.settings.producer.topic).start()
+    h.sql(f"INSERT INTO {t} SELECT g, 0 FROM generate_series(1, 100) g")
+    for _ in range(3):
+        h.sql(f"UPDATE {t} SET v = v + 1")
+    h.sql(f"DELETE FROM {t} WHERE id > 90")
+    rows = {str(r[0]): r[1] for r in h.sql(f"SELECT id, to_jsonb(x) FROM {t} x")}
+    ix.wait(lambda: ix.docs(t) == rows, "the index to equal the table")
+    events = h.events(lambda seen: len(h.table_events(t)) >= 100 + 300 + 10)
+    old = [e for e in events if e.get("table") == t]
+    assert ix.service is not None
+    metrics = ix.service.pipeline.metrics
+    before = metrics.records._value.get()
+    producer = Producer({"bootstrap.servers": h.settings.kafka.bootstrap_servers})
+    for ev in reversed(old):  # every change again, newest first
+        producer.produce(h.settings.producer.topic, orjson.dumps(ev), b"public")
+    producer.flush(10)
+    ix.wait(
+        lambda: metrics.records._value.get() >= before + len(old),
+        "the redelivered events to be consumed",
+    )
+    # One old event at a time (no batch to fold it into): the engine's version check
+    # refuses each, including the insert of a row deleted since.
+    stale = metrics.stale._value.get()
+    firsts = [e for e in old if e["op"] == "insert" and e["key"]["id"] in (1, 2, 3, 95, 96)]
+    for n, ev in enumerate(firsts, 1):
+        producer.produce(h.settings.producer.topic, orjson.dumps(ev), b"public")
+        producer.flush(10)
+        ix.wait(
+            lambda n=n: metrics.records._value.get() >= before + len(old) + n,
+            "the old event to be consumed",
+        )
+    h.sql(f"INSERT INTO {t} VALUES (500, 5)")  # a barrier: after it, all were written
+    rows["500"] = {"id": 500, "v": 5}
+    ix.wait(lambda: ix.docs(t) == rows, "the index unchanged but for the new row")
+    assert metrics.stale._value.get() - stale >= len(firsts)
