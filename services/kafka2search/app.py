@@ -373,6 +373,7 @@ class SearchPipeline:
         self.last_loop = time.monotonic()
         self.assigned: list[TopicPartition] = []
         self.held: list[Message] = []
+        self.paused = False
         self.next_lag = 0.0
         self.dlq = KafkaSink(
             {**settings.kafka.client_config(), "linger.ms": 5},
@@ -509,6 +510,7 @@ class SearchPipeline:
             else:
                 self.dlq.flush(60)
             self.batch.clear()
+            self.resume()
             if self.positions and self.checkpointer is not None:
                 if self.start is None:
                     self.checkpointer.commit(self.positions)
@@ -517,32 +519,40 @@ class SearchPipeline:
             self.flushing = False
 
     def wait(self, seconds: float) -> None:
-        """Back off without leaving the group: partitions paused, the consumer polled (a
-        record fetched before the pause is held for later, never dropped)."""
+        """Back off without leaving the group: the partitions stay paused until the write
+        that failed went through (``resume``), so nothing is fetched meanwhile; the
+        consumer is polled to keep its membership (a record fetched before the pause is
+        held for later, never dropped)."""
         consumer = self.consumer
         deadline = time.monotonic() + seconds
         if consumer is None:
             self.stop_event.wait(seconds)
             return
-        assignment = consumer.assignment()
-        if assignment:
-            consumer.pause(assignment)
-        try:
-            while time.monotonic() < deadline and not self.stop_event.is_set():
-                self.tick()
-                msg = consumer.poll(min(0.2, max(0.0, deadline - time.monotonic())))
-                if msg is not None:
-                    self.held.append(msg)
-        finally:
+        if not self.paused:
             assignment = consumer.assignment()
             if assignment:
-                consumer.resume(assignment)
+                consumer.pause(assignment)
+            self.paused = True
+        while time.monotonic() < deadline and not self.stop_event.is_set():
+            self.tick()
+            msg = consumer.poll(min(0.2, max(0.0, deadline - time.monotonic())))
+            if msg is not None:
+                self.held.append(msg)
         if self.stop_event.is_set():
             raise RetriableError("stopping while waiting to retry")
+
+    def resume(self) -> None:
+        if self.paused and self.consumer is not None:
+            assignment = self.consumer.assignment()
+            if assignment:
+                self.consumer.resume(assignment)
+        self.paused = False
 
     # -- group membership --------------------------------------------------------------
 
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        if self.paused and partitions:
+            consumer.pause(partitions)  # newly assigned during a backoff: paused as well
         self.assigned = list(consumer.assignment())
         log.info("assigned %s", _names(partitions))
 

@@ -109,6 +109,17 @@ class IndexSettings(Section):
         return v
 
 
+class Kafka2SearchHttpSettings(HttpSettings):
+    # A section given in the environment or YAML is built from the class defaults, so
+    # the service's own defaults live on subclasses, not on default instances.
+    port: int = Field(default=9188, ge=0, le=65535)
+
+
+class Kafka2SearchRetry(BackoffPolicy):
+    # 0 = never give up: a consumer waits out an engine outage (partitions paused).
+    give_up_after_s: float = Field(default=0.0, ge=0.0)
+
+
 class Kafka2SearchSettings(ServiceSettings):
     model_config = SettingsConfigDict(env_prefix="KAFKA2SEARCH_")
 
@@ -117,5 +128,5 @@ class Kafka2SearchSettings(ServiceSettings):
     batch: BatchSettings = BatchSettings()
     engine: EngineSettings = EngineSettings()
     index: IndexSettings = IndexSettings()
-    http: HttpSettings = HttpSettings(port=9188)
-    retry: BackoffPolicy = BackoffPolicy(give_up_after_s=0)
+    http: Kafka2SearchHttpSettings = Kafka2SearchHttpSettings()
+    retry: Kafka2SearchRetry = Kafka2SearchRetry()

@@ -6,13 +6,21 @@ validates the file, otherwise these structural checks stand in for it.
 
 from __future__ import annotations
 
+import importlib
+import json
+import os
+import re
 import shutil
 import subprocess
 import tomllib
 from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
 
 import pytest
 import yaml
+
+from shared.settings import ServiceSettings, load_settings
 
 REPO = Path(__file__).resolve().parents[2]
 INFRA = {"postgres", "kafka", "opensearch", "elasticsearch"}
@@ -101,3 +109,115 @@ def test_dockerfiles_are_slim_and_non_root() -> None:
         assert "\nUSER " in text, f"{dockerfile} must not run as root"
         assert f'".[{service}]"' in text, f"{dockerfile} must install only its extra"
         assert "pyspark" not in text or service == "kafka2spark"
+
+
+def _scripts() -> dict[str, str]:
+    scripts = tomllib.loads((REPO / "pyproject.toml").read_text())["project"].get("scripts", {})
+    assert isinstance(scripts, dict)
+    return scripts
+
+
+def _app_services(compose: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {n: s for n, s in compose["services"].items() if n not in INFRA}
+
+
+def _settings_class(script: str) -> type[ServiceSettings]:
+    module = importlib.import_module(f"services.{script}.settings")
+    (cls,) = [
+        c
+        for c in vars(module).values()
+        if isinstance(c, type)
+        and issubclass(c, ServiceSettings)
+        and c.__module__ == module.__name__
+    ]
+    return cls
+
+
+def _compose_settings(
+    svc: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> tuple[type[ServiceSettings], Any]:
+    """The service's settings as its container sees them: only the compose environment."""
+    cls = _settings_class(svc["command"][0])
+    prefix = str(cls.model_config["env_prefix"])
+    env = svc.get("environment", {})
+    assert isinstance(env, dict), "environment as a mapping, like the other services"
+    with monkeypatch.context() as m:
+        for key in list(os.environ):
+            if key.upper().startswith(prefix):
+                m.delenv(key)
+        for key, value in env.items():
+            assert key.startswith(prefix), f"{key} is not a {prefix} setting"
+            assert isinstance(value, str), f"{key}: quote the value, the environment is text"
+            m.setenv(key, value)
+        return cls, load_settings(cls)  # unknown keys and invalid values raise ConfigError
+
+
+def _endpoints(settings: Any) -> list[str]:
+    """The hosts a service's settings point at (what it reads and writes)."""
+    hosts = [s.rsplit(":", 1)[0] for s in settings.kafka.bootstrap_servers.split(",")]
+    if hasattr(settings, "postgres"):
+        hosts.append(settings.postgres.host)
+    if hasattr(settings, "engine"):
+        hosts.extend(str(urlsplit(u).hostname) for u in settings.engine.urls)
+    return hosts
+
+
+def test_walcast_services_are_configured_for_the_compose_network(
+    compose: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    scripts = _scripts()
+    for name, svc in _app_services(compose).items():
+        _cls, settings = _compose_settings(svc, monkeypatch)
+        for host in _endpoints(settings):
+            assert host in compose["services"], f"{name} points at {host}, not a compose service"
+            assert host in svc["depends_on"], f"{name} must wait for {host}"
+            assert svc["depends_on"][host]["condition"] == "service_healthy"
+        if name not in scripts:
+            assert "ports" not in svc, f"helper {name} publishes no ports"
+            continue
+        # The ops endpoint listens beyond the container's loopback, is published on the
+        # host's loopback only, and the healthcheck asks the port the service listens on.
+        port = settings.http.port
+        assert settings.http.enabled
+        assert settings.http.host == "0.0.0.0"  # noqa: S104
+        assert svc["ports"] == [f"127.0.0.1:{port}:{port}"], f"{name}: loopback only"
+        probe = " ".join(svc["healthcheck"]["test"])
+        assert re.search(rf"http://127\.0\.0\.1:{port}/(health|ready)\b", probe), probe
+        assert svc["restart"] == "unless-stopped"
+
+
+def test_kafka2search_consumes_what_pg2kafka_produces(
+    compose: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    services = compose["services"]
+    _, pg2kafka = _compose_settings(services["pg2kafka"], monkeypatch)
+    _, kafka2search = _compose_settings(services["kafka2search"], monkeypatch)
+    assert pg2kafka.producer.topic in kafka2search.consumer.topics
+    assert pg2kafka.kafka.bootstrap_servers == kafka2search.kafka.bootstrap_servers
+    # pg2kafka-init creates the CDC topic; subscribing before it exists is an error.
+    assert pg2kafka.producer.create_topic
+    deps = services["kafka2search"]["depends_on"]
+    assert deps["pg2kafka-init"]["condition"] == "service_completed_successfully"
+    assert kafka2search.engine.kind == "opensearch"
+    assert "profiles" not in services["kafka2search"]
+
+
+def test_dockerfiles_agree_with_the_settings() -> None:
+    """Each image exposes its service's default ops port, probes /health there and runs
+    ``<service> run`` with the console script."""
+    scripts = _scripts()
+    dockerfiles = sorted((REPO / "services").glob("*/Dockerfile"))
+    assert {d.parent.name for d in dockerfiles} == set(scripts)
+    for dockerfile in dockerfiles:
+        service = dockerfile.parent.name
+        text = dockerfile.read_text()
+        port = _settings_class(service)().http.port
+        assert re.search(rf"^EXPOSE {port}$", text, re.M), f"{dockerfile}: EXPOSE {port}"
+        (healthcheck,) = re.findall(r"^HEALTHCHECK .*$", text, re.M)
+        assert f"http://127.0.0.1:{port}/health" in healthcheck, dockerfile
+        assert re.search(r"^ENTRYPOINT \[\]$", text, re.M), dockerfile
+        (cmd,) = re.findall(r"^CMD (.*)$", text, re.M)
+        assert json.loads(cmd) == [service, "run"], dockerfile
+        assert f"COPY services/{service}/ services/{service}/" in text
+        other = [s for s in scripts if s != service]
+        assert not [s for s in other if f"services/{s}/" in text], f"{dockerfile} copies others"
