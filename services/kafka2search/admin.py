@@ -114,8 +114,13 @@ def replay(
                 until[(tp.topic, tp.partition)] = high
     finally:
         probe.close()
+    # Only partitions with something to read: an empty one would never report a position.
+    start = [tp for tp in start if tp.offset < until[(tp.topic, tp.partition)]]
+    until = {(tp.topic, tp.partition): until[(tp.topic, tp.partition)] for tp in start}
     total = sum(until[(tp.topic, tp.partition)] - tp.offset for tp in start)
     log.info("replay: %d records from %d partitions", total, len(start))
+    if not start:
+        return 0
     registry = CollectorRegistry()
     metrics = Metrics(registry)
     engine = engine_for(settings.engine)

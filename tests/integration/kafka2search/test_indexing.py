@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import random
 import string
+import urllib.request
 from typing import Any
 
 import orjson
 from confluent_kafka import Producer
 
+from services.kafka2search import admin
+from tests.e2e.conftest import free_port
 from tests.integration.conftest import HarnessFactory
 from tests.integration.kafka2search.conftest import IndexerFactory
 
@@ -183,3 +186,35 @@ def test_redelivered_and_out_of_order_events_change_nothing(
     rows["500"] = {"id": 500, "v": 5}
     ix.wait(lambda: ix.docs(t) == rows, "the index unchanged but for the new row")
     assert metrics.stale._value.get() - stale >= len(firsts)
+
+
+def test_status_replay_and_the_ops_endpoint(
+    make_harness: HarnessFactory, make_indexer: IndexerFactory
+) -> None:
+    h = make_harness()
+    t = f"ops_{h.settings.replication.slot[-8:]}"
+    h.sql(f"CREATE TABLE {t} (id int PRIMARY KEY, v int)")
+    h.start()
+    port = free_port()
+    ix = make_indexer(h.settings.producer.topic, http={"enabled": True, "port": port}).start()
+    h.sql(f"INSERT INTO {t} SELECT g, g FROM generate_series(1, 200) g")
+    rows = {str(r[0]): r[1] for r in h.sql(f"SELECT id, to_jsonb(x) FROM {t} x")}
+    ix.wait(lambda: ix.docs(t) == rows, "the index to equal the table")
+    ix.wait(lambda: admin.status(ix.settings)["total_lag"] == 0, "offsets committed")
+    info = admin.status(ix.settings)
+    assert [p["partition"] for p in info["lag"]] == [0, 1, 2]
+    assert {i["alias"]: i["documents"] for i in info["indices"]} == {ix.alias(t): 200}
+    assert info["dead_letters"] == 0
+    metrics = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read()
+    assert b'walcast_kafka2search_documents_total{action="index"} 200.0' in metrics
+    assert urllib.request.urlopen(f"http://127.0.0.1:{port}/ready", timeout=5).status == 200
+    # An index lost in the engine comes back with a replay; the group's offsets stay.
+    committed = [p["committed"] for p in admin.status(ix.settings)["lag"]]
+    ix.stop()
+    index = ix.es.resolve_alias(ix.alias(t))
+    assert index is not None
+    ix.es.delete_index(index)
+    assert ix.docs(t) == {}
+    assert admin.replay(ix.settings, from_offset=0) >= 200
+    assert ix.docs(t) == rows
+    assert [p["committed"] for p in admin.status(ix.settings)["lag"]] == committed
