@@ -11,7 +11,7 @@ from confluent_kafka import Consumer, TopicPartition
 from prometheus_client import CollectorRegistry
 
 from services.kafka2search.app import Metrics, SearchPipeline
-from services.kafka2search.engines import engine_for
+from services.kafka2search.engines import SearchEngine, engine_for
 from services.kafka2search.settings import Kafka2SearchSettings
 from shared.errors import ConfigError, PermanentError
 
@@ -28,6 +28,16 @@ def _partitions(consumer: Consumer, topic: str) -> list[TopicPartition]:
 def alias_pattern(template: str) -> str:
     """The aliases the template can produce, as an engine wildcard pattern."""
     return template.format(db="*", schema="*", table="*").lower()
+
+
+def _count(engine: SearchEngine, alias: str) -> int | None:
+    """Documents in the index; None while a just-created index has no active shard."""
+    try:
+        return engine.count(alias)
+    except Exception as exc:
+        if getattr(exc, "status_code", None) == 503:
+            return None
+        raise
 
 
 def status(settings: Kafka2SearchSettings) -> dict[str, Any]:
