@@ -5,17 +5,24 @@ The loop, per consumer:
 1. take records (``consume``) into a :class:`~services.kafka2search.documents.Batch`;
    poison records go to the dead-letter topic, heartbeats are skipped;
 2. when the batch reaches ``batch.max_docs`` / ``max_bytes`` / ``max_wait_s`` — or a
-   truncate / DDL event arrives, or partitions are revoked — *flush*: make sure each index
-   and its fields exist, fill unchanged TOAST columns from stored documents, send one bulk
-   request (retrying 429 / 5xx / connection failures with the configured backoff, the
-   partitions paused meanwhile), send refused documents to the dead-letter topic and wait
-   for Kafka's acknowledgement;
-3. only then commit the offsets of every record the flush covered (checkpoint last).
+   truncate / DDL event arrives, or partitions are revoked — *flush*: hand the batch to a
+   writer thread, which fills unchanged TOAST columns from stored documents and sends one
+   bulk request (retrying 429 / 5xx / connection failures with the configured backoff),
+   while this thread goes on reading the next batch. Up to ``batch.concurrency`` writes
+   run at once; the engine settles their overlaps by version (LSN), and a batch that
+   needs stored TOAST values first waits for the writes before it;
+3. when the oldest write is done: send what the engine refused to the dead-letter topic,
+   wait for Kafka's acknowledgement, and only then commit the offsets of every record the
+   write covered (checkpoint last). Writes are collected strictly in the order they were
+   handed over, so a commit never covers a write that has not finished.
 
-A truncate or DDL event is applied after the data before it was flushed and before the
-data after it is read, so the index follows the table's history in order. Memory: the
-batch budget plus librdkafka's prefetch budget (``consumer.max_queue_bytes``); while a
-write waits, nothing more is taken.
+Index creation and new fields are handled on this thread as records arrive, so they exist
+before the write carrying their data. A truncate or DDL event first waits for every
+write before it, is applied, and only then is the data after it read, so the index
+follows the table's history in order. Memory: ``batch.concurrency`` + 1 batch budgets
+(those being written, the one being read) plus librdkafka's prefetch budget
+(``consumer.max_queue_bytes``); while the engine refuses writes, the partitions are
+paused and nothing more is taken.
 """
 
 from __future__ import annotations
@@ -25,7 +32,10 @@ import re
 import signal
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import wait as wait_for
 from dataclasses import dataclass, field
 from functools import partial
 from types import FrameType
@@ -109,6 +119,17 @@ class IndexState:
         }
 
 
+Rejection = tuple[Origin, str]  # a refused document's record and the engine's reason
+
+
+@dataclass
+class InFlight:
+    """A batch handed to the writer thread and the offsets to commit once it is written."""
+
+    future: Future[list[Rejection]]
+    positions: dict[tuple[str, int], int]
+
+
 _RENAME = re.compile(r"\bRENAME\b", re.IGNORECASE)
 _MOVE_FIELD = "ctx._source[params.to] = ctx._source.remove(params.from)"
 _DROP_FIELD = "ctx._source.remove(params.from)"
@@ -131,16 +152,24 @@ class Indexer:
         self.metrics = metrics
         self.wait = wait  # sleeps while keeping the consumer alive (partitions paused)
         self.states: dict[str, IndexState] = {}
+        self.aliases: dict[tuple[str, str, str], str] = {}
 
     def alias_for(self, ev: dict[str, Any]) -> str:
-        return alias_name(self.s.index.name_template, ev["db"], ev["schema"], ev["table"])
+        key = (ev["db"], ev["schema"], ev["table"])
+        alias = self.aliases.get(key)
+        if alias is None:
+            alias = alias_name(self.s.index.name_template, *key)
+            self.aliases[key] = alias
+        return alias
 
-    def retry(self, fn: Callable[[], Any], what: str) -> Any:
+    def retry(
+        self, fn: Callable[[], Any], what: str, sleep: Callable[[float], object] | None = None
+    ) -> Any:
         return call_with_retry(
             fn,
             policy=self.s.retry,
             what=what,
-            sleep=self.wait,
+            sleep=sleep or self.wait,
             on_retry=lambda *_: self.metrics.retries.inc(),
         )
 
@@ -266,29 +295,44 @@ class Indexer:
 
     # -- data --------------------------------------------------------------------------
 
-    def write(self, batch: Batch) -> None:
-        """Everything in ``batch`` is in the engine, stale, or in the dead-letter topic
-        (acknowledged) when this returns; raises otherwise."""
+    def write(
+        self,
+        batch: Batch,
+        sleep: Callable[[float], object],
+        before: tuple[Future[list[Rejection]], ...] = (),
+    ) -> list[Rejection]:
+        """Write ``batch`` (on a writer thread; ``sleep`` is its backoff wait; ``before``
+        the writes handed over before this one, possibly still running). When this
+        returns, every document is in the engine, stale, or returned as refused for good
+        (the caller dead-letters those before committing); raises otherwise."""
         docs = [d for d in batch.docs.values() if d.lsn > self.states[d.index].truncated_lsn]
         self.metrics.stale.inc(len(batch.docs) - len(docs))
-        self._fill_toast(docs)
+        # Stored TOAST values must include what earlier writes carry; and if one failed,
+        # its records are read again, so filling from an older document would write a
+        # wrong value the re-read could not correct.
+        if any(d.missing_toast for d in docs) and any(f.exception() for f in before):
+            raise RetriableError("an earlier bulk write failed")
+        self._fill_toast(docs, sleep)
         pending = docs
+        rejected: list[Rejection] = []
         delays = self.s.retry.delays()
         while pending:
             started = time.monotonic()
             body = bulk_body(pending)
-            results = self.retry(partial(self.engine.bulk, body), "bulk write")
+            results = self.retry(partial(self.engine.bulk, body), "bulk write", sleep)
             self.metrics.bulk_seconds.observe(time.monotonic() - started)
-            pending = self._settle(pending, results)
+            pending = self._settle(pending, results, rejected)
             if pending:  # items refused with 429 / 5xx: again, after a backoff
                 self.metrics.retries.inc(len(pending))
                 log.warning("%d documents refused for now; retrying", len(pending))
-                self.wait(next(delays, self.s.retry.max_s))
-        self.dlq.flush(60)
+                sleep(next(delays, self.s.retry.max_s))
+        return rejected
 
-    def _settle(self, docs: list[Doc], results: list[dict[str, Any]]) -> list[Doc]:
-        """Count what was written; dead-letter what the engine refuses for good; return
-        what to retry (429 / 5xx per item)."""
+    def _settle(
+        self, docs: list[Doc], results: list[dict[str, Any]], rejected: list[Rejection]
+    ) -> list[Doc]:
+        """Count what was written; collect what the engine refuses for good; return what
+        to retry (429 / 5xx per item)."""
         if len(results) != len(docs):
             raise RetriableError(f"bulk answered {len(results)} items for {len(docs)} sent")
         retry: list[Doc] = []
@@ -304,12 +348,12 @@ class Indexer:
                 retry.append(doc)
             else:
                 reason = f"refused by the engine ({status}): {res.get('error')}"
-                self.dead_letter(doc.origin, reason, "rejected")
+                rejected.append((doc.origin, reason))
         for action, n in written.items():
             self.metrics.docs.labels(action).inc(n)
         return retry
 
-    def _fill_toast(self, docs: list[Doc]) -> None:
+    def _fill_toast(self, docs: list[Doc], sleep: Callable[[float], object]) -> None:
         by_index: dict[str, list[Doc]] = {}
         for d in docs:
             if d.missing_toast:
@@ -318,6 +362,7 @@ class Indexer:
             stored = self.retry(
                 partial(self.engine.mget, index, [d.id for d in group]),
                 "read stored documents for unchanged TOAST values",
+                sleep,
             )
             for d in group:
                 src = stored.get(d.id, {})
@@ -374,6 +419,9 @@ class SearchPipeline:
         self.assigned: list[TopicPartition] = []
         self.held: list[Message] = []
         self.paused = False
+        self.in_callback = False
+        self.inflight: deque[InFlight] = deque()
+        self.writer: ThreadPoolExecutor | None = None
         self.next_lag = 0.0
         self.dlq = KafkaSink(
             {**settings.kafka.client_config(), "linger.ms": 5},
@@ -412,6 +460,9 @@ class SearchPipeline:
         consumer = Consumer(self.consumer_config())
         self.consumer = consumer
         self.checkpointer = KafkaOffsetCheckpointer(consumer)
+        self.writer = ThreadPoolExecutor(
+            self.s.batch.concurrency, thread_name_prefix="kafka2search-bulk"
+        )
         try:
             if self.start is not None:
                 parts = self._partitions(consumer)
@@ -426,10 +477,16 @@ class SearchPipeline:
             b = self.s.batch
             while not self.stop_event.is_set():
                 self.tick()
-                records = self.held or consumer.consume(
-                    min(b.max_docs, 10_000), timeout=min(b.max_wait_s, 0.2)
-                )
-                self.held = []
+                if self.held:
+                    records, self.held = self.held, []
+                else:
+                    timeout = 0.2
+                    if self.batch.records:  # never past the batch's deadline
+                        left = b.max_wait_s - (time.monotonic() - self.batch_started)
+                        timeout = min(timeout, max(left, 0.0))
+                    records = consumer.consume(min(b.max_docs, 10_000), timeout=timeout)
+                if records:
+                    self.metrics.records.inc(len(records))
                 for msg in records:
                     self.handle(msg)
                 if self.batch.records and (
@@ -437,9 +494,11 @@ class SearchPipeline:
                     or self.batch.bytes >= b.max_bytes
                     or time.monotonic() - self.batch_started >= b.max_wait_s
                 ):
-                    self.flush()
+                    self.flush(drain=False)
                 elif not self.batch.records and self.positions:
-                    self.flush()  # only skipped records: commit them
+                    self.flush(drain=False)  # only skipped records: commit them
+                elif self.inflight and self.inflight[0].future.done():
+                    self.collect(block=False)  # commit as soon as writes are done
                 self.update_lag()
                 if self.until is not None and self._reached_end():
                     self.flush()
@@ -447,6 +506,8 @@ class SearchPipeline:
             self.flush()
         finally:
             self.consumer = None
+            self._abandon()
+            self.writer.shutdown(wait=True)
             try:
                 consumer.close()
             finally:
@@ -464,7 +525,6 @@ class SearchPipeline:
         assert offset is not None
         value = msg.value()
         origin = Origin(topic, partition, offset, msg.key(), value or b"")
-        self.metrics.records.inc()
         try:
             ev = parse(value)
         except PoisonMessageError as exc:
@@ -499,24 +559,85 @@ class SearchPipeline:
         if offset > self.positions.get(key, -1):
             self.positions[key] = offset
 
-    def flush(self) -> None:
-        """Write the batch, then commit every offset it covers."""
+    def flush(self, *, drain: bool = True) -> None:
+        """Hand the batch to a writer and commit what finished writes covered. With
+        ``drain`` (control events, revocation, stop) also wait for every write and commit
+        it, so nothing is in flight when this returns."""
         if self.flushing:
             return
         self.flushing = True
         try:
+            self.collect(block=False)
+            self.resume()  # partitions paused by a backoff on this thread
             if self.batch.records:
-                self.indexer.write(self.batch)
-            else:
-                self.dlq.flush(60)
-            self.batch.clear()
-            self.resume()
-            if self.positions and self.checkpointer is not None:
-                if self.start is None:
-                    self.checkpointer.commit(self.positions)
-                self.positions = {}
+                assert self.writer is not None
+                while len(self.inflight) >= self.s.batch.concurrency:
+                    self._collect_oldest()
+                before = tuple(f.future for f in self.inflight)
+                batch, self.batch = self.batch, Batch()
+                future = self.writer.submit(self.indexer.write, batch, self._writer_sleep, before)
+                self.inflight.append(InFlight(future, self.positions))
+            elif self.positions:  # only skipped records (heartbeats, dead letters)
+                done: Future[list[Rejection]] = Future()
+                done.set_result([])
+                self.inflight.append(InFlight(done, self.positions))  # committed in turn
+            self.positions = {}
+            if drain:
+                self.collect(block=True)
         finally:
             self.flushing = False
+
+    def collect(self, *, block: bool) -> None:
+        """Settle finished writes, oldest first (with ``block``: all of them, waiting)."""
+        while self.inflight and (block or self.inflight[0].future.done()):
+            self._collect_oldest()
+        self.resume()
+
+    def _collect_oldest(self) -> None:
+        """Wait for the oldest write; dead-letter what it refused; commit its offsets. Its
+        failure is raised here (the uncommitted records are read again after the
+        reconnect)."""
+        flight = self.inflight[0]
+        self._await(flight.future)
+        self.inflight.popleft()
+        for origin, reason in flight.future.result():
+            self.indexer.dead_letter(origin, reason, "rejected")
+        self.dlq.flush(60)
+        self._commit(flight.positions)
+
+    def _commit(self, positions: dict[tuple[str, int], int]) -> None:
+        if positions and self.checkpointer is not None and self.start is None:
+            self.checkpointer.commit(positions)
+
+    def _await(self, future: Future[list[Rejection]]) -> None:
+        """Block until the write is done. A write that takes long (the engine is slow
+        or down) pauses the partitions and keeps polling, so the member stays in the
+        group and nothing more is fetched; inside a rebalance callback it just blocks."""
+        done, _ = wait_for([future], timeout=1.0)
+        if done or self.consumer is None or self.in_callback:
+            future.exception()  # wait
+            return
+        if not self.paused:
+            assignment = self.consumer.assignment()
+            if assignment:
+                self.consumer.pause(assignment)
+            self.paused = True
+        while not future.done():
+            self.tick()
+            msg = self.consumer.poll(0.2)
+            if msg is not None:
+                self.held.append(msg)
+
+    def _abandon(self) -> None:
+        """Leaving without committing: let the writes in flight end (their records are
+        uncommitted, so they are read again; external versions make that harmless)."""
+        flights, self.inflight = self.inflight, deque()
+        for flight in flights:
+            flight.future.exception()  # wait; a failure is moot now
+
+    def _writer_sleep(self, seconds: float) -> None:
+        if self.stop_event.wait(seconds):
+            raise RetriableError("stopping while waiting to retry")
 
     def wait(self, seconds: float) -> None:
         """Back off without leaving the group: the partitions stay paused until the write
@@ -559,10 +680,14 @@ class SearchPipeline:
     def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         """Flush what is in hand before the partitions go to another member."""
         log.info("revoked %s: flushing", _names(partitions))
+        self.in_callback = True
         try:
             self.flush()
         except Exception as exc:  # noqa: BLE001 - the new owner re-reads the uncommitted
             log.warning("flush on revoke failed: %s", exc)
+            self._abandon()
+        finally:
+            self.in_callback = False
         self.batch.clear()
         self.positions = {}
         self.held = [m for m in self.held if not _in(m, partitions)]
@@ -571,6 +696,7 @@ class SearchPipeline:
         log.warning(
             "lost %s (session expired): uncommitted records will be re-read", _names(partitions)
         )
+        self._abandon()
         self.batch.clear()
         self.positions = {}
         self.held = []
@@ -589,7 +715,7 @@ class SearchPipeline:
     def _reached_end(self) -> bool:
         assert self.until is not None
         assert self.consumer is not None
-        if self.batch.records or self.held:
+        if self.batch.records or self.held or self.inflight:
             return False
         for tp in self.consumer.position(list(self.consumer.assignment())):
             end = self.until.get((tp.topic, tp.partition), 0)
@@ -605,7 +731,10 @@ class SearchPipeline:
         self.next_lag = now + 10
         try:
             for tp in consumer.position(list(consumer.assignment())):
-                _low, high = consumer.get_watermark_offsets(tp, timeout=1, cached=False)
+                # From the last fetch response: no broker round trip on the hot path.
+                _low, high = consumer.get_watermark_offsets(tp, cached=True)
+                if high < 0:
+                    continue
                 pos = tp.offset if tp.offset >= 0 else high
                 self.metrics.lag.labels(tp.topic, str(tp.partition)).set(max(0, high - pos))
         except KafkaException as exc:

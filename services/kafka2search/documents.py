@@ -69,8 +69,8 @@ def parse(value: bytes | None) -> dict[str, Any]:
             raise PoisonMessageError(f"{op} without a 'new' row")
         if not isinstance(ev.get("types", {}), dict):
             raise PoisonMessageError("field 'types' is not an object")
-        toast = ev.get("unchanged_toast", [])
-        if not isinstance(toast, list) or not all(isinstance(c, str) for c in toast):
+        toast = ev.get("unchanged_toast") or []
+        if not isinstance(toast, list) or (toast and not all(isinstance(c, str) for c in toast)):
             raise PoisonMessageError("field 'unchanged_toast' is not a list of column names")
     if op == "ddl" and not isinstance(ev.get("ddl"), dict):
         raise PoisonMessageError("ddl event without a 'ddl' object")
@@ -108,7 +108,7 @@ class Batch:
             return "the table has no primary key or replica identity: no document id"
         lsn = ev["lsn"]
         delete = ev["op"] == "delete"
-        new = None if delete else dict(ev["new"])
+        new = None if delete else ev["new"]  # the parsed event is this batch's to keep
         missing = [] if delete else list(ev.get("unchanged_toast") or ())
         current = self.docs.get((index, doc_id))
         if current is not None:
@@ -138,12 +138,22 @@ def bulk_body(docs: list[Doc]) -> bytes:
     """NDJSON for the engine's bulk API: external versioning by LSN, so an older or
     repeated change is refused (409) instead of overwriting newer data."""
     lines: list[bytes] = []
+    dumps = orjson.dumps
+    index_json: dict[str, bytes] = {}
     for d in docs:
-        meta = {"_index": d.index, "_id": d.id, "version": d.lsn, "version_type": "external"}
+        index = index_json.get(d.index)
+        if index is None:
+            index = index_json[d.index] = dumps(d.index)
+        # {"<action>":{"_index":…,"_id":…,"version":<lsn>,"version_type":"external"}}
+        meta = b'{"_index":%b,"_id":%b,"version":%d,"version_type":"external"}}' % (
+            index,
+            dumps(d.id),
+            d.lsn,
+        )
         if d.delete:
-            lines.append(orjson.dumps({"delete": meta}))
+            lines.append(b'{"delete":' + meta)
         else:
-            lines.append(orjson.dumps({"index": meta}))
-            lines.append(orjson.dumps(d.source))
+            lines.append(b'{"index":' + meta)
+            lines.append(dumps(d.source))
     lines.append(b"")
     return b"\n".join(lines)

@@ -94,7 +94,12 @@ def document_id(key: dict[str, Any]) -> str | None:
     values = list(key.values())
     if len(values) == 1:
         v = values[0]
-        text = v if isinstance(v, str) else orjson.dumps(v).decode()
+        if type(v) is str:
+            text = v
+        elif type(v) is int:  # the common key, without a JSON round trip
+            text = str(v)
+        else:
+            text = orjson.dumps(v).decode()
     else:
         text = orjson.dumps(values).decode()
     if len(text.encode()) > MAX_ID_BYTES:
