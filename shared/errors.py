@@ -12,6 +12,7 @@ the cause chain so adapters can wrap driver exceptions without losing the verdic
 
 from __future__ import annotations
 
+import ssl
 from enum import Enum
 
 
@@ -147,6 +148,30 @@ def _search_client_verdict(exc: BaseException) -> Verdict | None:
     return None
 
 
+# TLS failures that no retry can fix: the peer's certificate does not verify against the
+# configured CA, or the peer refused ours (missing, unknown CA, not accepted).
+_TLS_REFUSED_REASONS = {
+    "TLSV13_ALERT_CERTIFICATE_REQUIRED",
+    "SSLV3_ALERT_BAD_CERTIFICATE",
+    "TLSV1_ALERT_UNKNOWN_CA",
+    "SSLV3_ALERT_CERTIFICATE_UNKNOWN",
+}
+
+
+def _tls_hint(exc: BaseException) -> str | None:
+    if isinstance(exc, ssl.SSLCertVerificationError):
+        return (
+            "the server's TLS certificate did not verify: check the CA file (ca_certs) or"
+            " verify_certs, and that the URL's host name is in the certificate"
+        )
+    if isinstance(exc, ssl.SSLError) and getattr(exc, "reason", None) in _TLS_REFUSED_REASONS:
+        return (
+            "the server refused the TLS client certificate: set client_cert / client_key to"
+            " a certificate its CA trusts"
+        )
+    return None
+
+
 def operator_hint(exc: BaseException) -> str:
     """What the operator should change for a permanent failure, when we can tell."""
     seen: set[int] = set()
@@ -158,6 +183,9 @@ def operator_hint(exc: BaseException) -> str:
         status = getattr(current, "status_code", None)
         if isinstance(status, int) and status in _HTTP_HINTS:
             return _HTTP_HINTS[status]
+        tls = _tls_hint(current)
+        if tls is not None:
+            return tls
         text = str(current)
         for marker, hint in _PG_CONNECT_PERMANENT.items():
             if marker in text:
@@ -182,6 +210,8 @@ def _one(exc: BaseException) -> Verdict | None:
     verdict = _search_client_verdict(exc)
     if verdict is not None:
         return verdict
+    if _tls_hint(exc) is not None:
+        return Verdict.PERMANENT
     if isinstance(exc, (ConnectionError, TimeoutError)):
         return Verdict.RETRIABLE
     if isinstance(exc, OSError):

@@ -4,10 +4,12 @@ Run by ``deploy/local/walcast demo`` after the local stack is up. It
 
 1. writes a small shop workload (customers, orders; inserts, updates, deletes) into the
    stack's Postgres, showing progress;
-2. runs each walcast service that has landed over it — today pg2kafka, streaming the
-   demo tables into ``walcast.demo.cdc`` and, through a subscription on orders turning
-   paid, notification events into ``walcast.demo.events``, until both slots have
-   confirmed everything written (services that have not landed are listed as such);
+2. runs each walcast service that has landed over it: pg2kafka streams the demo tables
+   into ``walcast.demo.cdc`` and, through a subscription on orders turning paid,
+   notification events into ``walcast.demo.events``, until both slots have confirmed
+   everything written; kafka2search then indexes ``walcast.demo.cdc`` into OpenSearch
+   until its consumer group has no lag (services that have not landed are listed as
+   such);
 3. prints where the results are: Postgres tables and WAL position, Kafka topics and their
    end offsets, search index document counts, Delta table versions.
 """
@@ -23,6 +25,7 @@ import sys
 import time
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 import orjson
 import psycopg
@@ -117,6 +120,23 @@ def demo_env() -> dict[str, str]:
         "PG2KAFKA_SUBSCRIPTIONS__PUBLICATION": DEMO_EVENTS_SLOT,
         "PG2KAFKA_SUBSCRIPTIONS__TOPIC": "walcast.demo.events",
         "PG2KAFKA_SUBSCRIPTIONS__KEY_FIELD": "group_id",
+        "PG2KAFKA_FILTERS__INCLUDE": '["demo.*"]',
+    }
+
+
+DEMO_SEARCH_GROUP = "walcast-demo-search"
+DEMO_INDEX_PREFIX = "walcast-demo."  # kafka2search's default template, schema demo
+
+
+def search_env() -> dict[str, str]:
+    """kafka2search over the demo topic; the engine (OpenSearch) from the stack's env file."""
+    return {
+        **os.environ,
+        "KAFKA2SEARCH_CONSUMER__TOPICS": f'["{DEMO_TOPIC}"]',
+        "KAFKA2SEARCH_CONSUMER__GROUP_ID": DEMO_SEARCH_GROUP,
+        "KAFKA2SEARCH_CONSUMER__DLQ_TOPIC": f"{DEMO_TOPIC}.dlq",
+        "KAFKA2SEARCH_HTTP__PORT": "0",
+        "KAFKA2SEARCH_LOG__FORMAT": "text",
     }
 
 
@@ -131,13 +151,17 @@ ORDER_PAID = {
 
 def pg2kafka_init(env_file: Path, dsn: str) -> None:
     """Create the demo slots before the workload, so they capture all of it, and one
-    subscription: orders turning paid become events on walcast.demo.events."""
-    subprocess.run(
-        [sys.executable, "-m", "services.pg2kafka", "--env-file", str(env_file), "init"],
-        env=demo_env(),
-        check=True,
-        stdout=subprocess.DEVNULL,
-    )
+    subscription: orders turning paid become events on walcast.demo.events. Each demo
+    starts from a fresh slot and publication (``tear-down`` then ``init``): its workload
+    replaces the tables' contents anyway, and a slot left by an older run may have been
+    invalidated or made for other filters."""
+    for command in ("tear-down", "init"):
+        subprocess.run(
+            [sys.executable, "-m", "services.pg2kafka", "--env-file", str(env_file), command],
+            env=demo_env(),
+            check=True,
+            stdout=subprocess.DEVNULL,
+        )
     create_tables(dsn)
     sub = ORDER_PAID
     with psycopg.connect(dsn, autocommit=True) as conn:
@@ -200,9 +224,65 @@ def run_pg2kafka(env: dict[str, str], env_file: Path, timeout_s: float = 300) ->
     print(f"  pg2kafka      CDC and subscription slots confirmed; log: {log_path}")
 
 
+def search_status(env_file: Path) -> dict[str, Any]:
+    """``kafka2search status --json``, the command an operator would run."""
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "services.kafka2search",
+            "--env-file",
+            str(env_file),
+            "status",
+            "--json",
+        ],
+        env=search_env(),
+        capture_output=True,
+        check=False,
+    )
+    if proc.returncode != 0:
+        raise SystemExit(f"kafka2search status failed: {proc.stderr.decode()[-2000:]}")
+    status: dict[str, Any] = orjson.loads(proc.stdout)
+    return status
+
+
+def run_kafka2search(env_file: Path, timeout_s: float = 300) -> None:
+    """Index the demo topic until the consumer group has committed everything, then stop."""
+    log_path = STATE / "demo-kafka2search.log"
+    with log_path.open("w") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "services.kafka2search", "--env-file", str(env_file), "run"],
+            env=search_env(),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+    try:
+        started = time.monotonic()
+        while True:
+            info = search_status(env_file)
+            end = sum(p["end"] for p in info["lag"])
+            lag = info["total_lag"]
+            progress("kafka2search (records)", max(end - lag, 0), max(end, 1), started)
+            if lag == 0:
+                break
+            if proc.poll() is not None:
+                raise SystemExit(f"kafka2search exited with {proc.returncode}; see {log_path}")
+            if time.monotonic() - started > timeout_s:
+                raise SystemExit(f"kafka2search did not catch up in {timeout_s}s; see {log_path}")
+            time.sleep(0.5)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(60)
+    print(
+        f"  kafka2search  {DEMO_TOPIC} indexed into OpenSearch,"
+        f" {info['dead_letters']} dead letters; log: {log_path}"
+    )
+
+
 def run_services(env: dict[str, str], env_file: Path) -> None:
     print("2. walcast services")
     run_pg2kafka(env, env_file)
+    run_kafka2search(env_file)
     for name in SERVICES:
         if importlib.util.find_spec(f"services.{name}") is None:
             print(f"  {name:<14}not built yet (see README, feature table)")
@@ -245,13 +325,21 @@ def summary(env: dict[str, str]) -> None:
         ("opensearch", "WALCAST_OPENSEARCH_URL"),
         ("elasticsearch", "WALCAST_ELASTICSEARCH_URL"),
     ):
+        # Searchable now, not after the next refresh_interval: the counts are exact.
+        refresh = urllib.request.Request(  # noqa: S310 - loopback
+            env[key] + f"/{DEMO_INDEX_PREFIX}*/_refresh?allow_no_indices=true", method="POST"
+        )
+        with urllib.request.urlopen(refresh, timeout=30):  # noqa: S310 - loopback
+            pass
         url = env[key] + "/_cat/indices?format=json"
         with urllib.request.urlopen(url, timeout=10) as resp:  # noqa: S310 - loopback
-            indices = [i for i in orjson.loads(resp.read()) if not i["index"].startswith(".")]
+            indices = [
+                i for i in orjson.loads(resp.read()) if i["index"].startswith(DEMO_INDEX_PREFIX)
+            ]
         for index in sorted(indices, key=lambda i: i["index"]):
             print(f"  {engine:<14}{index['index']:<28}{index['docs.count']:>10} docs")
         if not indices:
-            print(f"  {engine:<14}no indices yet")
+            print(f"  {engine:<14}no {DEMO_INDEX_PREFIX}* indices yet")
 
     delta_root = STATE / "delta"
     tables = (

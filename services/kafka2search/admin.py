@@ -70,7 +70,7 @@ def status(settings: Kafka2SearchSettings) -> dict[str, Any]:
     try:
         aliases = engine.aliases(alias_pattern(settings.index.name_template))
         indices = [
-            {"alias": a, "index": i, "documents": engine.count(a)}
+            {"alias": a, "index": i, "documents": _count(engine, a)}
             for a, i in sorted(aliases.items())
         ]
     finally:

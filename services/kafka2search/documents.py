@@ -67,13 +67,27 @@ def parse(value: bytes | None) -> dict[str, Any]:
             raise PoisonMessageError("field 'key' missing or not an object")
         if op != "delete" and not isinstance(ev.get("new"), dict):
             raise PoisonMessageError(f"{op} without a 'new' row")
-        if not isinstance(ev.get("types", {}), dict):
-            raise PoisonMessageError("field 'types' is not an object")
-        toast = ev.get("unchanged_toast") or []
-        if not isinstance(toast, list) or (toast and not all(isinstance(c, str) for c in toast)):
+        types = ev.get("types", {})
+        if not isinstance(types, dict) or not all(type(t) is str for t in types.values()):
+            raise PoisonMessageError("field 'types' is not an object of type names")
+        toast = ev.get("unchanged_toast")
+        if toast is not None and (
+            not isinstance(toast, list) or not all(type(c) is str for c in toast)
+        ):
             raise PoisonMessageError("field 'unchanged_toast' is not a list of column names")
-    if op == "ddl" and not isinstance(ev.get("ddl"), dict):
-        raise PoisonMessageError("ddl event without a 'ddl' object")
+    if op == "ddl":
+        ddl = ev.get("ddl")
+        if not isinstance(ddl, dict):
+            raise PoisonMessageError("ddl event without a 'ddl' object")
+        columns = ddl.get("columns")
+        if columns is not None and not (
+            isinstance(columns, list)
+            and all(
+                isinstance(c, dict) and type(c.get("name")) is str and type(c.get("type")) is str
+                for c in columns
+            )
+        ):
+            raise PoisonMessageError("ddl 'columns' is not a list of {name, type} objects")
     return ev
 
 

@@ -80,7 +80,9 @@ def alias_name(template: str, db: str, schema: str, table: str) -> str:
     name = name.lstrip("-_+") or "walcast"
     if name in (".", ".."):
         name = "walcast"
-    return name[:200]  # the engines' limit is 255 bytes; room for the "-vN" suffix
+    # The engines' limit is 255 bytes; 200 leaves room for the "-vN" suffix. Cut at a
+    # character boundary.
+    return name.encode()[:200].decode(errors="ignore")
 
 
 def index_name(alias: str, version: int = 1) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 from pathlib import Path
@@ -102,5 +103,9 @@ def test_demo_runs_and_summarises(stack_env: dict[str, str]) -> None:
     assert "72 rows" in out  # 80 orders minus every 10th deleted
     assert "walcast.demo.cdc" in out
     assert "walcast.demo.events" in out  # the subscription's notification events
+    # kafka2search indexed the CDC topic: each index holds exactly the table's rows
+    assert re.search(r"opensearch +walcast-demo\.customers-v1 +40 docs", out), out
+    assert re.search(r"opensearch +walcast-demo\.orders-v1 +72 docs", out), out
+    assert "0 dead letters" in out
     for section in ("kafka", "opensearch", "elasticsearch", "delta"):
         assert f"\n  {section}" in out, section

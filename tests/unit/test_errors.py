@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import ssl
+
 import psycopg
 import pytest
 from confluent_kafka import KafkaError, KafkaException
@@ -88,3 +90,21 @@ def test_psycopg_connection_failures_without_sqlstate() -> None:
     assert "postgres.password" in operator_hint(auth)
     assert operator_hint(PermanentError("x", hint="do this")) == "do this"
     assert operator_hint(KeyError("bug")) == ""
+
+
+def test_tls_misconfiguration_is_permanent_and_names_the_setting() -> None:
+    verify = ssl.SSLCertVerificationError(1, "certificate verify failed: unable to get issuer")
+    wrapped = RuntimeError("request failed")
+    wrapped.__cause__ = verify
+    assert classify(wrapped) is Verdict.PERMANENT
+    assert "ca_certs" in operator_hint(wrapped)
+    refused = ssl.SSLError(1, "tlsv13 alert certificate required")
+    refused.reason = "TLSV13_ALERT_CERTIFICATE_REQUIRED"
+    assert classify(refused) is Verdict.PERMANENT
+    assert "client_cert" in operator_hint(refused)
+
+
+def test_other_tls_failures_stay_retriable() -> None:
+    eof = ssl.SSLEOFError(8, "EOF occurred in violation of protocol")  # a dropped link
+    assert classify(eof) is Verdict.RETRIABLE
+    assert operator_hint(eof) == ""

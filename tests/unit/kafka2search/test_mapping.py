@@ -1,0 +1,222 @@
+"""kafka2search mapping: document ids, alias and index names, field mappings."""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from typing import Any
+
+import orjson
+import pytest
+
+from services.kafka2search.mapping import (
+    MAX_ID_BYTES,
+    alias_name,
+    document_id,
+    field_mapping,
+    index_name,
+    properties,
+)
+
+# -- document_id ------------------------------------------------------------------------
+
+
+def test_single_int_key_is_its_decimal_text() -> None:
+    assert document_id({"id": 42}) == "42"
+    assert document_id({"id": -7}) == "-7"
+    assert document_id({"id": 2**63 - 1}) == "9223372036854775807"
+
+
+def test_single_str_key_is_the_string_itself() -> None:
+    assert document_id({"code": "abc"}) == "abc"
+    assert document_id({"code": 'a "quoted", ünïcode'}) == 'a "quoted", ünïcode'
+    assert document_id({"code": ""}) == ""
+
+
+def test_single_non_str_non_int_key_is_json() -> None:
+    assert document_id({"flag": True}) == "true"
+    assert document_id({"price": 1.5}) == "1.5"
+    assert document_id({"doc": {"a": 1}}) == '{"a":1}'
+
+
+def test_composite_key_is_a_json_array_in_column_order() -> None:
+    assert document_id({"tenant": "acme", "id": 7}) == '["acme",7]'
+    assert document_id({"id": 7, "tenant": "acme"}) == '[7,"acme"]'
+
+
+def test_composite_key_is_unambiguous_when_values_contain_separators() -> None:
+    a = document_id({"x": "a,b", "y": 1})
+    b = document_id({"x": "a", "y": "b,1"})
+    c = document_id({"x": "a", "y": "b", "z": 1})
+    assert a == '["a,b",1]'
+    assert b == '["a","b,1"]'
+    assert len({a, b, c}) == 3
+    assert orjson.loads(a) == ["a,b", 1]  # reversible
+
+
+def test_composite_key_keeps_int_and_str_values_apart() -> None:
+    assert document_id({"a": 1, "b": 2}) != document_id({"a": "1", "b": "2"})
+
+
+def test_empty_key_has_no_document_id() -> None:
+    assert document_id({}) is None
+
+
+def test_id_at_the_byte_limit_is_kept_as_is() -> None:
+    exact = "é" * (MAX_ID_BYTES // 2)  # two bytes each: exactly the limit
+    assert len(exact.encode()) == MAX_ID_BYTES
+    assert document_id({"k": exact}) == exact
+
+
+def test_over_long_id_is_hashed_with_a_prefix_and_fits() -> None:
+    long_text = "é" * (MAX_ID_BYTES // 2 + 1)  # 514 bytes, only 257 characters
+    got = document_id({"k": long_text})
+    assert got == "sha256:" + hashlib.sha256(long_text.encode()).hexdigest()
+    assert len(got.encode()) <= MAX_ID_BYTES
+
+
+def test_over_long_composite_id_hashes_its_json_text() -> None:
+    key = {"a": "x" * 300, "b": "y" * 300}
+    text = orjson.dumps(["x" * 300, "y" * 300])
+    got = document_id(key)
+    assert got == "sha256:" + hashlib.sha256(text).hexdigest()
+
+
+def test_distinct_over_long_ids_hash_differently_and_deterministically() -> None:
+    a = document_id({"k": "a" * 1000})
+    b = document_id({"k": "a" * 999 + "b"})
+    assert a is not None
+    assert b is not None
+    assert a != b
+    assert a == document_id({"k": "a" * 1000})
+    assert re.fullmatch(r"sha256:[0-9a-f]{64}", a)
+
+
+# -- alias_name / index_name ------------------------------------------------------------
+
+
+def test_alias_fills_the_default_template_and_lower_cases() -> None:
+    assert alias_name("walcast-{schema}.{table}", "app", "Sales", "Orders") == (
+        "walcast-sales.orders"
+    )
+
+
+def test_alias_template_can_use_every_field() -> None:
+    assert alias_name("{db}_{schema}_{table}", "Shop", "public", "items") == "shop_public_items"
+
+
+@pytest.mark.parametrize("char", list('\\/*?"<>| ,#:'))
+def test_alias_replaces_characters_the_engines_refuse(char: str) -> None:
+    assert alias_name("wc-{table}", "d", "s", f"a{char}b") == "wc-a_b"
+
+
+def test_alias_replaces_every_forbidden_character_at_once() -> None:
+    assert alias_name("{table}", "d", "s", 'My Table/"x"*?') == "my_table__x___"
+
+
+@pytest.mark.parametrize(
+    ("table", "expected"),
+    [
+        ("-abc", "abc"),
+        ("_abc", "abc"),
+        ("+abc", "abc"),
+        ("-_+abc", "abc"),
+        ("__a_b", "a_b"),  # only leading ones go
+        (" abc", "abc"),  # a space becomes "_", then it is stripped as leading
+    ],
+)
+def test_alias_strips_leading_dash_underscore_plus(table: str, expected: str) -> None:
+    assert alias_name("{table}", "d", "s", table) == expected
+
+
+@pytest.mark.parametrize("table", ["", "___", "-+-", ".", ".."])
+def test_alias_that_would_be_empty_or_dots_falls_back_to_walcast(table: str) -> None:
+    assert alias_name("{table}", "d", "s", table) == "walcast"
+
+
+def test_alias_is_capped_at_200_characters() -> None:
+    got = alias_name("walcast-{table}", "d", "s", "t" * 500)
+    assert got == ("walcast-" + "t" * 500)[:200]
+    assert len(got) == 200
+    assert len(index_name(got, 99).encode()) <= 255
+
+
+def test_alias_of_a_non_ascii_template_stays_within_the_engine_byte_limit() -> None:
+    got = alias_name("ü" * 150 + "-{table}", "d", "s", "t")
+    assert len(index_name(got).encode()) <= 255
+
+
+def test_alias_does_not_interpret_braces_in_identifiers() -> None:
+    assert alias_name("wc-{table}", "d", "s", "{db}") == "wc-{db}"
+
+
+def test_index_name_is_the_alias_with_a_version_suffix() -> None:
+    assert index_name("walcast-public.users") == "walcast-public.users-v1"
+    assert index_name("walcast-public.users", 2) == "walcast-public.users-v2"
+
+
+# -- field_mapping / properties ---------------------------------------------------------
+
+KEYWORD = {"type": "keyword", "ignore_above": 8191}
+TEXT = {"type": "text", "fields": {"keyword": {"type": "keyword", "ignore_above": 256}}}
+DATE = {"type": "date", "format": "strict_date_optional_time||epoch_millis"}
+
+
+@pytest.mark.parametrize(
+    ("pg_type", "expected"),
+    [
+        ("int2", {"type": "short"}),
+        ("int4", {"type": "integer"}),
+        ("int8", {"type": "long"}),
+        ("float8", {"type": "double", "ignore_malformed": True}),
+        ("numeric", {"type": "double", "ignore_malformed": True}),
+        ("bool", {"type": "boolean"}),
+        ("text", TEXT),
+        ("varchar", TEXT),
+        ("uuid", KEYWORD),
+        ("timestamptz", DATE),
+        ("date", DATE),
+        ("jsonb", {"type": "object", "enabled": False}),
+        ("bytea", {"type": "binary"}),
+        ("money", KEYWORD),
+        ("interval", KEYWORD),
+    ],
+)
+def test_field_mapping_of_postgres_types(pg_type: str, expected: dict[str, Any]) -> None:
+    assert field_mapping(pg_type) == expected
+
+
+@pytest.mark.parametrize(
+    ("array_type", "expected"),
+    [
+        ("_int4", {"type": "integer"}),
+        ("_text", TEXT),
+        ("_timestamptz", DATE),
+        ("_jsonb", {"type": "object", "enabled": False}),
+        ("_uuid", KEYWORD),
+    ],
+)
+def test_array_types_map_like_their_elements(array_type: str, expected: dict[str, Any]) -> None:
+    assert field_mapping(array_type) == expected
+    assert field_mapping(array_type) == field_mapping(array_type[1:])
+
+
+@pytest.mark.parametrize("pg_type", ["mood_enum", "tsrange", "point", "_mood_enum", "", "INT4"])
+def test_unknown_types_map_to_keyword(pg_type: str) -> None:
+    assert field_mapping(pg_type) == KEYWORD
+
+
+def test_properties_maps_every_column() -> None:
+    got = properties({"id": "int8", "name": "text", "tags": "_varchar", "mood": "mood"})
+    assert got == {
+        "id": {"type": "long"},
+        "name": TEXT,
+        "tags": TEXT,
+        "mood": KEYWORD,
+    }
+    assert properties({}) == {}
+
+
+def test_properties_can_be_serialised_for_the_engine() -> None:
+    got = properties({"a": "int4", "b": "text"})
+    assert orjson.loads(orjson.dumps(got)) == got
