@@ -214,7 +214,10 @@ class OpenSearchEngine(SearchEngine):
         from opensearchpy.serializer import JSONSerializer
 
         serializer = _orjson_serializer(JSONSerializer, SerializationError)
-        super().__init__(OpenSearch(**_client_options(settings), serializer=serializer))
+        # urllib3 keeps one connection per host unless told: the writer threads would
+        # reconnect for every request (elasticsearch-py keeps 10 by default).
+        client = OpenSearch(**_client_options(settings), serializer=serializer, pool_maxsize=10)
+        super().__init__(client)
 
 
 class ElasticsearchEngine(SearchEngine):
