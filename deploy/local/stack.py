@@ -762,6 +762,7 @@ class Kafka(Component):
             "WALCAST_KAFKA_BOOTSTRAP": f"{HOST}:{KAFKA_PORT}",
             "PG2KAFKA_KAFKA__BOOTSTRAP_SERVERS": f"{HOST}:{KAFKA_PORT}",
             "KAFKA2SEARCH_KAFKA__BOOTSTRAP_SERVERS": f"{HOST}:{KAFKA_PORT}",
+            "KAFKA2SPARK_KAFKA__BOOTSTRAP_SERVERS": f"{HOST}:{KAFKA_PORT}",
         }
 
 
@@ -974,7 +975,12 @@ class Spark(Component):
         return
 
     def env(self) -> dict[str, str]:
-        return {"WALCAST_SPARK_JARS": ",".join(self.jars())}
+        jars = ",".join(self.jars())
+        return {
+            "WALCAST_SPARK_JARS": jars,
+            "KAFKA2SPARK_SPARK__JARS": jars,  # the job starts offline with these
+            "KAFKA2SPARK_DELTA__ROOT": str(STATE / "delta"),
+        }
 
 
 # --------------------------------------------------------------------------- commands

@@ -1,0 +1,275 @@
+"""kafka2spark: a Spark Structured Streaming query mirroring CDC topic(s) into Delta Lake.
+
+Spark's own Kafka source reads the topic(s); the query's checkpoint holds the offsets
+(the job resumes from it, not from the consumer group). Each micro-batch is handed to
+:class:`~services.kafka2spark.mirror.DeltaMirror` (``foreachBatch``); when it has
+written everything, the batch's offsets are committed to ``source.group_id`` too, so lag
+shows in standard Kafka tooling, and the metrics are updated. A batch that fails stops the
+query; on restart Spark runs it again from the checkpoint, and the mirror's writes are
+idempotent (see mirror.py).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import threading
+import time
+from dataclasses import dataclass
+from types import FrameType
+from typing import Any
+
+from confluent_kafka import Consumer, KafkaException, TopicPartition
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from pyspark.sql import SparkSession
+from pyspark.sql.streaming.query import StreamingQuery
+
+from services.kafka2spark.mirror import BatchResult, DeltaMirror
+from services.kafka2spark.settings import Kafka2SparkSettings
+from shared.http import OpsServer
+from shared.kafka import KafkaOffsetCheckpointer
+from shared.settings import KafkaSettings
+
+log = logging.getLogger(__name__)
+
+DELTA_CATALOG = "org.apache.spark.sql.delta.catalog.DeltaCatalog"
+
+
+class Metrics:
+    def __init__(self, registry: CollectorRegistry, prefix: str = "walcast_kafka2spark") -> None:
+        self.batches = Counter(f"{prefix}_batches", "micro-batches written", registry=registry)
+        self.batch_seconds = Histogram(
+            f"{prefix}_batch_seconds",
+            "micro-batch duration (parse, changelog, merges, commit)",
+            buckets=(0.5, 1, 2.5, 5, 10, 30, 60, 120, 300),
+            registry=registry,
+        )
+        self.records = Counter(f"{prefix}_records", "Kafka records read", registry=registry)
+        self.merged = Counter(
+            f"{prefix}_rows_merged", "changes merged into mirrors (after reduction per key)",
+            ["table"], registry=registry,
+        )  # fmt: skip
+        self.quarantined = Counter(
+            f"{prefix}_quarantined", "records sent to the quarantine table", registry=registry
+        )
+        self.schema_changes = Counter(
+            f"{prefix}_schema_changes", "truncates and DDL applied to mirrors", registry=registry
+        )
+        self.lag = Gauge(
+            f"{prefix}_lag_records", "end offset minus the last batch's position",
+            ["topic", "partition"], registry=registry,
+        )  # fmt: skip
+        self.last_batch = Gauge(f"{prefix}_last_batch_id", "last batch written", registry=registry)
+        self.last_batch_time = Gauge(
+            f"{prefix}_last_batch_timestamp_seconds", "when the last batch ended", registry=registry
+        )
+
+
+def kafka_source_options(k: KafkaSettings) -> dict[str, str]:
+    """The Kafka settings as options of Spark's Kafka source (Java client names)."""
+    opts = {
+        "kafka.bootstrap.servers": k.bootstrap_servers,
+        "kafka.client.id": k.client_id,
+        "kafka.security.protocol": k.security_protocol,
+    }
+    if k.sasl_mechanism:
+        opts["kafka.sasl.mechanism"] = k.sasl_mechanism
+        module = (
+            "org.apache.kafka.common.security.plain.PlainLoginModule"
+            if k.sasl_mechanism == "PLAIN"
+            else "org.apache.kafka.common.security.scram.ScramLoginModule"
+        )
+        password = k.sasl_password.get_secret_value() if k.sasl_password else ""
+        opts["kafka.sasl.jaas.config"] = (
+            f'{module} required username="{k.sasl_username or ""}" password="{password}";'
+        )
+    if k.ssl_ca_location is not None:
+        opts["kafka.ssl.truststore.type"] = "PEM"
+        opts["kafka.ssl.truststore.location"] = str(k.ssl_ca_location)
+    return opts
+
+
+def spark_session(s: Kafka2SparkSettings) -> SparkSession:
+    """The session: Delta's catalog and extensions, small shuffles for one machine, UTC
+    (timestamps in the mirror are the Postgres instants), then the user's overrides."""
+    sp = s.spark
+    builder = (
+        SparkSession.builder.master(sp.master)
+        .appName(sp.app_name)
+        .config("spark.ui.enabled", str(sp.ui).lower())
+        .config("spark.sql.shuffle.partitions", str(sp.shuffle_partitions))
+        .config("spark.sql.session.timeZone", "UTC")
+        .config("spark.sql.extensions", "io.delta.sql.DeltaSparkSessionExtension")
+        .config(
+            "spark.sql.catalog.spark_catalog", "org.apache.spark.sql.delta.catalog.DeltaCatalog"
+        )
+        # Small tables: Delta's default of 50 partitions to read its log costs seconds.
+        .config("spark.databricks.delta.snapshotPartitions", str(max(sp.shuffle_partitions, 1)))
+        .config("spark.sql.streaming.stopGracefullyOnShutdown", "true")
+    )
+    if sp.master.startswith("local"):
+        # One machine: the driver listens on loopback only.
+        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+        builder = builder.config("spark.driver.host", "127.0.0.1").config(
+            "spark.driver.bindAddress", "127.0.0.1"
+        )
+    if sp.jars:
+        builder = builder.config("spark.jars", sp.jars)
+    if sp.packages:
+        builder = builder.config("spark.jars.packages", sp.packages)
+    for key, value in sp.conf.items():
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("WARN")
+    return spark
+
+
+class GroupCommitter:
+    """Commits each batch's offsets to the consumer group and measures the lag. Not the
+    job's checkpoint (Spark's is): a failure here fails the batch, which is run again."""
+
+    def __init__(self, settings: Kafka2SparkSettings, metrics: Metrics) -> None:
+        self.metrics = metrics
+        self.consumer = Consumer(
+            {
+                **settings.kafka.client_config(),
+                "group.id": settings.source.group_id,
+                "enable.auto.commit": False,
+            }
+        )
+        self.checkpointer = KafkaOffsetCheckpointer(self.consumer)
+
+    def __call__(self, result: BatchResult) -> None:
+        if not result.offsets:
+            return
+        self.checkpointer.commit(result.offsets)
+        try:
+            for (topic, partition), offset in result.offsets.items():
+                _low, high = self.consumer.get_watermark_offsets(
+                    TopicPartition(topic, partition), timeout=5
+                )
+                self.metrics.lag.labels(topic, str(partition)).set(max(0, high - offset - 1))
+        except KafkaException as exc:
+            log.debug("lag not updated: %s", exc)
+
+    def close(self) -> None:
+        self.consumer.close()
+
+
+@dataclass
+class Service:
+    settings: Kafka2SparkSettings
+    spark: SparkSession
+    mirror: DeltaMirror
+    registry: CollectorRegistry
+    metrics: Metrics
+    committer: GroupCommitter
+    ops: OpsServer | None
+    stop_event: threading.Event
+    query: StreamingQuery | None = None
+
+    def start(self) -> StreamingQuery:
+        s = self.settings
+        reader = self.spark.readStream.format("kafka")
+        for key, value in kafka_source_options(s.kafka).items():
+            reader = reader.option(key, value)
+        stream = (
+            reader.option("subscribe", ",".join(s.source.topics))
+            .option("startingOffsets", s.source.starting_offsets)
+            .option("maxOffsetsPerTrigger", s.source.max_offsets_per_trigger)
+            .load()
+        )
+        writer = (
+            stream.writeStream.foreachBatch(self.mirror)
+            .queryName("walcast_mirror")
+            .option("checkpointLocation", str(s.delta.checkpoint_path()))
+        )
+        if s.trigger.mode == "available_now":
+            writer = writer.trigger(availableNow=True)
+        else:
+            writer = writer.trigger(processingTime=f"{s.trigger.interval_s} seconds")
+        self.query = writer.start()
+        log.info(
+            "mirroring %s into %s (checkpoint %s)",
+            ", ".join(s.source.topics), s.delta.root, s.delta.checkpoint_path(),
+        )  # fmt: skip
+        return self.query
+
+    def run(self) -> None:
+        """Run until stopped (or, with ``trigger.mode = available_now``, caught up)."""
+        if self.ops is not None:
+            self.ops.start()
+        try:
+            query = self.start()
+            while query.isActive and not self.stop_event.is_set():
+                query.awaitTermination(1)
+            if query.isActive:
+                query.stop()
+            failure = query.exception()
+            if failure is not None:
+                raise RuntimeError(f"the mirror query failed: {failure}")
+        finally:
+            if self.ops is not None:
+                self.ops.stop()
+            self.committer.close()
+
+    def stop(self, *_: object) -> None:
+        self.stop_event.set()
+
+    def install_signal_handlers(self) -> None:
+        def handler(signum: int, _frame: FrameType | None) -> None:
+            log.info("signal %d: stopping the query", signum)
+            self.stop()
+
+        signal.signal(signal.SIGTERM, handler)
+        signal.signal(signal.SIGINT, handler)
+
+
+def build(settings: Kafka2SparkSettings, spark: SparkSession | None = None) -> Service:
+    """Wire the job: Spark session, mirror, group commits, metrics, ops endpoint."""
+    registry = CollectorRegistry()
+    metrics = Metrics(registry)
+    committer = GroupCommitter(settings, metrics)
+    session = spark or spark_session(settings)
+
+    def on_batch(result: BatchResult) -> None:
+        committer(result)
+        metrics.batches.inc()
+        metrics.batch_seconds.observe(result.seconds)
+        metrics.records.inc(result.records)
+        metrics.quarantined.inc(result.quarantined)
+        metrics.schema_changes.inc(len(result.schema_changes))
+        for table, n in result.merged.items():
+            metrics.merged.labels(table).inc(n)
+        metrics.last_batch.set(result.batch_id)
+        metrics.last_batch_time.set(time.time())
+        log.info(
+            "batch %d: %d records, %d quarantined, merged %s%s in %.1fs",
+            result.batch_id, result.records, result.quarantined, result.merged or "nothing",
+            "; " + "; ".join(result.schema_changes) if result.schema_changes else "",
+            result.seconds,
+        )  # fmt: skip
+
+    mirror = DeltaMirror(session, settings, on_batch)
+    stop_event = threading.Event()
+    service = Service(settings, session, mirror, registry, metrics, committer, None, stop_event)
+    if settings.http.enabled:
+        ops = OpsServer(registry, settings.http.host, settings.http.port)
+
+        def active() -> tuple[bool, str]:
+            q = service.query
+            return (q is not None and q.isActive, "query running" if q else "not started")
+
+        def failed() -> tuple[bool, str]:
+            q = service.query
+            exc: Any = q.exception() if q is not None and not q.isActive else None
+            return (exc is None, str(exc) if exc else "no failure")
+
+        ops.add_health_check("query", failed)
+        ops.add_ready_check("query", active)
+        service.ops = ops
+    return service
+
+
+__all__ = ["Service", "build", "kafka_source_options", "spark_session"]

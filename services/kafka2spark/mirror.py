@@ -1,0 +1,601 @@
+"""One micro-batch of change events into Delta: quarantine, changelog, per-table mirrors.
+
+:class:`DeltaMirror` is the ``foreachBatch`` function of the streaming query. For each
+batch of Kafka records it
+
+1. parses every record against the envelope schema (:data:`schema.ENVELOPE`); records
+   that are not change events go to the quarantine table with the raw bytes, the reason
+   and the source offset, and the batch goes on;
+2. appends every change event to the changelog table (partitioned by source table and
+   commit date);
+3. per source table, in LSN order: the truncate and DDL events of the batch cut the data
+   events into segments; each segment is reduced to the newest change per key (unchanged
+   TOAST columns taken from an older change of the batch, or else kept from the table)
+   and MERGEd into the table's mirror; each truncate / DDL is applied between the
+   segments around it, so the mirror follows the table's history;
+4. commits the batch's offsets to the Kafka consumer group (lag in standard tooling).
+
+Idempotence — Spark runs a batch again after a crash, with the same records and id:
+
+* appends (changelog, quarantine) use Delta's idempotent writes (``txnAppId`` +
+  ``txnVersion`` = the batch id): a repeated append is skipped by Delta itself;
+* the MERGE is guarded by the row's LSN (``_walcast_lsn``): a change not newer than the
+  stored row changes nothing; a truncate records its LSN in the table's properties, so it
+  is not applied twice and older changes stay out;
+* DDL compares the table's columns with the DDL's resulting columns, so a repeated DDL
+  finds nothing left to do.
+
+Column renames and drops rewrite the table (Delta without column mapping): column
+mapping would make them metadata-only, but tables using it are not read correctly by
+other Delta readers (the deltalake package returned nulls), and a mirror must be
+readable everywhere.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import re
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pyspark.sql import Column, DataFrame, SparkSession, Window
+from pyspark.sql import functions as F  # noqa: N812 - the PySpark convention
+from pyspark.sql import types as T  # noqa: N812 - the PySpark convention
+
+from services.kafka2spark.schema import ENVELOPE, spark_type
+from services.kafka2spark.settings import Kafka2SparkSettings
+
+log = logging.getLogger(__name__)
+
+DATA_OPS = ("insert", "update", "delete")
+CONTROL_OPS = ("truncate", "ddl")
+IGNORED_OPS = ("heartbeat", "message")
+LSN = "_walcast_lsn"
+TRUNCATED = "walcast.truncated_lsn"
+CORRUPT = "_walcast_corrupt"
+_RENAME = re.compile(r"\bRENAME\b", re.IGNORECASE)
+_UNSAFE_PATH = re.compile(r"[^A-Za-z0-9_.\-]")
+
+
+def quote(name: str) -> str:
+    """A Spark SQL identifier, whatever the Postgres column is called."""
+    return "`" + name.replace("`", "``") + "`"
+
+
+def table_dir(template: str, db: str, schema: str, table: str) -> str:
+    name = template.format(db=db, schema=schema, table=table)
+    return _UNSAFE_PATH.sub("_", name)
+
+
+@dataclass
+class BatchResult:
+    """What one batch did (logged, exported as metrics, returned to tests)."""
+
+    batch_id: int
+    records: int = 0
+    quarantined: int = 0
+    events: int = 0
+    merged: dict[str, int] = field(default_factory=dict)  # table -> source rows merged
+    schema_changes: list[str] = field(default_factory=list)
+    offsets: dict[tuple[str, int], int] = field(default_factory=dict)  # last offset read
+    seconds: float = 0.0
+
+
+@dataclass
+class _Control:
+    table: str
+    lsn: int
+    seq: int
+    op: str
+    ddl: dict[str, Any] | None
+    event: dict[str, str]
+
+
+class DeltaMirror:
+    """The ``foreachBatch`` function: ``mirror(df, batch_id)``.
+
+    ``on_batch(result)`` runs after everything of the batch is written (metrics, the
+    Kafka group commit); an exception from it fails the batch like any other, and Spark
+    runs it again on restart.
+    """
+
+    def __init__(
+        self,
+        spark: SparkSession,
+        settings: Kafka2SparkSettings,
+        on_batch: Callable[[BatchResult], None] = lambda _r: None,
+    ) -> None:
+        self.spark = spark
+        self.s = settings
+        self.root = settings.delta.root
+        self.on_batch = on_batch
+        digest = hashlib.sha256(str(settings.delta.checkpoint_path().resolve()).encode())
+        self.app_id = f"walcast-kafka2spark-{digest.hexdigest()[:12]}"
+
+    # -- paths ---------------------------------------------------------------------------
+
+    def path_of(self, db: str, schema: str, table: str) -> Path:
+        return self.root / table_dir(self.s.delta.table_template, db, schema, table)
+
+    @property
+    def changelog_path(self) -> Path:
+        return self.root / self.s.delta.changelog_table
+
+    @property
+    def quarantine_path(self) -> Path:
+        return self.root / self.s.delta.quarantine_table
+
+    # -- the batch -----------------------------------------------------------------------
+
+    def __call__(self, df: DataFrame, batch_id: int) -> None:
+        started = time.monotonic()
+        result = BatchResult(batch_id)
+        raw = df.select(
+            "key", "value", "topic", "partition", "offset", F.col("timestamp").alias("kafka_ts")
+        ).persist()
+        try:
+            for row in raw.groupBy("topic", "partition").agg(F.max("offset").alias("o")).collect():
+                result.offsets[(row["topic"], row["partition"])] = int(row["o"])
+            if result.offsets:
+                result.records = raw.count()
+                self._batch(raw, batch_id, result)
+        finally:
+            raw.unpersist()
+        result.seconds = time.monotonic() - started
+        self.on_batch(result)
+
+    def _batch(self, raw: DataFrame, batch_id: int, result: BatchResult) -> None:
+        parsed = raw.withColumn(
+            "e", F.from_json(F.col("value").cast("string"), ENVELOPE)
+        ).withColumn("reason", _reason())
+        bad = parsed.where(F.col("reason").isNotNull())
+        events = parsed.where(F.col("reason").isNull() & ~F.col("e.op").isin(*IGNORED_OPS))
+        events = events.select(
+            "e.*",
+            "topic",
+            "partition",
+            "offset",
+            "kafka_ts",
+            F.col("key").alias("kafka_key"),  # the envelope has a "key" of its own
+            F.col("value").alias("kafka_value"),
+        ).withColumn("source_table", F.concat_ws(".", "schema", "table"))
+        events = events.persist()
+        try:
+            result.quarantined = self._quarantine(bad, batch_id, "records")
+            result.events = self._changelog(events, batch_id)
+            if result.events:
+                self._mirror(events, batch_id, result)
+        finally:
+            events.unpersist()
+
+    # -- quarantine and changelog --------------------------------------------------------
+
+    def _append(self, df: DataFrame, path: Path, app: str, batch_id: int, **kw: Any) -> None:
+        """An idempotent append: Delta skips it if (app, batch_id) was already written."""
+        writer = (
+            df.write.format("delta")
+            .mode("append")
+            .option("txnAppId", f"{self.app_id}-{app}")
+            .option("txnVersion", batch_id)
+            .option("mergeSchema", "true")
+        )
+        if kw.get("partition_by"):
+            writer = writer.partitionBy(*kw["partition_by"])
+        writer.save(str(path))
+
+    def _quarantine(self, bad: DataFrame, batch_id: int, app: str) -> int:
+        rows = bad.select(
+            "key",
+            "value",
+            "reason",
+            "topic",
+            "partition",
+            "offset",
+            "kafka_ts",
+            F.lit(batch_id).cast("long").alias("batch_id"),
+            F.current_timestamp().alias("quarantined_at"),
+        ).persist()
+        try:
+            n = rows.count()
+            if n:
+                self._append(rows, self.quarantine_path, f"quarantine-{app}", batch_id)
+                for r in rows.select("topic", "partition", "offset", "reason").limit(20).collect():
+                    log.warning(
+                        "quarantined %s[%d]@%d: %s",
+                        r["topic"], r["partition"], r["offset"], r["reason"],
+                    )  # fmt: skip
+            return n
+        finally:
+            rows.unpersist()
+
+    def _changelog(self, events: DataFrame, batch_id: int) -> int:
+        ts = F.to_timestamp("commit_ts")
+        rows = events.select(
+            "source_table",
+            F.to_date(ts).alias("commit_date"),
+            "op", "db", "schema", "table", "lsn", "seq", "commit_lsn", "xid",
+            ts.alias("commit_ts"),
+            "key", "new", "old", "unchanged_toast", "types",
+            F.to_json("ddl").alias("ddl"),
+            "topic", "partition", "offset", "kafka_ts",
+        )  # fmt: skip
+        n = rows.count()
+        if n:
+            self._append(
+                rows,
+                self.changelog_path,
+                "changelog",
+                batch_id,
+                partition_by=["source_table", "commit_date"],
+            )
+        return n
+
+    # -- mirrors -------------------------------------------------------------------------
+
+    def _mirror(self, events: DataFrame, batch_id: int, result: BatchResult) -> None:
+        controls = [
+            _Control(
+                r["source_table"],
+                int(r["lsn"]),
+                int(r["seq"] or 0),
+                r["op"],
+                r["ddl"].asDict(recursive=True) if r["ddl"] is not None else None,
+                {"db": r["db"], "schema": r["schema"], "table": r["table"]},
+            )
+            for r in events.where(F.col("op").isin(*CONTROL_OPS))
+            .select("source_table", "lsn", "seq", "op", "ddl", "db", "schema", "table")
+            .collect()
+        ]
+        controls.sort(key=lambda c: (c.table, c.lsn, c.seq))
+        by_table: dict[str, list[_Control]] = {}
+        for c in controls:
+            by_table.setdefault(c.table, []).append(c)
+
+        data = events.where(F.col("op").isin(*DATA_OPS)).withColumn(
+            "segment", _segment_expr(by_table)
+        )
+        data = data.persist()
+        try:
+            # Per (table, segment): the columns and types seen, the key columns, and the
+            # columns some change left out as unchanged TOAST — one small job.
+            shape = (
+                data.select(
+                    "source_table",
+                    "segment",
+                    "db",
+                    "schema",
+                    "table",
+                    F.explode_outer("types").alias("column", "type"),
+                    F.col("lsn"),
+                )
+                .groupBy("source_table", "segment", "db", "schema", "table", "column")
+                .agg(F.max_by("type", "lsn").alias("type"))
+                .collect()
+            )
+            keys = (
+                data.select(
+                    "source_table",
+                    F.explode(F.map_keys(F.from_json("key", "map<string,string>"))).alias("k"),
+                )
+                .distinct()
+                .collect()
+            )
+            toast = (
+                data.select("source_table", "segment", F.explode("unchanged_toast").alias("c"))
+                .distinct()
+                .collect()
+            )
+            tables: dict[str, dict[str, Any]] = {}
+            for r in shape:
+                info = tables.setdefault(
+                    r["source_table"],
+                    {"ids": (r["db"], r["schema"], r["table"]), "segments": {}},
+                )
+                seg = info["segments"].setdefault(int(r["segment"]), {})
+                if r["column"] is not None:
+                    seg[r["column"]] = r["type"]
+            key_cols: dict[str, list[str]] = {}
+            for r in keys:
+                key_cols.setdefault(r["source_table"], []).append(r["k"])
+            toast_cols: dict[tuple[str, int], list[str]] = {}
+            for r in toast:
+                toast_cols.setdefault((r["source_table"], int(r["segment"])), []).append(r["c"])
+
+            for name in sorted(set(tables) | set(by_table)):
+                ctl = by_table.get(name, [])
+                t = tables.get(name)
+                ids = t["ids"] if t else tuple(ctl[0].event[k] for k in ("db", "schema", "table"))
+                path = self.path_of(*ids)
+                for seg in range(len(ctl) + 1):
+                    if t is not None and seg in t["segments"]:
+                        rows = data.where(
+                            (F.col("source_table") == name) & (F.col("segment") == seg)
+                        )
+                        merged = self._merge(
+                            path,
+                            name,
+                            rows,
+                            t["segments"][seg],
+                            sorted(key_cols.get(name, [])),
+                            sorted(toast_cols.get((name, seg), [])),
+                            batch_id,
+                            seg,
+                        )
+                        result.merged[name] = result.merged.get(name, 0) + merged
+                    if seg < len(ctl):
+                        change = self._control(path, name, ctl[seg])
+                        if change:
+                            result.schema_changes.append(change)
+        finally:
+            data.unpersist()
+
+    # -- table state ---------------------------------------------------------------------
+
+    def _exists(self, path: Path) -> bool:
+        return (path / "_delta_log").is_dir() and any((path / "_delta_log").glob("*.json"))
+
+    def _columns(self, path: Path) -> dict[str, T.DataType]:
+        df = self.spark.read.format("delta").load(str(path))
+        return {f.name: f.dataType for f in df.schema.fields}
+
+    def _properties(self, path: Path) -> dict[str, str]:
+        rows = self.spark.sql(f"SHOW TBLPROPERTIES delta.{quote(str(path))}").collect()
+        return {r["key"]: r["value"] for r in rows}
+
+    def _create(self, path: Path, name: str, types: dict[str, str], key: list[str]) -> None:
+        from delta.tables import DeltaTable
+
+        builder = DeltaTable.createIfNotExists(self.spark).location(str(path))
+        for column, pg in types.items():
+            builder = builder.addColumn(column, spark_type(pg))
+        builder = builder.addColumn(LSN, T.LongType())
+        builder = (
+            builder.property("walcast.source", name)
+            .property("walcast.key", ",".join(key))
+            .property(TRUNCATED, "0")
+        )
+        builder.execute()
+        log.info("created the mirror of %s at %s", name, path)
+
+    def _add_columns(self, path: Path, new: dict[str, str]) -> None:
+        cols = ", ".join(f"{quote(c)} {spark_type(t).simpleString()}" for c, t in new.items())
+        self.spark.sql(f"ALTER TABLE delta.{quote(str(path))} ADD COLUMNS ({cols})")
+
+    # -- merge ---------------------------------------------------------------------------
+
+    def _merge(
+        self,
+        path: Path,
+        name: str,
+        rows: DataFrame,
+        types: dict[str, str],
+        key: list[str],
+        toast: list[str],
+        batch_id: int,
+        segment: int,
+    ) -> int:
+        if not key:
+            log.warning("%s has no primary key or replica identity: not mirrored", name)
+            return 0
+        if not self._exists(path):
+            self._create(path, name, types, key)
+        current = self._columns(path)
+        new = {c: t for c, t in types.items() if c not in current}
+        if new:
+            self._add_columns(path, new)
+            current = self._columns(path)
+        truncated = int(self._properties(path).get(TRUNCATED, "0"))
+        columns = [c for c in current if c != LSN]
+        row_type = T.StructType(
+            [T.StructField(c, current[c]) for c in columns]
+            + [T.StructField(CORRUPT, T.StringType())]
+        )
+        key_type = T.StructType([T.StructField(c, current[c]) for c in key if c in current])
+        src = rows.where(F.col("lsn") > truncated).select(
+            "lsn",
+            "seq",
+            "op",
+            F.coalesce("unchanged_toast", F.array().cast("array<string>")).alias("toast"),
+            F.from_json(
+                "new", row_type, {"columnNameOfCorruptRecord": CORRUPT, "mode": "PERMISSIVE"}
+            ).alias("n"),
+            F.from_json("key", key_type).alias("k"),
+            "kafka_key",
+            "kafka_value",
+            "topic",
+            "partition",
+            "offset",
+            "kafka_ts",
+        )
+        src = src.select(
+            "lsn",
+            "seq",
+            "op",
+            "toast",
+            F.col(f"n.{quote(CORRUPT)}").alias(CORRUPT),
+            *[
+                (F.col(f"k.{quote(c)}") if c in key else F.col(f"n.{quote(c)}")).alias(c)
+                for c in columns
+            ],
+            "kafka_key",
+            "kafka_value",
+            "topic",
+            "partition",
+            "offset",
+            "kafka_ts",
+        ).persist()
+        try:
+            # A value Spark cannot convert to the column's type is not merged as null: the
+            # change goes to the quarantine with the reason, the rest of the batch goes on.
+            corrupt = src.where(F.col(CORRUPT).isNotNull()).select(
+                F.col("kafka_key").alias("key"),
+                F.col("kafka_value").alias("value"),
+                F.concat(
+                    F.lit(f"a value does not fit the column types of {name}: "), F.col(CORRUPT)
+                ).alias("reason"),
+                "topic",
+                "partition",
+                "offset",
+                "kafka_ts",
+            )
+            self._quarantine(corrupt, batch_id, f"values-{path.name}-{segment}")
+            return self._merge_good(path, src.where(F.col(CORRUPT).isNull()), columns, key, toast)
+        finally:
+            src.unpersist()
+
+    def _merge_good(
+        self, path: Path, src: DataFrame, columns: list[str], key: list[str], toast: list[str]
+    ) -> int:
+        from delta.tables import DeltaTable
+
+        history = Window.partitionBy(*[F.col(quote(k)) for k in key]).orderBy("lsn", "seq")
+        running = history.rowsBetween(Window.unboundedPreceding, Window.currentRow)
+        keep: dict[str, Column] = {}
+        for c in toast:
+            if c not in columns:
+                continue
+            # The newest value some change of this batch supplied; none -> keep the table's.
+            supplied = ~F.array_contains("toast", c) & (F.col("op") != "delete")
+            carried = F.last(F.when(supplied, F.struct(F.col(quote(c)).alias("v"))), True)
+            src = src.withColumn(f"_carry_{c}", carried.over(running))
+            src = src.withColumn(c, F.col(f"{quote('_carry_' + c)}.v"))
+            keep[c] = F.col(quote(f"_carry_{c}")).isNull()
+        for c, flag in keep.items():
+            src = src.withColumn(f"_keep_{c}", flag)
+        newest = Window.partitionBy(*[F.col(quote(k)) for k in key]).orderBy(
+            F.col("lsn").desc(), F.col("seq").desc()
+        )
+        src = (
+            src.withColumn("_rank", F.row_number().over(newest))
+            .where("_rank = 1")
+            .withColumnRenamed("lsn", LSN)
+        ).persist()
+        try:
+            on = " AND ".join(f"t.{quote(k)} = s.{quote(k)}" for k in key)
+            newer = f"s.{LSN} > t.{LSN}"
+            assign: dict[str, str | Column] = {
+                quote(c): (
+                    f"CASE WHEN s.{quote('_keep_' + c)} THEN t.{quote(c)} ELSE s.{quote(c)} END"
+                    if c in keep
+                    else f"s.{quote(c)}"
+                )
+                for c in columns
+            }
+            assign[LSN] = f"s.{LSN}"
+            insert: dict[str, str | Column] = {quote(c): f"s.{quote(c)}" for c in columns}
+            insert[LSN] = f"s.{LSN}"
+            (
+                DeltaTable.forPath(self.spark, str(path))
+                .alias("t")
+                .merge(src.alias("s"), on)
+                .whenMatchedDelete(condition=f"s.op = 'delete' AND {newer}")
+                .whenMatchedUpdate(condition=f"s.op <> 'delete' AND {newer}", set=assign)
+                .whenNotMatchedInsert(condition="s.op <> 'delete'", values=insert)
+                .execute()
+            )
+            return int(src.count())
+        finally:
+            src.unpersist()
+
+    # -- truncate and DDL ----------------------------------------------------------------
+
+    def _control(self, path: Path, name: str, c: _Control) -> str | None:
+        if c.op == "truncate":
+            return self._truncate(path, name, c.lsn)
+        ddl = c.ddl or {}
+        if ddl.get("dropped"):
+            log.info("%s dropped in Postgres: its mirror at %s is kept", name, path)
+            return f"{name}: table dropped (mirror kept)"
+        columns = ddl.get("columns")
+        if not columns:
+            return None
+        after = {str(col["name"]): str(col["type"]) for col in columns}
+        if not self._exists(path):
+            self._create(path, name, after, list(ddl.get("primary_key") or []))
+            return f"{name}: created"
+        current = {k: v for k, v in self._columns(path).items() if k != LSN}
+        removed = [col for col in current if col not in after]
+        added = {col: t for col, t in after.items() if col not in current}
+        if len(removed) == 1 and len(added) == 1 and _RENAME.search(ddl.get("statement") or ""):
+            old, new = removed[0], next(iter(added))
+            self._rewrite(path, lambda df: df.withColumnRenamed(old, new))
+            return f"{name}: column {old} renamed to {new}"
+        changes = []
+        if removed:
+            self._rewrite(path, lambda df: df.drop(*removed))
+            changes.append(f"dropped {', '.join(removed)}")
+        if added:
+            self._add_columns(path, added)
+            changes.append(f"added {', '.join(added)}")
+        return f"{name}: {'; '.join(changes)}" if changes else None
+
+    def _truncate(self, path: Path, name: str, lsn: int) -> str | None:
+        if not self._exists(path):
+            return None
+        if lsn <= int(self._properties(path).get(TRUNCATED, "0")):
+            return None  # applied before this batch was replayed
+        where = quote(str(path))
+        self.spark.sql(f"DELETE FROM delta.{where}")
+        self.spark.sql(f"ALTER TABLE delta.{where} SET TBLPROPERTIES ('{TRUNCATED}' = '{lsn}')")
+        return f"{name}: truncated"
+
+    def _rewrite(self, path: Path, change: Callable[[DataFrame], DataFrame]) -> None:
+        """Rename / drop a column by rewriting the table (a new version; older ones stay
+        readable by time travel until vacuumed). Table properties are kept."""
+        df = change(self.spark.read.format("delta").load(str(path)))
+        (
+            df.write.format("delta")
+            .mode("overwrite")
+            .option("overwriteSchema", "true")
+            .save(str(path))
+        )
+
+
+def _reason() -> Column:
+    """Why a record is not a change event (null when it is one)."""
+    e = F.col("e")
+    data = F.col("e.op").isin(*DATA_OPS)
+    return (
+        F.when(F.col("value").isNull(), F.lit("empty record (no value)"))
+        .when(
+            e.isNull() | F.json_object_keys(F.col("value").cast("string")).isNull(),
+            F.lit("not a JSON object"),
+        )
+        .when(F.col("e.v").isNull() | (F.col("e.v") != 1), F.lit("unknown event version"))
+        .when(
+            F.col("e.op").isNull() | ~F.col("e.op").isin(*DATA_OPS, *CONTROL_OPS, *IGNORED_OPS),
+            F.lit("unknown op"),
+        )
+        .when(F.col("e.op").isin(*IGNORED_OPS), F.lit(None))
+        .when(
+            F.col("e.db").isNull() | F.col("e.schema").isNull() | F.col("e.table").isNull(),
+            F.lit("field db, schema or table missing or not a string"),
+        )
+        .when(
+            F.col("e.lsn").isNull() | (F.col("e.lsn") < 0),
+            F.lit("field 'lsn' missing or not a non-negative integer"),
+        )
+        .when(data & F.col("e.key").isNull(), F.lit("field 'key' missing"))
+        .when(
+            F.col("e.op").isin("insert", "update") & F.col("e.new").isNull(),
+            F.lit("insert or update without a 'new' row"),
+        )
+        .when((F.col("e.op") == "ddl") & F.col("e.ddl").isNull(), F.lit("ddl event without 'ddl'"))
+    )
+
+
+def _segment_expr(by_table: dict[str, list[_Control]]) -> Column:
+    """Which segment of its table a data event falls in: the number of the table's
+    control events before it (by LSN, then position in the transaction)."""
+    seg: Column = F.lit(0)
+    for table, ctl in by_table.items():
+        count: Column = F.lit(0)
+        for c in ctl:
+            before = (F.col("lsn") > c.lsn) | ((F.col("lsn") == c.lsn) & (F.col("seq") > c.seq))
+            count = count + F.when(before, 1).otherwise(0)
+        seg = F.when(F.col("source_table") == table, count).otherwise(seg)
+    return seg

@@ -1,0 +1,78 @@
+"""Postgres column types (as change events carry them) → Spark SQL types.
+
+The mirror keeps every value without loss, so where Spark has no exact equivalent the
+value stays text: ``numeric`` (arbitrary precision, ``NaN``) is a string holding the exact
+decimal; ``json`` / ``jsonb`` hold the JSON text; intervals, times, money, UUIDs, enums
+and anything unknown are strings as pg2kafka sends them (docs/events.md, Values).
+Arrays (``_elem``) are arrays of the element type.
+"""
+
+from __future__ import annotations
+
+from pyspark.sql import types as T  # noqa: N812 - the PySpark convention
+
+_SCALARS: dict[str, T.DataType] = {
+    "int2": T.ShortType(),
+    "int4": T.IntegerType(),
+    "int8": T.LongType(),
+    "oid": T.LongType(),
+    "float4": T.FloatType(),
+    "float8": T.DoubleType(),
+    "bool": T.BooleanType(),
+    "date": T.DateType(),
+    "timestamp": T.TimestampNTZType(),
+    "timestamptz": T.TimestampType(),
+    "bytea": T.BinaryType(),
+}
+
+
+def spark_type(pg_type: str) -> T.DataType:
+    if pg_type.startswith("_"):
+        return T.ArrayType(spark_type(pg_type[1:]))
+    return _SCALARS.get(pg_type, T.StringType())
+
+
+# The change event envelope (docs/events.md). ``key`` / ``new`` / ``old`` are declared as
+# strings: Spark's JSON reader keeps a nested object's raw JSON text in a string field,
+# and each table's rows are parsed later with that table's own schema.
+ENVELOPE = T.StructType(
+    [
+        T.StructField("v", T.LongType()),
+        T.StructField("op", T.StringType()),
+        T.StructField("db", T.StringType()),
+        T.StructField("schema", T.StringType()),
+        T.StructField("table", T.StringType()),
+        T.StructField("lsn", T.LongType()),
+        T.StructField("seq", T.LongType()),
+        T.StructField("commit_lsn", T.LongType()),
+        T.StructField("xid", T.LongType()),
+        T.StructField("commit_ts", T.StringType()),
+        T.StructField("key", T.StringType()),
+        T.StructField("new", T.StringType()),
+        T.StructField("old", T.StringType()),
+        T.StructField("unchanged_toast", T.ArrayType(T.StringType())),
+        T.StructField("types", T.MapType(T.StringType(), T.StringType())),
+        T.StructField(
+            "ddl",
+            T.StructType(
+                [
+                    T.StructField("tag", T.StringType()),
+                    T.StructField("statement", T.StringType()),
+                    T.StructField(
+                        "columns",
+                        T.ArrayType(
+                            T.StructType(
+                                [
+                                    T.StructField("name", T.StringType()),
+                                    T.StructField("type", T.StringType()),
+                                ]
+                            )
+                        ),
+                    ),
+                    T.StructField("primary_key", T.ArrayType(T.StringType())),
+                    T.StructField("dropped", T.BooleanType()),
+                ]
+            ),
+        ),
+    ]
+)
