@@ -221,3 +221,42 @@ _REBALANCE_CODES = (
     KafkaError.UNKNOWN_MEMBER_ID,
     KafkaError._NO_OFFSET,
 )
+
+
+def topic_partitions(consumer: Consumer, topic: str) -> list[TopicPartition]:
+    """The topic's partitions, or [] when it does not exist."""
+    md = consumer.list_topics(topic, timeout=10).topics.get(topic)
+    if md is None or md.error is not None:
+        return []
+    return [TopicPartition(topic, p) for p in sorted(md.partitions)]
+
+
+def group_lag(consumer: Consumer, topics: list[str]) -> list[dict[str, Any]]:
+    """Per partition of ``topics``: the group's committed offset (None if it never
+    committed), the end offset, and the lag (records not yet committed). ``consumer``
+    carries the group id; it needs no subscription."""
+    out: list[dict[str, Any]] = []
+    for topic in topics:
+        parts = topic_partitions(consumer, topic)
+        for tp in consumer.committed(parts, timeout=10) if parts else []:
+            low, high = consumer.get_watermark_offsets(tp, timeout=10)
+            done = tp.offset if tp.offset >= 0 else low
+            out.append(
+                {
+                    "topic": tp.topic,
+                    "partition": tp.partition,
+                    "committed": tp.offset if tp.offset >= 0 else None,
+                    "end": high,
+                    "lag": max(0, high - done),
+                }
+            )
+    return out
+
+
+def topic_records(consumer: Consumer, topic: str) -> int:
+    """Records currently held by ``topic`` (end minus start offsets; 0 if missing)."""
+    total = 0
+    for tp in topic_partitions(consumer, topic):
+        low, high = consumer.get_watermark_offsets(tp, timeout=10)
+        total += high - low
+    return total

@@ -14,15 +14,9 @@ from services.kafka2search.app import Metrics, SearchPipeline
 from services.kafka2search.engines import SearchEngine, engine_for
 from services.kafka2search.settings import Kafka2SearchSettings
 from shared.errors import ConfigError, PermanentError
+from shared.kafka import group_lag, topic_partitions, topic_records
 
 log = logging.getLogger(__name__)
-
-
-def _partitions(consumer: Consumer, topic: str) -> list[TopicPartition]:
-    md = consumer.list_topics(topic, timeout=10).topics.get(topic)
-    if md is None or md.error is not None:
-        return []
-    return [TopicPartition(topic, p) for p in sorted(md.partitions)]
 
 
 def alias_pattern(template: str) -> str:
@@ -44,26 +38,8 @@ def status(settings: Kafka2SearchSettings) -> dict[str, Any]:
     """Consumer lag per partition, documents per index, dead letters."""
     consumer = Consumer({**settings.kafka.client_config(), "group.id": settings.consumer.group_id})
     try:
-        lag: list[dict[str, Any]] = []
-        for topic in settings.consumer.topics:
-            parts = _partitions(consumer, topic)
-            committed = consumer.committed(parts, timeout=10) if parts else []
-            for tp in committed:
-                low, high = consumer.get_watermark_offsets(tp, timeout=10)
-                done = tp.offset if tp.offset >= 0 else low
-                lag.append(
-                    {
-                        "topic": tp.topic,
-                        "partition": tp.partition,
-                        "committed": tp.offset if tp.offset >= 0 else None,
-                        "end": high,
-                        "lag": max(0, high - done),
-                    }
-                )
-        dlq = 0
-        for tp in _partitions(consumer, settings.consumer.dlq_topic):
-            low, high = consumer.get_watermark_offsets(tp, timeout=10)
-            dlq += high - low
+        lag = group_lag(consumer, list(settings.consumer.topics))
+        dlq = topic_records(consumer, settings.consumer.dlq_topic)
     finally:
         consumer.close()
     engine = engine_for(settings.engine)
@@ -103,7 +79,7 @@ def replay(
         start: list[TopicPartition] = []
         until: dict[tuple[str, int], int] = {}
         for topic in settings.consumer.topics:
-            parts = _partitions(probe, topic)
+            parts = topic_partitions(probe, topic)
             if not parts:
                 raise PermanentError(
                     f"Kafka topic {topic!r} does not exist", hint="check consumer.topics"

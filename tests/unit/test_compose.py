@@ -221,3 +221,20 @@ def test_dockerfiles_agree_with_the_settings() -> None:
         assert f"COPY services/{service}/ services/{service}/" in text
         other = [s for s in scripts if s != service]
         assert not [s for s in other if f"services/{s}/" in text], f"{dockerfile} copies others"
+
+
+def test_kafka2spark_mirrors_what_pg2kafka_produces_into_a_volume(
+    compose: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    services = compose["services"]
+    _, pg2kafka = _compose_settings(services["pg2kafka"], monkeypatch)
+    _, kafka2spark = _compose_settings(services["kafka2spark"], monkeypatch)
+    assert pg2kafka.producer.topic in kafka2spark.source.topics
+    assert pg2kafka.kafka.bootstrap_servers == kafka2spark.kafka.bootstrap_servers
+    deps = services["kafka2spark"]["depends_on"]
+    assert deps["pg2kafka-init"]["condition"] == "service_completed_successfully"
+    # The tables and the checkpoint (the job's offsets) outlive the container.
+    volume = next(v for v in services["kafka2spark"]["volumes"] if v.endswith(":/data/delta"))
+    assert volume.split(":")[0] in compose["volumes"]
+    assert str(kafka2spark.delta.root) == "/data/delta"
+    assert kafka2spark.delta.checkpoint_path().is_relative_to("/data/delta")

@@ -1,0 +1,66 @@
+"""kafka2spark command line: ``run``, ``status``, ``maintain``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+
+from services.kafka2spark import admin
+from services.kafka2spark.app import build
+from services.kafka2spark.settings import Kafka2SparkSettings
+from shared.cli import base_parser, run_command
+
+log = logging.getLogger("kafka2spark")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = base_parser("kafka2spark", "change events from Kafka into Delta Lake tables")
+    sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("run", help="run the streaming query (until stopped)")
+    st = sub.add_parser("status", help="last batch, lag per partition, tables and row counts")
+    st.add_argument("--json", action="store_true")
+    sub.add_parser("maintain", help="compact small files and vacuum past the retention")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+
+    def command(settings: Kafka2SparkSettings) -> None:
+        if args.command == "run":
+            log.info("starting", extra={"config": settings.effective()})
+            service = build(settings)
+            service.install_signal_handlers()
+            service.run()
+        elif args.command == "status":
+            info = admin.status(settings)
+            if args.json:
+                print(json.dumps(info, indent=2))
+                return
+            last = info["last_batch"]
+            print(f"group {info['group']}, checkpoint {info['checkpoint']}")
+            print(
+                f"last batch: {last['batch_id']} at {last['committed_at']}"
+                if last
+                else "last batch: none yet"
+            )
+            for p in info["lag"]:
+                print(f"  {p['topic']}[{p['partition']}]  committed {p['committed']}"
+                      f"  end {p['end']}  lag {p['lag']}")  # fmt: skip
+            print(f"total lag: {info['total_lag']}")
+            for t in info["tables"]:
+                print(f"  {t['table']:<40} version {t['version']:>6} {t['rows']:>12} rows")
+        else:
+            for entry in admin.maintain(settings):
+                print(
+                    f"  {entry['table']:<40} compacted {entry['files_removed']} files into"
+                    f" {entry['files_added']}, vacuumed {entry['vacuumed']}"
+                )
+
+    return run_command("kafka2spark", Kafka2SparkSettings, args, command)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
