@@ -15,6 +15,7 @@ import orjson
 from confluent_kafka import Consumer, Producer, TopicPartition
 from deltalake import DeltaTable
 
+from services.kafka2spark import admin as spark_admin
 from tests.integration.conftest import Harness, HarnessFactory, data
 from tests.integration.kafka2spark.conftest import MirrorFactory, wait_for
 
@@ -215,3 +216,32 @@ def test_bad_records_go_to_the_quarantine_and_the_stream_goes_on(
     assert any("unknown event version" in r for r in reasons)
     assert any("'lsn'" in r for r in reasons)
     assert any("does not fit the column types" in r for r in reasons)
+
+
+def test_status_and_maintain(
+    make_harness: HarnessFactory, make_mirror: MirrorFactory, spark: Any
+) -> None:
+    h = make_harness()
+    table = make_table(h)
+    h.start()
+    m = make_mirror(h.settings.producer.topic)
+    for i in range(3):  # three batches: three small files to compact
+        h.sql(
+            f"INSERT INTO {table} (id, name) SELECT g, 'n' FROM generate_series(%s, %s) g",
+            [i * 10 + 1, i * 10 + 10],
+        )
+        h.events(lambda seen, i=i: len(h.table_events(table)) >= (i + 1) * 10)
+        m.run()
+    info = spark_admin.status(m.settings)
+    assert info["last_batch"] is not None
+    assert info["last_batch"]["batch_id"] == 2
+    assert info["total_lag"] == 0
+    assert all(p["committed"] is not None for p in info["lag"] if p["end"])
+    tables = {t["table"]: t for t in info["tables"]}
+    assert tables[f"public.{table}"]["rows"] == 30
+    assert tables["_changelog"]["rows"] == len([e for e in h.seen if e.get("table") == table])
+    before = delta_rows(m.path(table))
+    done = {e["table"]: e for e in spark_admin.maintain(m.settings, spark)}
+    assert done[f"public.{table}"]["files_removed"] >= 3  # compacted into one
+    assert done[f"public.{table}"]["files_added"] == 1
+    assert delta_rows(m.path(table)) == before == pg_rows(h, table)
