@@ -4,12 +4,12 @@ Run by ``deploy/local/walcast demo`` after the local stack is up. It
 
 1. writes a small shop workload (customers, orders; inserts, updates, deletes) into the
    stack's Postgres, showing progress;
-2. runs each walcast service that has landed over it: pg2kafka streams the demo tables
-   into ``walcast.demo.cdc`` and, through a subscription on orders turning paid,
-   notification events into ``walcast.demo.events``, until both slots have confirmed
-   everything written; kafka2search then indexes ``walcast.demo.cdc`` into OpenSearch
-   until its consumer group has no lag (services that have not landed are listed as
-   such);
+2. runs each walcast service over it: pg2kafka streams the demo tables into
+   ``walcast.demo.cdc`` and, through a subscription on orders turning paid, notification
+   events into ``walcast.demo.events``, until both slots have confirmed everything
+   written; kafka2search then indexes ``walcast.demo.cdc`` into OpenSearch until its
+   consumer group has no lag; kafka2spark mirrors it into Delta tables under
+   ``.stack/delta`` (one pass, ``available_now``);
 3. prints where the results are: Postgres tables and WAL position, Kafka topics and their
    end offsets, search index document counts, Delta table versions.
 """
@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -279,10 +280,52 @@ def run_kafka2search(env_file: Path, timeout_s: float = 300) -> None:
     )
 
 
+def spark_env() -> dict[str, str]:
+    """kafka2spark over the demo topic, once through (``available_now``); tables under
+    the stack's delta root (its env file)."""
+    return {
+        **os.environ,
+        "KAFKA2SPARK_SOURCE__TOPICS": f'["{DEMO_TOPIC}"]',
+        "KAFKA2SPARK_SOURCE__GROUP_ID": "walcast-demo-spark",
+        "KAFKA2SPARK_TRIGGER__MODE": "available_now",
+        "KAFKA2SPARK_HTTP__PORT": "0",
+        "KAFKA2SPARK_LOG__FORMAT": "text",
+    }
+
+
+def run_kafka2spark(env_file: Path, timeout_s: float = 600) -> None:
+    """Mirror the demo topic into Delta: the job reads what the topic holds, then stops."""
+    log_path = STATE / "demo-kafka2spark.log"
+    started = time.monotonic()
+    with log_path.open("w") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "services.kafka2spark", "--env-file", str(env_file), "run"],
+            env=spark_env(),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+    try:
+        while proc.poll() is None:
+            if time.monotonic() - started > timeout_s:
+                raise SystemExit(f"kafka2spark did not finish in {timeout_s}s; see {log_path}")
+            batches = len(re.findall(r"\bbatch \d+: ", log_path.read_text(errors="replace")))
+            print(f"\r  kafka2spark   running: {batches} batches", end="", flush=True)
+            time.sleep(1)
+        print()
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(60)
+    if proc.returncode != 0:
+        raise SystemExit(f"kafka2spark exited with {proc.returncode}; see {log_path}")
+    print(f"  kafka2spark   {DEMO_TOPIC} mirrored into Delta; log: {log_path}")
+
+
 def run_services(env: dict[str, str], env_file: Path) -> None:
     print("2. walcast services")
     run_pg2kafka(env, env_file)
     run_kafka2search(env_file)
+    run_kafka2spark(env_file)
     for name in SERVICES:
         if importlib.util.find_spec(f"services.{name}") is None:
             print(f"  {name:<14}not built yet (see README, feature table)")
@@ -345,9 +388,13 @@ def summary(env: dict[str, str]) -> None:
     tables = (
         sorted(p.parent for p in delta_root.glob("**/_delta_log")) if delta_root.exists() else []
     )
+    from deltalake import DeltaTable
+
     for table in tables:
-        versions = sorted(int(f.stem) for f in (table / "_delta_log").glob("*.json"))
-        print(f"  delta         {table.relative_to(delta_root)!s:<28}version {versions[-1]}")
+        dt = DeltaTable(str(table))
+        rows = dt.to_pyarrow_dataset().count_rows()
+        name = str(table.relative_to(delta_root))
+        print(f"  delta         {name:<28}{rows:>10} rows (version {dt.version()})")
     if not tables:
         print(f"  delta         no tables yet under {delta_root}")
 

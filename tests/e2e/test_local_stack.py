@@ -107,5 +107,8 @@ def test_demo_runs_and_summarises(stack_env: dict[str, str]) -> None:
     assert re.search(r"opensearch +walcast-demo\.customers-v1 +40 docs", out), out
     assert re.search(r"opensearch +walcast-demo\.orders-v1 +72 docs", out), out
     assert "0 dead letters" in out
+    # kafka2spark mirrored it into Delta: each mirror holds exactly the table's rows
+    assert re.search(r"delta +demo\.customers +40 rows", out), out
+    assert re.search(r"delta +demo\.orders +72 rows", out), out
     for section in ("kafka", "opensearch", "elasticsearch", "delta"):
         assert f"\n  {section}" in out, section
