@@ -82,12 +82,18 @@ def kafka_source_options(k: KafkaSettings) -> dict[str, str]:
         )
         password = k.sasl_password.get_secret_value() if k.sasl_password else ""
         opts["kafka.sasl.jaas.config"] = (
-            f'{module} required username="{k.sasl_username or ""}" password="{password}";'
+            f'{module} required username="{_jaas(k.sasl_username or "")}"'
+            f' password="{_jaas(password)}";'
         )
     if k.ssl_ca_location is not None:
         opts["kafka.ssl.truststore.type"] = "PEM"
         opts["kafka.ssl.truststore.location"] = str(k.ssl_ca_location)
     return opts
+
+
+def _jaas(value: str) -> str:
+    """A JAAS option value inside double quotes (Kafka parses them with backslash escapes)."""
+    return value.replace("\\", "\\\\").replace('"', '\\"')
 
 
 def spark_session(s: Kafka2SparkSettings) -> SparkSession:
@@ -203,7 +209,10 @@ class Service:
         try:
             query = self.start()
             while query.isActive and not self.stop_event.is_set():
-                query.awaitTermination(1)
+                try:
+                    query.awaitTermination(1)
+                except Exception:  # noqa: BLE001 - the failure is read below
+                    break
             if query.isActive:
                 query.stop()
             failure = query.exception()

@@ -34,6 +34,7 @@ readable everywhere.
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import re
 import time
@@ -56,8 +57,15 @@ CONTROL_OPS = ("truncate", "ddl")
 IGNORED_OPS = ("heartbeat", "message")
 LSN = "_walcast_lsn"
 TRUNCATED = "walcast.truncated_lsn"
-CORRUPT = "_walcast_corrupt"
-_RENAME = re.compile(r"\bRENAME\b", re.IGNORECASE)
+SCHEMA_AT = "walcast.schema_at"  # "lsn:seq" of the last DDL applied
+CORRUPT = "__w_corrupt"
+TKEY = "__w_table"  # db.schema.table: what a mirror is per
+# Working columns of a merge; the prefix keeps them apart from any Postgres column.
+W_LSN, W_SEQ, W_OP, W_TOAST, W_PRESENT = "__w_lsn", "__w_seq", "__w_op", "__w_toast", "__w_has"
+W_NEW, W_KEY, W_KAFKA, W_CARRY, W_KEEP, W_RANK = (
+    "__w_new", "__w_key", "__w_", "__w_carry_", "__w_keep_", "__w_rank",
+)  # fmt: skip
+_KAFKA_FIELDS = ("kafka_key", "kafka_value", "topic", "partition", "offset", "kafka_ts")
 _UNSAFE_PATH = re.compile(r"[^A-Za-z0-9_.\-]")
 
 
@@ -113,8 +121,21 @@ class DeltaMirror:
         self.s = settings
         self.root = settings.delta.root
         self.on_batch = on_batch
-        digest = hashlib.sha256(str(settings.delta.checkpoint_path().resolve()).encode())
-        self.app_id = f"walcast-kafka2spark-{digest.hexdigest()[:12]}"
+        self._app_id: str | None = None
+
+    @property
+    def app_id(self) -> str:
+        """Names this query's idempotent appends: the query id Spark keeps in its
+        checkpoint (a new checkpoint restarts batch ids at 0 under a new id, so nothing
+        is skipped); without a checkpoint (a batch fed by hand), the checkpoint path."""
+        if self._app_id is None:
+            checkpoint = self.s.delta.checkpoint_path()
+            try:
+                query_id = json.loads((checkpoint / "metadata").read_text())["id"]
+            except (OSError, ValueError, KeyError):
+                query_id = hashlib.sha256(str(checkpoint.resolve()).encode()).hexdigest()[:16]
+            self._app_id = f"walcast-kafka2spark-{query_id}"
+        return self._app_id
 
     # -- paths ---------------------------------------------------------------------------
 
@@ -162,7 +183,12 @@ class DeltaMirror:
             "kafka_ts",
             F.col("key").alias("kafka_key"),  # the envelope has a "key" of its own
             F.col("value").alias("kafka_value"),
-        ).withColumn("source_table", F.concat_ws(".", "schema", "table"))
+        ).withColumns(
+            {
+                "source_table": F.concat_ws(".", "schema", "table"),
+                TKEY: F.concat_ws(".", "db", "schema", "table"),
+            }
+        )
         events = events.persist()
         try:
             result.quarantined = self._quarantine(bad, batch_id, "records")
@@ -239,7 +265,7 @@ class DeltaMirror:
     def _mirror(self, events: DataFrame, batch_id: int, result: BatchResult) -> None:
         controls = [
             _Control(
-                r["source_table"],
+                r[TKEY],
                 int(r["lsn"]),
                 int(r["seq"] or 0),
                 r["op"],
@@ -247,7 +273,7 @@ class DeltaMirror:
                 {"db": r["db"], "schema": r["schema"], "table": r["table"]},
             )
             for r in events.where(F.col("op").isin(*CONTROL_OPS))
-            .select("source_table", "lsn", "seq", "op", "ddl", "db", "schema", "table")
+            .select(TKEY, "lsn", "seq", "op", "ddl", "db", "schema", "table")
             .collect()
         ]
         controls.sort(key=lambda c: (c.table, c.lsn, c.seq))
@@ -260,11 +286,11 @@ class DeltaMirror:
         )
         data = data.persist()
         try:
-            # Per (table, segment): the columns and types seen, the key columns, and the
-            # columns some change left out as unchanged TOAST — one small job.
+            # Per (table, segment): each column's newest type and the newest LSN carrying
+            # it, and the key columns — two small jobs.
             shape = (
                 data.select(
-                    "source_table",
+                    TKEY,
                     "segment",
                     "db",
                     "schema",
@@ -272,62 +298,52 @@ class DeltaMirror:
                     F.explode_outer("types").alias("column", "type"),
                     F.col("lsn"),
                 )
-                .groupBy("source_table", "segment", "db", "schema", "table", "column")
-                .agg(F.max_by("type", "lsn").alias("type"))
+                .groupBy(TKEY, "segment", "db", "schema", "table", "column")
+                .agg(F.max_by("type", "lsn").alias("type"), F.max("lsn").alias("newest"))
                 .collect()
             )
             keys = (
                 data.select(
-                    "source_table",
+                    TKEY,
+                    "segment",
                     F.explode(F.map_keys(F.from_json("key", "map<string,string>"))).alias("k"),
                 )
-                .distinct()
-                .collect()
-            )
-            toast = (
-                data.select("source_table", "segment", F.explode("unchanged_toast").alias("c"))
                 .distinct()
                 .collect()
             )
             tables: dict[str, dict[str, Any]] = {}
             for r in shape:
                 info = tables.setdefault(
-                    r["source_table"],
-                    {"ids": (r["db"], r["schema"], r["table"]), "segments": {}},
+                    r[TKEY], {"ids": (r["db"], r["schema"], r["table"]), "segments": {}}
                 )
                 seg = info["segments"].setdefault(int(r["segment"]), {})
                 if r["column"] is not None:
-                    seg[r["column"]] = r["type"]
-            key_cols: dict[str, list[str]] = {}
+                    seg[r["column"]] = (r["type"], int(r["newest"]))
+            key_cols: dict[tuple[str, int], list[str]] = {}
             for r in keys:
-                key_cols.setdefault(r["source_table"], []).append(r["k"])
-            toast_cols: dict[tuple[str, int], list[str]] = {}
-            for r in toast:
-                toast_cols.setdefault((r["source_table"], int(r["segment"])), []).append(r["c"])
+                key_cols.setdefault((r[TKEY], int(r["segment"])), []).append(r["k"])
 
             for name in sorted(set(tables) | set(by_table)):
                 ctl = by_table.get(name, [])
                 t = tables.get(name)
                 ids = t["ids"] if t else tuple(ctl[0].event[k] for k in ("db", "schema", "table"))
                 path = self.path_of(*ids)
+                label = f"{ids[1]}.{ids[2]}"
                 for seg in range(len(ctl) + 1):
                     if t is not None and seg in t["segments"]:
-                        rows = data.where(
-                            (F.col("source_table") == name) & (F.col("segment") == seg)
-                        )
+                        rows = data.where((F.col(TKEY) == name) & (F.col("segment") == seg))
                         merged = self._merge(
                             path,
-                            name,
+                            label,
                             rows,
                             t["segments"][seg],
-                            sorted(key_cols.get(name, [])),
-                            sorted(toast_cols.get((name, seg), [])),
+                            sorted(key_cols.get((name, seg), [])),
                             batch_id,
                             seg,
                         )
-                        result.merged[name] = result.merged.get(name, 0) + merged
+                        result.merged[label] = result.merged.get(label, 0) + merged
                     if seg < len(ctl):
-                        change = self._control(path, name, ctl[seg])
+                        change = self._control(path, label, ctl[seg])
                         if change:
                             result.schema_changes.append(change)
         finally:
@@ -346,6 +362,16 @@ class DeltaMirror:
         rows = self.spark.sql(f"SHOW TBLPROPERTIES delta.{quote(str(path))}").collect()
         return {r["key"]: r["value"] for r in rows}
 
+    def _set_property(self, path: Path, key: str, value: str) -> None:
+        self.spark.sql(
+            f"ALTER TABLE delta.{quote(str(path))} SET TBLPROPERTIES ('{key}' = '{value}')"
+        )
+
+    def _schema_position(self, path: Path) -> tuple[int, int]:
+        """(lsn, seq) of the last DDL applied to the mirror."""
+        lsn, _, seq = self._properties(path).get(SCHEMA_AT, "0:0").partition(":")
+        return int(lsn), int(seq or 0)
+
     def _create(self, path: Path, name: str, types: dict[str, str], key: list[str]) -> None:
         from delta.tables import DeltaTable
 
@@ -357,6 +383,7 @@ class DeltaMirror:
             builder.property("walcast.source", name)
             .property("walcast.key", ",".join(key))
             .property(TRUNCATED, "0")
+            .property(SCHEMA_AT, "0:0")
         )
         builder.execute()
         log.info("created the mirror of %s at %s", name, path)
@@ -372,9 +399,8 @@ class DeltaMirror:
         path: Path,
         name: str,
         rows: DataFrame,
-        types: dict[str, str],
+        types: dict[str, tuple[str, int]],
         key: list[str],
-        toast: list[str],
         batch_id: int,
         segment: int,
     ) -> int:
@@ -382,119 +408,115 @@ class DeltaMirror:
             log.warning("%s has no primary key or replica identity: not mirrored", name)
             return 0
         if not self._exists(path):
-            self._create(path, name, types, key)
+            self._create(path, name, {c: t for c, (t, _) in types.items()}, key)
         current = self._columns(path)
-        new = {c: t for c, t in types.items() if c not in current}
+        schema_lsn, _ = self._schema_position(path)
+        # A column the mirror lacks is added — unless only changes older than the last
+        # DDL carry it (a column that DDL renamed or dropped, seen again on a replay).
+        new = {c: t for c, (t, newest) in types.items() if c not in current and newest > schema_lsn}
         if new:
             self._add_columns(path, new)
             current = self._columns(path)
+        missing = [k for k in key if k not in current]
+        if missing:
+            raise RuntimeError(f"{name}: key columns {missing} are not in the mirror at {path}")
         truncated = int(self._properties(path).get(TRUNCATED, "0"))
         columns = [c for c in current if c != LSN]
         row_type = T.StructType(
             [T.StructField(c, current[c]) for c in columns]
             + [T.StructField(CORRUPT, T.StringType())]
         )
-        key_type = T.StructType([T.StructField(c, current[c]) for c in key if c in current])
+        key_type = T.StructType([T.StructField(c, current[c]) for c in key])
         src = rows.where(F.col("lsn") > truncated).select(
-            "lsn",
-            "seq",
-            "op",
-            F.coalesce("unchanged_toast", F.array().cast("array<string>")).alias("toast"),
+            F.col("lsn").alias(W_LSN),
+            F.col("seq").alias(W_SEQ),
+            F.col("op").alias(W_OP),
+            F.coalesce("unchanged_toast", F.array().cast("array<string>")).alias(W_TOAST),
+            F.coalesce(F.json_object_keys("new"), F.array().cast("array<string>")).alias(W_PRESENT),
             F.from_json(
                 "new", row_type, {"columnNameOfCorruptRecord": CORRUPT, "mode": "PERMISSIVE"}
-            ).alias("n"),
-            F.from_json("key", key_type).alias("k"),
-            "kafka_key",
-            "kafka_value",
-            "topic",
-            "partition",
-            "offset",
-            "kafka_ts",
+            ).alias(W_NEW),
+            F.from_json("key", key_type).alias(W_KEY),
+            *[F.col(c).alias(f"{W_KAFKA}{c}") for c in _KAFKA_FIELDS],
         )
         src = src.select(
-            "lsn",
-            "seq",
-            "op",
-            "toast",
-            F.col(f"n.{quote(CORRUPT)}").alias(CORRUPT),
-            *[
-                (F.col(f"k.{quote(c)}") if c in key else F.col(f"n.{quote(c)}")).alias(c)
-                for c in columns
-            ],
-            "kafka_key",
-            "kafka_value",
-            "topic",
-            "partition",
-            "offset",
-            "kafka_ts",
+            W_LSN,
+            W_SEQ,
+            W_OP,
+            W_TOAST,
+            W_PRESENT,
+            F.col(f"{W_NEW}.{quote(CORRUPT)}").alias(CORRUPT),
+            *[F.col(f"{W_KEY if c in key else W_NEW}.{quote(c)}").alias(c) for c in columns],
+            *[f"{W_KAFKA}{c}" for c in _KAFKA_FIELDS],
         ).persist()
         try:
             # A value Spark cannot convert to the column's type is not merged as null: the
             # change goes to the quarantine with the reason, the rest of the batch goes on.
             corrupt = src.where(F.col(CORRUPT).isNotNull()).select(
-                F.col("kafka_key").alias("key"),
-                F.col("kafka_value").alias("value"),
+                F.col(f"{W_KAFKA}kafka_key").alias("key"),
+                F.col(f"{W_KAFKA}kafka_value").alias("value"),
                 F.concat(
                     F.lit(f"a value does not fit the column types of {name}: "), F.col(CORRUPT)
                 ).alias("reason"),
-                "topic",
-                "partition",
-                "offset",
-                "kafka_ts",
+                *[F.col(f"{W_KAFKA}{c}").alias(c) for c in ("topic", "partition", "offset")],
+                F.col(f"{W_KAFKA}kafka_ts").alias("kafka_ts"),
             )
             self._quarantine(corrupt, batch_id, f"values-{path.name}-{segment}")
-            return self._merge_good(path, src.where(F.col(CORRUPT).isNull()), columns, key, toast)
+            good = src.where(F.col(CORRUPT).isNull())
+            return self._merge_good(path, good, columns, key)
         finally:
             src.unpersist()
 
-    def _merge_good(
-        self, path: Path, src: DataFrame, columns: list[str], key: list[str], toast: list[str]
-    ) -> int:
+    def _merge_good(self, path: Path, src: DataFrame, columns: list[str], key: list[str]) -> int:
+        """Newest change per key; each column from the newest change that supplied it
+        (an update leaves out unchanged TOAST values, and a change older than a DDL lacks
+        the columns it added), else the stored value."""
         from delta.tables import DeltaTable
 
-        history = Window.partitionBy(*[F.col(quote(k)) for k in key]).orderBy("lsn", "seq")
-        running = history.rowsBetween(Window.unboundedPreceding, Window.currentRow)
-        keep: dict[str, Column] = {}
-        for c in toast:
-            if c not in columns:
-                continue
-            # The newest value some change of this batch supplied; none -> keep the table's.
-            supplied = ~F.array_contains("toast", c) & (F.col("op") != "delete")
-            carried = F.last(F.when(supplied, F.struct(F.col(quote(c)).alias("v"))), True)
-            src = src.withColumn(f"_carry_{c}", carried.over(running))
-            src = src.withColumn(c, F.col(f"{quote('_carry_' + c)}.v"))
-            keep[c] = F.col(quote(f"_carry_{c}")).isNull()
-        for c, flag in keep.items():
-            src = src.withColumn(f"_keep_{c}", flag)
-        newest = Window.partitionBy(*[F.col(quote(k)) for k in key]).orderBy(
-            F.col("lsn").desc(), F.col("seq").desc()
+        by_key = [F.col(quote(k)) for k in key]
+        running = (
+            Window.partitionBy(*by_key)
+            .orderBy(W_LSN, W_SEQ)
+            .rowsBetween(Window.unboundedPreceding, Window.currentRow)
         )
+        values = [c for c in columns if c not in key]
+        for i, c in enumerate(values):
+            supplied = (
+                (F.col(W_OP) != "delete")
+                & F.array_contains(W_PRESENT, c)
+                & ~F.array_contains(W_TOAST, c)
+            )
+            carried = F.last(F.when(supplied, F.struct(F.col(quote(c)).alias("v"))), True)
+            src = src.withColumn(f"{W_CARRY}{i}", carried.over(running))
+        src = src.select(
+            W_LSN,
+            W_SEQ,
+            W_OP,
+            *[F.col(quote(k)) for k in key],
+            *[F.col(f"{W_CARRY}{i}.v").alias(c) for i, c in enumerate(values)],
+            *[F.col(f"{W_CARRY}{i}").isNull().alias(f"{W_KEEP}{i}") for i in range(len(values))],
+        )
+        newest = Window.partitionBy(*by_key).orderBy(F.col(W_LSN).desc(), F.col(W_SEQ).desc())
         src = (
-            src.withColumn("_rank", F.row_number().over(newest))
-            .where("_rank = 1")
-            .withColumnRenamed("lsn", LSN)
+            src.withColumn(W_RANK, F.row_number().over(newest)).where(F.col(W_RANK) == 1)
         ).persist()
         try:
             on = " AND ".join(f"t.{quote(k)} = s.{quote(k)}" for k in key)
-            newer = f"s.{LSN} > t.{LSN}"
+            newer = f"s.{W_LSN} > t.{LSN}"
             assign: dict[str, str | Column] = {
-                quote(c): (
-                    f"CASE WHEN s.{quote('_keep_' + c)} THEN t.{quote(c)} ELSE s.{quote(c)} END"
-                    if c in keep
-                    else f"s.{quote(c)}"
-                )
-                for c in columns
+                quote(c): f"CASE WHEN s.{W_KEEP}{i} THEN t.{quote(c)} ELSE s.{quote(c)} END"
+                for i, c in enumerate(values)
             }
-            assign[LSN] = f"s.{LSN}"
+            assign[LSN] = f"s.{W_LSN}"
             insert: dict[str, str | Column] = {quote(c): f"s.{quote(c)}" for c in columns}
-            insert[LSN] = f"s.{LSN}"
+            insert[LSN] = f"s.{W_LSN}"
             (
                 DeltaTable.forPath(self.spark, str(path))
                 .alias("t")
                 .merge(src.alias("s"), on)
-                .whenMatchedDelete(condition=f"s.op = 'delete' AND {newer}")
-                .whenMatchedUpdate(condition=f"s.op <> 'delete' AND {newer}", set=assign)
-                .whenNotMatchedInsert(condition="s.op <> 'delete'", values=insert)
+                .whenMatchedDelete(condition=f"s.{W_OP} = 'delete' AND {newer}")
+                .whenMatchedUpdate(condition=f"s.{W_OP} <> 'delete' AND {newer}", set=assign)
+                .whenNotMatchedInsert(condition=f"s.{W_OP} <> 'delete'", values=insert)
                 .execute()
             )
             return int(src.count())
@@ -516,21 +538,34 @@ class DeltaMirror:
         after = {str(col["name"]): str(col["type"]) for col in columns}
         if not self._exists(path):
             self._create(path, name, after, list(ddl.get("primary_key") or []))
+            self._set_property(path, SCHEMA_AT, f"{c.lsn}:{c.seq}")
             return f"{name}: created"
+        if (c.lsn, c.seq) <= self._schema_position(path):
+            # Applied before (a replayed batch, or this DDL's copy from another
+            # partition): the mirror may already be past it.
+            return None
+        changes = []
+        recreated = str(ddl.get("tag", "")).upper() == "CREATE TABLE"
+        if recreated and self._truncate(path, name, c.lsn):
+            # Dropped and created again: the rows of the old table are gone.
+            changes.append("re-created (rows of the dropped table removed)")
         current = {k: v for k, v in self._columns(path).items() if k != LSN}
         removed = [col for col in current if col not in after]
         added = {col: t for col, t in after.items() if col not in current}
-        if len(removed) == 1 and len(added) == 1 and _RENAME.search(ddl.get("statement") or ""):
-            old, new = removed[0], next(iter(added))
+        rename = _renamed(str(ddl.get("statement") or ""), removed, added)
+        if rename is not None:
+            old, new = rename
             self._rewrite(path, lambda df: df.withColumnRenamed(old, new))
-            return f"{name}: column {old} renamed to {new}"
-        changes = []
+            changes.append(f"column {old} renamed to {new}")
+            removed.remove(old)
+            added.pop(new)
         if removed:
             self._rewrite(path, lambda df: df.drop(*removed))
             changes.append(f"dropped {', '.join(removed)}")
         if added:
             self._add_columns(path, added)
             changes.append(f"added {', '.join(added)}")
+        self._set_property(path, SCHEMA_AT, f"{c.lsn}:{c.seq}")
         return f"{name}: {'; '.join(changes)}" if changes else None
 
     def _truncate(self, path: Path, name: str, lsn: int) -> str | None:
@@ -538,9 +573,8 @@ class DeltaMirror:
             return None
         if lsn <= int(self._properties(path).get(TRUNCATED, "0")):
             return None  # applied before this batch was replayed
-        where = quote(str(path))
-        self.spark.sql(f"DELETE FROM delta.{where}")
-        self.spark.sql(f"ALTER TABLE delta.{where} SET TBLPROPERTIES ('{TRUNCATED}' = '{lsn}')")
+        self.spark.sql(f"DELETE FROM delta.{quote(str(path))}")
+        self._set_property(path, TRUNCATED, str(lsn))
         return f"{name}: truncated"
 
     def _rewrite(self, path: Path, change: Callable[[DataFrame], DataFrame]) -> None:
@@ -553,6 +587,29 @@ class DeltaMirror:
             .option("overwriteSchema", "true")
             .save(str(path))
         )
+
+
+_RENAME_COLUMN = re.compile(
+    r'\bRENAME\s+(?:COLUMN\s+)?("(?:[^"]|"")+"|[^\s;,]+)\s+TO\s+("(?:[^"]|"")+"|[^\s;,]+)',
+    re.IGNORECASE,
+)
+
+
+def _ident(token: str) -> str:
+    """A Postgres identifier as the catalog holds it: quoted as written, else lower-cased."""
+    if token.startswith('"') and token.endswith('"'):
+        return token[1:-1].replace('""', '"')
+    return token.lower()
+
+
+def _renamed(statement: str, removed: list[str], added: dict[str, str]) -> tuple[str, str] | None:
+    """The (old, new) column rename the statement performs, when the column lists agree
+    with it; a DROP + ADD is never mistaken for a rename."""
+    for m in _RENAME_COLUMN.finditer(statement):
+        old, new = _ident(m.group(1)), _ident(m.group(2))
+        if old in removed and new in added:
+            return old, new
+    return None
 
 
 def _reason() -> Column:
@@ -597,5 +654,5 @@ def _segment_expr(by_table: dict[str, list[_Control]]) -> Column:
         for c in ctl:
             before = (F.col("lsn") > c.lsn) | ((F.col("lsn") == c.lsn) & (F.col("seq") > c.seq))
             count = count + F.when(before, 1).otherwise(0)
-        seg = F.when(F.col("source_table") == table, count).otherwise(seg)
+        seg = F.when(F.col(TKEY) == table, count).otherwise(seg)
     return seg

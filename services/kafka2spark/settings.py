@@ -37,7 +37,8 @@ class DeltaSettings(Section):
     # The query's checkpoint (offsets, batch ids); default ``<root>/_checkpoints/mirror``.
     checkpoint: Path | None = None
     # ``maintain``: files older than this and no longer referenced are vacuumed.
-    vacuum_retention_hours: int = Field(default=168, ge=0)
+    # At least a day: a shorter window could remove files a running MERGE just wrote.
+    vacuum_retention_hours: int = Field(default=168, ge=24)
 
     @field_validator("table_template")
     @classmethod

@@ -1,0 +1,107 @@
+"""kafka2spark's pure logic: rename detection, identifiers, paths, types, settings."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from pydantic import ValidationError
+from pyspark.sql import types as T  # noqa: N812 - the PySpark convention
+
+from services.kafka2spark.app import kafka_source_options
+from services.kafka2spark.mirror import _renamed, quote, table_dir
+from services.kafka2spark.schema import spark_type
+from services.kafka2spark.settings import DeltaSettings, SparkSettings
+from shared.settings import KafkaSettings
+
+
+@pytest.mark.parametrize(
+    ("statement", "removed", "added", "want"),
+    [
+        ("ALTER TABLE t RENAME COLUMN a TO b", ["a"], {"b": "int4"}, ("a", "b")),
+        ("alter table t rename a to b;", ["a"], {"b": "int4"}, ("a", "b")),
+        (
+            'ALTER TABLE t RENAME COLUMN "Big A" TO "b""q"',
+            ["Big A"],
+            {'b"q': "text"},
+            ("Big A", 'b"q'),
+        ),
+        ("ALTER TABLE t RENAME COLUMN A TO B", ["a"], {"b": "int4"}, ("a", "b")),
+        # a drop + add in the same statement as another table's rename is not a rename
+        (
+            "ALTER TABLE t DROP a, ADD b text; ALTER TABLE u RENAME x TO y",
+            ["a"],
+            {"b": "text"},
+            None,
+        ),
+        ("ALTER TABLE t DROP a, ADD b text", ["a"], {"b": "text"}, None),
+        ("ALTER TABLE t RENAME TO u", [], {}, None),
+    ],
+)
+def test_a_rename_is_recognised_only_when_the_columns_agree(
+    statement: str, removed: list[str], added: dict[str, str], want: tuple[str, str] | None
+) -> None:
+    assert _renamed(statement, removed, added) == want
+
+
+def test_identifiers_are_quoted_whatever_they_contain() -> None:
+    assert quote("a.b") == "`a.b`"
+    assert quote("we`ird") == "`we``ird`"
+
+
+def test_table_directories_stay_inside_the_root() -> None:
+    assert table_dir("{schema}.{table}", "db", "public", "orders") == "public.orders"
+    assert table_dir("{schema}.{table}", "db", "../x", "a/b c") == ".._x.a_b_c"
+    assert "/" not in table_dir("{db}/{schema}.{table}", "d", "s", "t")
+
+
+@pytest.mark.parametrize(
+    ("pg", "spark"),
+    [
+        ("int4", T.IntegerType()),
+        ("int8", T.LongType()),
+        ("numeric", T.StringType()),  # exact: no 38-digit limit, NaN kept
+        ("timestamptz", T.TimestampType()),
+        ("timestamp", T.TimestampNTZType()),
+        ("jsonb", T.StringType()),
+        ("_int4", T.ArrayType(T.IntegerType())),
+        ("bytea", T.BinaryType()),
+        ("mood_enum", T.StringType()),
+    ],
+)
+def test_postgres_types_map_without_loss(pg: str, spark: T.DataType) -> None:
+    assert spark_type(pg) == spark
+
+
+def test_settings_reject_a_template_without_table_and_bad_conf_keys() -> None:
+    with pytest.raises(ValidationError, match="must contain"):
+        DeltaSettings(table_template="{schema}")
+    with pytest.raises(ValidationError, match="unknown field"):
+        DeltaSettings(table_template="{nope}.{table}")
+    with pytest.raises(ValidationError, match="not Spark configuration keys"):
+        SparkSettings(conf={"spark.sql x": "1"})
+    with pytest.raises(ValidationError):
+        DeltaSettings(vacuum_retention_hours=1)
+
+
+def test_checkpoint_defaults_under_the_root() -> None:
+    assert DeltaSettings(root=Path("/d")).checkpoint_path() == Path("/d/_checkpoints/mirror")
+
+
+def test_kafka_options_for_spark_carry_security() -> None:
+    k = KafkaSettings(
+        bootstrap_servers="b:9092",
+        security_protocol="SASL_SSL",
+        sasl_mechanism="SCRAM-SHA-512",
+        sasl_username="u",
+        sasl_password='p"w',  # type: ignore[arg-type]
+        ssl_ca_location=Path("/ca.pem"),
+    )
+    opts = kafka_source_options(k)
+    assert opts["kafka.bootstrap.servers"] == "b:9092"
+    assert opts["kafka.security.protocol"] == "SASL_SSL"
+    assert opts["kafka.sasl.jaas.config"] == (
+        "org.apache.kafka.common.security.scram.ScramLoginModule required"
+        ' username="u" password="p\\"w";'
+    )
+    assert opts["kafka.ssl.truststore.type"] == "PEM"
