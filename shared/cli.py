@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import argparse
 import logging
+import signal
 import sys
 from collections.abc import Callable, Iterable
 from pathlib import Path
+from types import FrameType
 from typing import TypeVar
 
 from pydantic import BaseModel, SecretStr
@@ -17,6 +19,8 @@ from pydantic import BaseModel, SecretStr
 from shared.errors import RetriesExhaustedError, Verdict, WalcastError, classify, operator_hint
 from shared.logs import configure_logging, register_secret
 from shared.settings import ServiceSettings, load_settings
+
+log = logging.getLogger(__name__)
 
 S = TypeVar("S", bound=ServiceSettings)
 
@@ -70,3 +74,15 @@ def run_command(
         log.error("stopping: %s", message)
         print(f"{prog}: {message}", file=sys.stderr)
         return 1
+
+
+def stop_on_signals(stop: Callable[[], None], what: str) -> None:
+    """SIGTERM / SIGINT call ``stop`` (the service finishes what it must — ``what`` says
+    what, in the log — and returns from ``run``) instead of killing the process."""
+
+    def handler(signum: int, _frame: FrameType | None) -> None:
+        log.info("signal %d: stopping %s", signum, what)
+        stop()
+
+    signal.signal(signal.SIGTERM, handler)
+    signal.signal(signal.SIGINT, handler)

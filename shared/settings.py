@@ -295,3 +295,17 @@ def _describe(exc: ValidationError, prefix: str) -> str:
             shown = f" (got {err['input']!r})"
         lines.append(f"{env_key} / {dotted}: {msg}{shown}")
     return "invalid configuration: " + "; ".join(lines)
+
+
+def check_table_template(template: str, what: str) -> str:
+    """A name template over ``{db}``, ``{schema}``, ``{table}``; ``{table}`` is required,
+    or two tables would share one ``what`` (index, directory...)."""
+    try:
+        template.format(db="d", schema="s", table="t")
+    except (KeyError, IndexError, ValueError) as exc:
+        raise ValueError(
+            f"unknown field in {template!r}: {exc}; use {{db}} {{schema}} {{table}}"
+        ) from exc
+    if "{table}" not in template:
+        raise ValueError(f"the template must contain {{table}}, or tables would share {what}")
+    return template

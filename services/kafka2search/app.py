@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import logging
 import re
-import signal
 import threading
 import time
 from collections import deque
@@ -38,7 +37,6 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import wait as wait_for
 from dataclasses import dataclass, field
 from functools import partial
-from types import FrameType
 from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
@@ -57,6 +55,7 @@ from services.kafka2search.documents import (
 from services.kafka2search.engines import SearchEngine, engine_for
 from services.kafka2search.mapping import alias_name, index_name, properties
 from services.kafka2search.settings import Kafka2SearchSettings
+from shared.cli import stop_on_signals
 from shared.errors import PermanentError, RetriableError, Verdict, http_status_verdict
 from shared.http import OpsServer
 from shared.kafka import KafkaOffsetCheckpointer, KafkaSink, Outgoing, ensure_topic
@@ -778,12 +777,7 @@ class Service:
         self.stop_event.set()
 
     def install_signal_handlers(self) -> None:
-        def handler(signum: int, _frame: FrameType | None) -> None:
-            log.info("signal %d: stopping after the batch in hand", signum)
-            self.stop()
-
-        signal.signal(signal.SIGTERM, handler)
-        signal.signal(signal.SIGINT, handler)
+        stop_on_signals(self.stop, "after the batch in hand")
 
 
 def build(settings: Kafka2SearchSettings) -> Service:

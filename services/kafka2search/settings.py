@@ -10,7 +10,13 @@ from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import SettingsConfigDict
 
 from shared.retry import BackoffPolicy
-from shared.settings import HttpSettings, KafkaSettings, Section, ServiceSettings
+from shared.settings import (
+    HttpSettings,
+    KafkaSettings,
+    Section,
+    ServiceSettings,
+    check_table_template,
+)
 
 
 class ConsumerSettings(Section):
@@ -101,15 +107,7 @@ class IndexSettings(Section):
     @field_validator("name_template")
     @classmethod
     def _template(cls, v: str) -> str:
-        try:
-            v.format(db="d", schema="s", table="t")
-        except (KeyError, IndexError, ValueError) as exc:
-            raise ValueError(
-                f"unknown field in {v!r}: {exc}; use {{db}} {{schema}} {{table}}"
-            ) from exc
-        if "{table}" not in v:
-            raise ValueError("the template must contain {table}, or tables would share an index")
-        return v
+        return check_table_template(v, "an index")
 
 
 class Kafka2SearchHttpSettings(HttpSettings):

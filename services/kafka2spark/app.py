@@ -13,11 +13,9 @@ from __future__ import annotations
 
 import logging
 import os
-import signal
 import threading
 import time
 from dataclasses import dataclass
-from types import FrameType
 from typing import Any
 
 from confluent_kafka import Consumer, KafkaException, TopicPartition
@@ -27,6 +25,7 @@ from pyspark.sql.streaming.query import StreamingQuery
 
 from services.kafka2spark.mirror import BatchResult, DeltaMirror
 from services.kafka2spark.settings import Kafka2SparkSettings
+from shared.cli import stop_on_signals
 from shared.http import OpsServer
 from shared.kafka import KafkaOffsetCheckpointer
 from shared.settings import KafkaSettings
@@ -227,12 +226,7 @@ class Service:
         self.stop_event.set()
 
     def install_signal_handlers(self) -> None:
-        def handler(signum: int, _frame: FrameType | None) -> None:
-            log.info("signal %d: stopping the query", signum)
-            self.stop()
-
-        signal.signal(signal.SIGTERM, handler)
-        signal.signal(signal.SIGINT, handler)
+        stop_on_signals(self.stop, "the query")
 
 
 def build(settings: Kafka2SparkSettings, spark: SparkSession | None = None) -> Service:

@@ -9,7 +9,13 @@ from typing import Literal
 from pydantic import Field, field_validator
 from pydantic_settings import SettingsConfigDict
 
-from shared.settings import HttpSettings, KafkaSettings, Section, ServiceSettings
+from shared.settings import (
+    HttpSettings,
+    KafkaSettings,
+    Section,
+    ServiceSettings,
+    check_table_template,
+)
 
 
 class SourceSettings(Section):
@@ -43,15 +49,7 @@ class DeltaSettings(Section):
     @field_validator("table_template")
     @classmethod
     def _template(cls, v: str) -> str:
-        try:
-            v.format(db="d", schema="s", table="t")
-        except (KeyError, IndexError, ValueError) as exc:
-            raise ValueError(
-                f"unknown field in {v!r}: {exc}; use {{db}} {{schema}} {{table}}"
-            ) from exc
-        if "{table}" not in v:
-            raise ValueError("the template must contain {table}, or tables would share a path")
-        return v
+        return check_table_template(v, "a path")
 
     def checkpoint_path(self) -> Path:
         return self.checkpoint or self.root / "_checkpoints" / "mirror"

@@ -17,13 +17,11 @@ Kafka; the restart redelivers the unconfirmed tail (same LSNs, detectable duplic
 from __future__ import annotations
 
 import logging
-import signal
 import threading
 import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from types import FrameType
 
 import psycopg
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -38,6 +36,7 @@ from services.pg2kafka.replication import (
 )
 from services.pg2kafka.settings import Pg2KafkaSettings
 from services.pg2kafka.types import TypeInfo, TypeRegistry
+from shared.cli import stop_on_signals
 from shared.errors import PermanentError, RetriableError
 from shared.events import Event, JsonEventSerializer
 from shared.http import OpsServer
@@ -696,12 +695,7 @@ class Service:
         self.stop_event.set()
 
     def install_signal_handlers(self) -> None:
-        def handler(signum: int, _frame: FrameType | None) -> None:
-            log.info("signal %d: stopping after in-flight messages are acknowledged", signum)
-            self.stop()
-
-        signal.signal(signal.SIGTERM, handler)
-        signal.signal(signal.SIGINT, handler)
+        stop_on_signals(self.stop, "after in-flight messages are acknowledged")
 
 
 def build(settings: Pg2KafkaSettings) -> Service:
