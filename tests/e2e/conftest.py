@@ -87,3 +87,31 @@ def confirmed(dsn: str, slot: str) -> int:
             [slot],
         ).fetchone()
         return int(row[0]) if row else 0
+
+
+def pg2kafka_env(name: str, topic: str, partition_key: str | None = None) -> dict[str, str]:
+    """Environment of a pg2kafka process streaming slot/publication ``name`` into ``topic``."""
+    env = {
+        "PG2KAFKA_REPLICATION__SLOT": name,
+        "PG2KAFKA_REPLICATION__PUBLICATION": name,
+        "PG2KAFKA_PRODUCER__TOPIC": topic,
+        "PG2KAFKA_HTTP__PORT": "0",
+        "PG2KAFKA_LOG__FORMAT": "text",
+    }
+    if partition_key is not None:
+        env["PG2KAFKA_PRODUCER__PARTITION_KEY"] = partition_key
+    return env
+
+
+def write_rows(dsn: str, table: str, first: int, n: int, updates: int = 0) -> None:
+    """Insert rows ``first`` .. ``first + n - 1`` of an (id, v, pad) table, then update
+    each of them ``updates`` times."""
+    with psycopg.connect(dsn, autocommit=True) as c:
+        c.execute(
+            f"INSERT INTO {table} SELECT g, 0, repeat('x', 200) FROM generate_series(%s::int,"
+            " %s::int) g",
+            [first, first + n - 1],
+        )
+        for _ in range(updates):
+            c.execute(f"UPDATE {table} SET v = v + 1 WHERE id BETWEEN %s AND %s",
+                      [first, first + n - 1])  # fmt: skip

@@ -21,7 +21,7 @@ from services.kafka2search.settings import Kafka2SearchSettings
 from services.pg2kafka import admin
 from services.pg2kafka.settings import Pg2KafkaSettings
 from shared.settings import load_settings
-from tests.e2e.conftest import REPO, Proc, wait_until
+from tests.e2e.conftest import REPO, Proc, pg2kafka_env, wait_until, write_rows
 
 
 @pytest.fixture
@@ -30,14 +30,7 @@ def flow(stack_env: dict[str, str], unique_name: str) -> Any:
     env_file = Path(stack_env["WALCAST_STACK_DIR"]) / "walcast.env"
     topic = f"{unique_name}.cdc"
     name = unique_name.replace("_", "-")
-    pg_env = {
-        "PG2KAFKA_REPLICATION__SLOT": unique_name,
-        "PG2KAFKA_REPLICATION__PUBLICATION": unique_name,
-        "PG2KAFKA_PRODUCER__TOPIC": topic,
-        "PG2KAFKA_PRODUCER__PARTITION_KEY": "primary_key",
-        "PG2KAFKA_HTTP__PORT": "0",
-        "PG2KAFKA_LOG__FORMAT": "text",
-    }
+    pg_env = pg2kafka_env(unique_name, topic, "primary_key")
     search_env = {
         "KAFKA2SEARCH_CONSUMER__TOPICS": json.dumps([topic]),
         "KAFKA2SEARCH_CONSUMER__GROUP_ID": f"{name}-group",
@@ -125,21 +118,9 @@ def equal_eventually(flow: Any, procs: list[Proc], timeout: float) -> None:
                 f" {len(set(got) - set(want))} extra")  # fmt: skip
 
 
-def write(dsn: str, table: str, first: int, n: int, updates: int = 0) -> None:
-    with psycopg.connect(dsn, autocommit=True) as c:
-        c.execute(
-            f"INSERT INTO {table} SELECT g, 0, repeat('x', 200) FROM generate_series(%s::int,"
-            " %s::int) g",
-            [first, first + n - 1],
-        )
-        for _ in range(updates):
-            c.execute(f"UPDATE {table} SET v = v + 1 WHERE id BETWEEN %s AND %s",
-                      [first, first + n - 1])  # fmt: skip
-
-
 def test_kill_9_mid_bulk_then_restart(flow: Any, procs: list[Proc], tmp_path: Path) -> None:
     start(flow, procs, tmp_path, "pg2kafka")
-    write(flow["dsn"], flow["table"], 1, 30000, updates=1)
+    write_rows(flow["dsn"], flow["table"], 1, 30000, updates=1)
     ix = start(flow, procs, tmp_path, "kafka2search", KAFKA2SEARCH_BATCH__MAX_DOCS="5000")
     engine, alias = flow["engine"], flow["alias"]
 
@@ -151,7 +132,7 @@ def test_kill_9_mid_bulk_then_restart(flow: Any, procs: list[Proc], tmp_path: Pa
 
     wait_until(some, "the first documents", 60, interval=0.05)
     ix.kill9()
-    write(flow["dsn"], flow["table"], 30001, 5000)
+    write_rows(flow["dsn"], flow["table"], 30001, 5000)
     with psycopg.connect(flow["dsn"], autocommit=True) as c:
         c.execute(f"DELETE FROM {flow['table']} WHERE id % 7 = 0")
     start(flow, procs, tmp_path, "kafka2search")
@@ -167,14 +148,14 @@ def test_two_members_rebalance_mid_stream(flow: Any, procs: list[Proc], tmp_path
     start(flow, procs, tmp_path, "pg2kafka")
     a = start(flow, procs, tmp_path, "kafka2search")
     wait_until(lambda: got_partitions(a), "a to get the partitions", 60)
-    write(flow["dsn"], flow["table"], 1, 20000)
+    write_rows(flow["dsn"], flow["table"], 1, 20000)
     b = start(flow, procs, tmp_path, "kafka2search")  # joins: partitions move to it
-    write(flow["dsn"], flow["table"], 20001, 20000, updates=2)
+    write_rows(flow["dsn"], flow["table"], 20001, 20000, updates=2)
     wait_until(lambda: got_partitions(b), "b to take partitions from a", 60)
     assert "revoked" in a.log.read_text(errors="replace")
-    write(flow["dsn"], flow["table"], 40001, 10000, updates=1)
+    write_rows(flow["dsn"], flow["table"], 40001, 10000, updates=1)
     a.stop()  # leaves: its partitions move to b after a flush
-    write(flow["dsn"], flow["table"], 50001, 10000, updates=1)
+    write_rows(flow["dsn"], flow["table"], 50001, 10000, updates=1)
     with psycopg.connect(flow["dsn"], autocommit=True) as c:
         c.execute(f"DELETE FROM {flow['table']} WHERE id % 5 = 0")
     equal_eventually(flow, procs, 240)
@@ -203,7 +184,7 @@ def test_engine_stopped_30s_under_load(flow: Any, procs: list[Proc], tmp_path: P
     ix = start(flow, procs, tmp_path, "kafka2search",
                KAFKA2SEARCH_ENGINE__REQUEST_TIMEOUT_S="3",
                KAFKA2SEARCH_CONSUMER__MAX_QUEUE_BYTES=str(4 * 1024 * 1024))  # fmt: skip
-    write(flow["dsn"], flow["table"], 1, 5000)
+    write_rows(flow["dsn"], flow["table"], 1, 5000)
     equal_eventually(flow, procs, 120)
     base_rss = _rss_kb(ix.pid)
     pid = _engine_pid()
@@ -213,7 +194,7 @@ def test_engine_stopped_30s_under_load(flow: Any, procs: list[Proc], tmp_path: P
         deadline = time.monotonic() + 30
         first = 5001
         while time.monotonic() < deadline:  # ~60k rows (~20 MB of events) during the stop
-            write(flow["dsn"], flow["table"], first, 2000, updates=1)
+            write_rows(flow["dsn"], flow["table"], first, 2000, updates=1)
             first += 2000
             peak = max(peak, _rss_kb(ix.pid))
             time.sleep(0.5)

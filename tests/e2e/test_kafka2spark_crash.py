@@ -19,7 +19,7 @@ from services.kafka2spark.settings import Kafka2SparkSettings
 from services.pg2kafka import admin
 from services.pg2kafka.settings import Pg2KafkaSettings
 from shared.settings import load_settings
-from tests.e2e.conftest import Proc, free_port, wait_until
+from tests.e2e.conftest import Proc, free_port, pg2kafka_env, wait_until, write_rows
 
 
 @pytest.fixture
@@ -28,14 +28,7 @@ def flow(stack_env: dict[str, str], unique_name: str, tmp_path: Path) -> Any:
     topic = f"{unique_name}.cdc"
     root = tmp_path / "delta"
     port = free_port()
-    pg_env = {
-        "PG2KAFKA_REPLICATION__SLOT": unique_name,
-        "PG2KAFKA_REPLICATION__PUBLICATION": unique_name,
-        "PG2KAFKA_PRODUCER__TOPIC": topic,
-        "PG2KAFKA_PRODUCER__PARTITION_KEY": "primary_key",
-        "PG2KAFKA_HTTP__PORT": "0",
-        "PG2KAFKA_LOG__FORMAT": "text",
-    }
+    pg_env = pg2kafka_env(unique_name, topic, "primary_key")
     spark_env = {
         "KAFKA2SPARK_SOURCE__TOPICS": json.dumps([topic]),
         "KAFKA2SPARK_SOURCE__GROUP_ID": f"{unique_name}-group",
@@ -92,18 +85,6 @@ def delta_rows(flow: Any) -> dict[int, tuple[int, str]]:
     return {r["id"]: (r["v"], r["pad"]) for r in rows}
 
 
-def write(dsn: str, table: str, first: int, n: int, updates: int = 0) -> None:
-    with psycopg.connect(dsn, autocommit=True) as c:
-        c.execute(
-            f"INSERT INTO {table} SELECT g, 0, repeat('x', 200) FROM generate_series(%s::int,"
-            " %s::int) g",
-            [first, first + n - 1],
-        )
-        for _ in range(updates):
-            c.execute(f"UPDATE {table} SET v = v + 1 WHERE id BETWEEN %s AND %s",
-                      [first, first + n - 1])  # fmt: skip
-
-
 def batch_in_flight(checkpoint: Path) -> bool:
     """Spark writes offsets/<n> when batch n starts and commits/<n> when it is done."""
     started = {p.name for p in (checkpoint / "offsets").glob("[0-9]*")}
@@ -113,7 +94,7 @@ def batch_in_flight(checkpoint: Path) -> bool:
 
 def test_kill_9_mid_batch_then_restart(flow: Any, procs: list[Proc], tmp_path: Path) -> None:
     start(flow, procs, tmp_path, "pg2kafka")
-    write(flow["dsn"], flow["table"], 1, 20000, updates=1)
+    write_rows(flow["dsn"], flow["table"], 1, 20000, updates=1)
     job = start(flow, procs, tmp_path, "kafka2spark")
     checkpoint = flow["spark"].delta.checkpoint_path()
     wait_until(
@@ -123,7 +104,7 @@ def test_kill_9_mid_batch_then_restart(flow: Any, procs: list[Proc], tmp_path: P
         interval=0.05,
     )
     job.kill9()
-    write(flow["dsn"], flow["table"], 20001, 3000)
+    write_rows(flow["dsn"], flow["table"], 20001, 3000)
     with psycopg.connect(flow["dsn"], autocommit=True) as c:
         c.execute(f"DELETE FROM {flow['table']} WHERE id % 7 = 0")
         c.execute(f"UPDATE {flow['table']} SET v = v + 10 WHERE id % 5 = 0")

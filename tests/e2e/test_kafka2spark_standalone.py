@@ -20,7 +20,7 @@ from deltalake import DeltaTable
 from services.pg2kafka import admin
 from services.pg2kafka.settings import Pg2KafkaSettings
 from shared.settings import load_settings
-from tests.e2e.conftest import Proc, free_port, wait_until
+from tests.e2e.conftest import Proc, free_port, pg2kafka_env, wait_until
 
 SPARK_HOME = Path(pyspark.__file__).parent
 
@@ -79,13 +79,7 @@ def test_the_job_runs_on_a_standalone_cluster(
         c.execute(f"CREATE TABLE {table} (id int PRIMARY KEY, v int NOT NULL, note text)")
     admin.init(pg)
     try:
-        pg_env = {
-            "PG2KAFKA_REPLICATION__SLOT": unique_name,
-            "PG2KAFKA_REPLICATION__PUBLICATION": unique_name,
-            "PG2KAFKA_PRODUCER__TOPIC": topic,
-            "PG2KAFKA_HTTP__PORT": "0",
-            "PG2KAFKA_LOG__FORMAT": "text",
-        }
+        pg_env = pg2kafka_env(unique_name, topic)
         procs.append(Proc("pg2kafka", ["--env-file", str(env_file), "run"], pg_env,
                           tmp_path / "pg2kafka.log"))  # fmt: skip
         with psycopg.connect(dsn, autocommit=True) as c:
