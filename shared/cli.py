@@ -6,6 +6,7 @@ command is a bug and keeps its traceback."""
 from __future__ import annotations
 
 import argparse
+import gc
 import logging
 import signal
 import sys
@@ -23,6 +24,16 @@ from shared.settings import ServiceSettings, load_settings
 log = logging.getLogger(__name__)
 
 S = TypeVar("S", bound=ServiceSettings)
+
+
+def freeze_startup_heap() -> None:
+    """Take what start-up allocated (modules, clients, settings) out of the cyclic garbage
+    collector's sight, before the record loop. The loop allocates a few containers per
+    record, so the collector runs often, and each full collection would traverse the
+    whole start-up heap again: in kafka2search that was about 2 µs of CPU per event.
+    Nothing frozen is freed by a collection later; start-up garbage is collected first."""
+    gc.collect()
+    gc.freeze()
 
 
 def base_parser(prog: str, description: str) -> argparse.ArgumentParser:

@@ -184,19 +184,31 @@ class KafkaOffsetCheckpointer(Checkpointer[dict[TopicPartitionKey, int]]):
     processed}; the group stores offset + 1, the next record to read.
 
     Called only after the sink write covering those records succeeded (checkpoint last).
+    ``commit(..., wait=False)`` sends the commit without waiting for the broker's answer,
+    so the loop goes on reading (a synchronous commit is a broker round trip per batch);
+    commits travel in order on the coordinator connection, so a later one never lands
+    before an earlier one. Its result arrives through :meth:`on_commit`, which must be the
+    consumer's ``on_commit`` callback. A member that hands partitions over or stops commits
+    with ``wait=True`` (the default) first.
+
     A commit for a partition this member no longer owns (a rebalance happened) fails on
     the broker; that is harmless — the new owner re-reads from the previous commit, and
-    the sinks are idempotent — so it is logged, not raised.
+    the sinks are idempotent — so it is logged, not raised. So is a failed asynchronous
+    commit: the next one supersedes it, and a crash in between only re-reads more.
     """
 
-    def __init__(self, consumer: Consumer) -> None:
-        self.consumer = consumer
+    def __init__(self, consumer: Consumer | None = None) -> None:
+        self.consumer = consumer  # set later when on_commit must be in the consumer's config
         self._committed: dict[TopicPartitionKey, int] = {}
 
-    def commit(self, position: dict[TopicPartitionKey, int]) -> None:
+    def commit(self, position: dict[TopicPartitionKey, int], *, wait: bool = True) -> None:
         if not position:
             return
+        assert self.consumer is not None, "no consumer to commit with"
         offsets = [TopicPartition(t, p, o + 1) for (t, p), o in position.items()]
+        if not wait:
+            self.consumer.commit(offsets=offsets, asynchronous=True)
+            return
         try:
             result = self.consumer.commit(offsets=offsets, asynchronous=False)
         except KafkaException as exc:
@@ -205,11 +217,22 @@ class KafkaOffsetCheckpointer(Checkpointer[dict[TopicPartitionKey, int]]):
                 log.warning("offset commit refused during a rebalance: %s", err.str())
                 return
             raise
-        for tp in result or []:
+        self._record(result or [])
+
+    def on_commit(self, err: KafkaError | None, partitions: list[TopicPartition]) -> None:
+        """The consumer's ``on_commit`` callback (served on the polling thread)."""
+        if err is not None and err.code() != KafkaError._NO_OFFSET:
+            log.warning("offset commit failed (the next one supersedes it): %s", err.str())
+            return
+        self._record(partitions)
+
+    def _record(self, partitions: list[TopicPartition]) -> None:
+        for tp in partitions:
             if tp.error is not None:
                 log.warning("offset commit for %s[%d] failed: %s", tp.topic, tp.partition, tp.error)
-            else:
-                self._committed[(tp.topic, tp.partition)] = tp.offset - 1
+            elif tp.offset >= 0:
+                key = (tp.topic, tp.partition)
+                self._committed[key] = max(self._committed.get(key, -1), tp.offset - 1)
 
     def committed(self) -> dict[TopicPartitionKey, int] | None:
         return dict(self._committed) or None

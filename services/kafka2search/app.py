@@ -32,7 +32,7 @@ import re
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import wait as wait_for
 from dataclasses import dataclass, field
@@ -47,6 +47,7 @@ from services.kafka2search.documents import (
     IGNORED_OPS,
     Batch,
     Doc,
+    Event,
     Origin,
     PoisonMessageError,
     bulk_body,
@@ -55,7 +56,7 @@ from services.kafka2search.documents import (
 from services.kafka2search.engines import SearchEngine, engine_for
 from services.kafka2search.mapping import alias_name, index_name, properties
 from services.kafka2search.settings import Kafka2SearchSettings
-from shared.cli import stop_on_signals
+from shared.cli import freeze_startup_heap, stop_on_signals
 from shared.errors import PermanentError, RetriableError, Verdict, http_status_verdict
 from shared.http import OpsServer
 from shared.kafka import KafkaOffsetCheckpointer, KafkaSink, Outgoing, ensure_topic
@@ -152,9 +153,12 @@ class Indexer:
         self.wait = wait  # sleeps while keeping the consumer alive (partitions paused)
         self.states: dict[str, IndexState] = {}
         self.aliases: dict[tuple[str, str, str], str] = {}
+        # alias -> the column types last seen mapped. Events share one object per distinct
+        # types value (documents.Event.column_types), so a repeat is an identity check.
+        self.prepared: dict[str, Mapping[str, str]] = {}
 
-    def alias_for(self, ev: dict[str, Any]) -> str:
-        key = (ev["db"], ev["schema"], ev["table"])
+    def alias_for(self, ev: Event) -> str:
+        key = (ev.db, ev.schema, ev.table)
         alias = self.aliases.get(key)
         if alias is None:
             alias = alias_name(self.s.index.name_template, *key)
@@ -174,7 +178,14 @@ class Indexer:
 
     # -- index state -------------------------------------------------------------------
 
-    def state(self, alias: str, ev: dict[str, Any], types: dict[str, str]) -> IndexState:
+    def prepare(self, alias: str, ev: Event) -> None:
+        """Before a data event joins a batch: its index exists and maps its columns."""
+        types = ev.column_types()
+        if self.prepared.get(alias) is not types:
+            self.state(alias, ev, types)
+            self.prepared[alias] = types
+
+    def state(self, alias: str, ev: Event, types: Mapping[str, str]) -> IndexState:
         """The index of ``alias``, created on first sight, with every column of ``types``
         mapped (new columns are added before the data that carries them is written)."""
         st = self.states.get(alias)
@@ -188,10 +199,10 @@ class Indexer:
             self.retry(lambda: self._add_columns(st, new), f"map new columns of {alias}")
         return st
 
-    def _load_or_create(self, alias: str, ev: dict[str, Any], types: dict[str, str]) -> IndexState:
+    def _load_or_create(self, alias: str, ev: Event, types: Mapping[str, str]) -> IndexState:
         index = self.engine.resolve_alias(alias)
         if index is None:
-            meta = {"db": ev["db"], "schema": ev["schema"], "table": ev["table"]}
+            meta = {"db": ev.db, "schema": ev.schema, "table": ev.table}
             st = IndexState(alias, index_name(alias), dict(types), 0, meta)
             if self.engine.create_index(
                 st.index, alias, self.s.index, properties(types), st.to_meta()
@@ -206,7 +217,7 @@ class Indexer:
             alias, index, dict(w.get("columns", {})), int(w.get("truncated_lsn", 0)), meta
         )
 
-    def _add_columns(self, st: IndexState, new: dict[str, str]) -> None:
+    def _add_columns(self, st: IndexState, new: Mapping[str, str]) -> None:
         columns = {**st.columns, **new}
         meta = IndexState(st.alias, st.index, columns, st.truncated_lsn, st.meta).to_meta()
         try:
@@ -230,21 +241,22 @@ class Indexer:
 
     # -- control events ----------------------------------------------------------------
 
-    def truncate(self, ev: dict[str, Any]) -> None:
+    def truncate(self, ev: Event) -> None:
         """All documents of the table go; changes older than the truncate stay out."""
         alias = self.alias_for(ev)
         st = self.state(alias, ev, {})
-        if ev["lsn"] <= st.truncated_lsn:
+        if ev.lsn <= st.truncated_lsn:
             return  # a redelivered truncate
         deleted = self.retry(lambda: self.engine.delete_all(st.index), f"truncate {alias}")
-        st.truncated_lsn = ev["lsn"]
+        st.truncated_lsn = ev.lsn
         self.retry(lambda: self._save_meta(st), f"record the truncate of {alias}")
         self.metrics.schema_changes.labels("truncate").inc()
         log.info("truncated %s: %d documents removed", alias, deleted)
 
-    def ddl(self, ev: dict[str, Any]) -> None:
-        d = ev["ddl"]
+    def ddl(self, ev: Event) -> None:
+        d = ev.ddl
         alias = self.alias_for(ev)
+        self.prepared.clear()  # the index's columns, or the index itself, change
         if d.get("dropped"):
             self.metrics.schema_changes.labels("drop_table").inc()
             if self.s.index.on_drop_table == "delete":
@@ -365,10 +377,10 @@ class Indexer:
             )
             for d in group:
                 src = stored.get(d.id, {})
-                assert d.source is not None
+                row = d.row()
                 for column in d.missing_toast:
                     if column in src:
-                        d.source[column] = src[column]
+                        row[column] = src[column]
                 d.missing_toast = []
 
     def dead_letter(self, origin: Origin, reason: str, kind: str) -> None:
@@ -420,6 +432,7 @@ class SearchPipeline:
         self.paused = False
         self.in_callback = False
         self.inflight: deque[InFlight] = deque()
+        self.unconfirmed: dict[tuple[str, int], int] = {}  # committed without waiting
         self.writer: ThreadPoolExecutor | None = None
         self.next_lag = 0.0
         self.dlq = KafkaSink(
@@ -456,9 +469,10 @@ class SearchPipeline:
             self.s.consumer.dlq_partitions,
             self.s.consumer.dlq_replication_factor,
         )
-        consumer = Consumer(self.consumer_config())
+        self.checkpointer = KafkaOffsetCheckpointer()
+        consumer = Consumer({**self.consumer_config(), "on_commit": self.checkpointer.on_commit})
         self.consumer = consumer
-        self.checkpointer = KafkaOffsetCheckpointer(consumer)
+        self.checkpointer.consumer = consumer
         self.writer = ThreadPoolExecutor(
             self.s.batch.concurrency, thread_name_prefix="kafka2search-bulk"
         )
@@ -530,7 +544,7 @@ class SearchPipeline:
             self.indexer.dead_letter(origin, str(exc), "poison")
             self._mark(topic, partition, offset)
             return
-        op = ev["op"]
+        op = ev.op
         if op in IGNORED_OPS:
             self._mark(topic, partition, offset)
             return
@@ -546,8 +560,7 @@ class SearchPipeline:
         if not self.batch.records:
             self.batch_started = time.monotonic()
         alias = self.indexer.alias_for(ev)
-        types = ev.get("types") or {}
-        self.indexer.state(alias, ev, types)
+        self.indexer.prepare(alias, ev)
         reason = self.batch.add(alias, ev, origin)
         if reason is not None:
             self.indexer.dead_letter(origin, reason, "rejected")
@@ -583,30 +596,40 @@ class SearchPipeline:
             self.positions = {}
             if drain:
                 self.collect(block=True)
+                self._commit({}, wait=True)  # the partitions may change owner next
         finally:
             self.flushing = False
 
     def collect(self, *, block: bool) -> None:
         """Settle finished writes, oldest first (with ``block``: all of them, waiting)."""
         while self.inflight and (block or self.inflight[0].future.done()):
-            self._collect_oldest()
+            self._collect_oldest(wait=block)
         self.resume()
 
-    def _collect_oldest(self) -> None:
-        """Wait for the oldest write; dead-letter what it refused; commit its offsets. Its
-        failure is raised here (the uncommitted records are read again after the
-        reconnect)."""
+    def _collect_oldest(self, *, wait: bool = False) -> None:
+        """Wait for the oldest write; dead-letter what it refused; commit its offsets
+        (without waiting for the broker's answer unless ``wait``: see
+        KafkaOffsetCheckpointer). Its failure is raised here (the uncommitted records are
+        read again after the reconnect)."""
         flight = self.inflight[0]
         self._await(flight.future)
         self.inflight.popleft()
         for origin, reason in flight.future.result():
             self.indexer.dead_letter(origin, reason, "rejected")
         self.dlq.flush(60)
-        self._commit(flight.positions)
+        self._commit(flight.positions, wait)
 
-    def _commit(self, positions: dict[tuple[str, int], int]) -> None:
-        if positions and self.checkpointer is not None and self.start is None:
-            self.checkpointer.commit(positions)
+    def _commit(self, positions: dict[tuple[str, int], int], wait: bool) -> None:
+        """Commit ``positions``; with ``wait``, also what was committed without waiting
+        before (sent again, in order after it: once this answer is in, so is theirs)."""
+        if self.checkpointer is None or self.start is not None:
+            return
+        if wait:
+            positions = {**self.unconfirmed, **positions}
+            self.unconfirmed = {}
+        elif positions:
+            self.unconfirmed.update(positions)
+        self.checkpointer.commit(positions, wait=wait)
 
     def _await(self, future: Future[list[Rejection]]) -> None:
         """Block until the write is done. A write that takes long (the engine is slow
@@ -690,6 +713,8 @@ class SearchPipeline:
         self.batch.clear()
         self.positions = {}
         self.held = [m for m in self.held if not _in(m, partitions)]
+        gone = {(tp.topic, tp.partition) for tp in partitions}
+        self.unconfirmed = {k: o for k, o in self.unconfirmed.items() if k not in gone}
 
     def _on_lost(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         log.warning(
@@ -699,6 +724,7 @@ class SearchPipeline:
         self.batch.clear()
         self.positions = {}
         self.held = []
+        self.unconfirmed = {}
 
     def _partitions(self, consumer: Consumer) -> list[TopicPartition]:
         parts: list[TopicPartition] = []
@@ -764,6 +790,7 @@ class Service:
     stop_event: threading.Event
 
     def run(self) -> None:
+        freeze_startup_heap()
         if self.ops is not None:
             self.ops.start()
         try:

@@ -6,6 +6,12 @@ columns were left out takes them from an older change of the same batch when it 
 the rest are filled from the stored document before writing (``missing_toast``), so an
 unchanged TOAST value is never erased.
 
+This is the service's hot path (every record passes through it), so a row is never
+decoded: :class:`Event` keeps ``new`` as the raw JSON pg2kafka wrote, and that becomes
+the document's ``_source`` line in the bulk body as is. Only a change whose unchanged
+TOAST values must be merged in is decoded and encoded again. A table's ``types`` repeat
+in each of its events; they are decoded (and validated) once per distinct value.
+
 Poison (not JSON, not an object, unknown ``v``, fields missing or of the wrong type)
 raises :class:`PoisonMessageError` with the reason; the caller sends it to the dead-letter
 topic. Nothing here talks to Kafka or the engine.
@@ -13,9 +19,12 @@ topic. Nothing here talks to Kafka or the engine.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Any, NamedTuple
 
+import msgspec
 import orjson
 
 from services.kafka2search.mapping import document_id
@@ -24,6 +33,8 @@ SUPPORTED_VERSION = 1
 DATA_OPS = ("insert", "update", "delete")
 CONTROL_OPS = ("truncate", "ddl")
 IGNORED_OPS = ("heartbeat", "message")
+
+_ABSENT = msgspec.Raw(b"")
 
 
 class PoisonMessageError(ValueError):
@@ -41,43 +52,89 @@ class Origin(NamedTuple):
     value: bytes
 
 
-def parse(value: bytes | None) -> dict[str, Any]:
+class Event(msgspec.Struct, gc=False):
+    """The fields of a change event (docs/events.md) this service reads; the others are
+    skipped unread. Scalars are left untyped here so that :func:`parse` gives the reasons
+    an operator can act on. ``new`` and ``types`` are raw JSON (empty when absent): see
+    the module doc. Not tracked by the garbage collector: it holds no cycles, and a batch
+    holds thousands of them."""
+
+    v: Any = None
+    op: Any = None
+    db: Any = None
+    schema: Any = None
+    table: Any = None
+    lsn: Any = None
+    key: Any = None
+    new: msgspec.Raw = _ABSENT
+    types: msgspec.Raw = _ABSENT
+    unchanged_toast: Any = None
+    ddl: Any = None
+
+    def column_types(self) -> Mapping[str, str]:
+        """Column -> Postgres type name; shared between events, never to be mutated."""
+        return _column_types(bytes(self.types)) if self.types else {}
+
+    def row(self) -> dict[str, Any]:
+        """``new`` decoded (a new object on each call)."""
+        return _as_dict(bytes(self.new))
+
+
+_decode_event = msgspec.json.Decoder(Event).decode
+_decode_types = msgspec.json.Decoder(dict[str, str]).decode
+
+
+@lru_cache(maxsize=1024)
+def _column_types(raw: bytes) -> Mapping[str, str]:
+    try:
+        return _decode_types(raw)
+    except msgspec.ValidationError as exc:
+        raise PoisonMessageError(f"field 'types' is not an object of type names: {exc}") from exc
+
+
+def _as_dict(source: bytes | dict[str, Any]) -> dict[str, Any]:
+    if isinstance(source, dict):
+        return source
+    row: dict[str, Any] = orjson.loads(source)
+    return row
+
+
+def parse(value: bytes | None) -> Event:
     if value is None:
         raise PoisonMessageError("empty record (no value)")
     try:
-        ev = orjson.loads(value)
-    except orjson.JSONDecodeError as exc:
+        ev = _decode_event(value)
+    except msgspec.ValidationError:  # every field takes any JSON value but the record
+        raise PoisonMessageError("not a JSON object") from None
+    except msgspec.DecodeError as exc:
         raise PoisonMessageError(f"not JSON: {exc}") from exc
-    if not isinstance(ev, dict):
-        raise PoisonMessageError("not a JSON object")
-    if ev.get("v") != SUPPORTED_VERSION:
-        raise PoisonMessageError(f"unknown event version {ev.get('v')!r} (supported: 1)")
-    op = ev.get("op")
+    if ev.v != SUPPORTED_VERSION:
+        raise PoisonMessageError(f"unknown event version {ev.v!r} (supported: 1)")
+    op = ev.op
     if op not in DATA_OPS + CONTROL_OPS + IGNORED_OPS:
         raise PoisonMessageError(f"unknown op {op!r}")
     if op in IGNORED_OPS:
         return ev
     for name in ("schema", "table", "db"):
-        if not isinstance(ev.get(name), str):
+        if type(getattr(ev, name)) is not str:
             raise PoisonMessageError(f"field {name!r} missing or not a string")
-    if not isinstance(ev.get("lsn"), int) or isinstance(ev.get("lsn"), bool) or ev["lsn"] < 0:
+    if type(ev.lsn) is not int or ev.lsn < 0:
         raise PoisonMessageError("field 'lsn' missing or not a non-negative integer")
     if op in DATA_OPS:
-        if not isinstance(ev.get("key"), dict):
+        if type(ev.key) is not dict:
             raise PoisonMessageError("field 'key' missing or not an object")
-        if op != "delete" and not isinstance(ev.get("new"), dict):
+        if op != "delete" and not bytes(ev.new).startswith(b"{"):
             raise PoisonMessageError(f"{op} without a 'new' row")
-        types = ev.get("types", {})
-        if not isinstance(types, dict) or not all(type(t) is str for t in types.values()):
-            raise PoisonMessageError("field 'types' is not an object of type names")
-        toast = ev.get("unchanged_toast")
+        if ev.types:
+            ev.column_types()  # validated (once per distinct value)
+        toast = ev.unchanged_toast
         if toast is not None and (
-            not isinstance(toast, list) or not all(type(c) is str for c in toast)
+            type(toast) is not list or not all(type(c) is str for c in toast)
         ):
             raise PoisonMessageError("field 'unchanged_toast' is not a list of column names")
     if op == "ddl":
-        ddl = ev.get("ddl")
-        if not isinstance(ddl, dict):
+        ddl = ev.ddl
+        if type(ddl) is not dict:
             raise PoisonMessageError("ddl event without a 'ddl' object")
         columns = ddl.get("columns")
         if columns is not None and not (
@@ -91,17 +148,25 @@ def parse(value: bytes | None) -> dict[str, Any]:
     return ev
 
 
-@dataclass(slots=True)
-class Doc:
-    """The newest change of one document in the batch."""
+class Doc(msgspec.Struct, gc=False):
+    """The newest change of one document in the batch. ``source``: the row as raw JSON
+    (one line, as the event carried it), or decoded once unchanged TOAST values had to be
+    merged in; None for a delete. (A struct: one is built per record, and its constructor
+    runs in C.)"""
 
     index: str
     id: str
     delete: bool
     lsn: int
-    source: dict[str, Any] | None
+    source: bytes | dict[str, Any] | None
     missing_toast: list[str]
     origin: Origin
+
+    def row(self) -> dict[str, Any]:
+        """The source decoded, and kept so (for merging values into it)."""
+        assert self.source is not None
+        row = self.source = _as_dict(self.source)
+        return row
 
 
 @dataclass
@@ -113,30 +178,38 @@ class Batch:
     records: int = 0
     bytes: int = 0
 
-    def add(self, index: str, ev: dict[str, Any], origin: Origin) -> str | None:
+    def add(self, index: str, ev: Event, origin: Origin) -> str | None:
         """Fold one insert/update/delete in; returns a reason when it cannot be indexed."""
         self.records += 1
         self.bytes += len(origin.value)
-        doc_id = document_id(ev["key"])
+        doc_id = document_id(ev.key)
         if doc_id is None:
             return "the table has no primary key or replica identity: no document id"
-        lsn = ev["lsn"]
-        delete = ev["op"] == "delete"
-        new = None if delete else ev["new"]  # the parsed event is this batch's to keep
-        missing = [] if delete else list(ev.get("unchanged_toast") or ())
+        lsn: int = ev.lsn
+        source: bytes | dict[str, Any] | None = None
+        missing: list[str] = []
+        if ev.op != "delete":
+            source = bytes(ev.new)
+            if b"\n" in source:  # whitespace between tokens: not one NDJSON line
+                source = _as_dict(source)
+            if ev.unchanged_toast:
+                missing = list(ev.unchanged_toast)
         current = self.docs.get((index, doc_id))
         if current is not None:
             if lsn < current.lsn:
                 return None  # older than what the batch holds: stale, nothing to do
             if missing and current.source is not None:
-                assert new is not None
+                assert source is not None
+                known = current.row()
+                new = _as_dict(source)
                 for column in list(missing):
-                    if column in current.source:
-                        new[column] = current.source[column]
+                    if column in known:
+                        new[column] = known[column]
                         missing.remove(column)
-                    elif column in current.missing_toast:
-                        pass  # still unknown: the stored document has it
-        self.docs[(index, doc_id)] = Doc(index, doc_id, delete, lsn, new, missing, origin)
+                    # else still unknown: the stored document has it
+                source = new
+        delete = source is None
+        self.docs[(index, doc_id)] = Doc(index, doc_id, delete, lsn, source, missing, origin)
         return None
 
     def __len__(self) -> int:
@@ -168,6 +241,7 @@ def bulk_body(docs: list[Doc]) -> bytes:
             lines.append(b'{"delete":' + meta)
         else:
             lines.append(b'{"index":' + meta)
-            lines.append(dumps(d.source))
+            src = d.source
+            lines.append(src if type(src) is bytes else dumps(src))
     lines.append(b"")
     return b"\n".join(lines)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+from collections.abc import Mapping
 from typing import Any
 
 import orjson
@@ -66,7 +67,7 @@ def field_mapping(pg_type: str) -> dict[str, Any]:
     return _TYPES.get(base, _KEYWORD)
 
 
-def properties(types: dict[str, str]) -> dict[str, Any]:
+def properties(types: Mapping[str, str]) -> dict[str, Any]:
     return {column: field_mapping(t) for column, t in types.items()}
 
 

@@ -1,0 +1,84 @@
+"""KafkaOffsetCheckpointer against a consumer fake: what is committed, when it is known."""
+
+from __future__ import annotations
+
+import logging
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
+
+from shared.kafka import KafkaOffsetCheckpointer
+
+
+class FakeConsumer(Consumer):  # type: ignore[misc]
+    """Records commits; answers a synchronous one as the broker would (or with ``fail``)."""
+
+    def __init__(self) -> None:  # no librdkafka handle
+        self.commits: list[tuple[list[tuple[str, int, int]], bool]] = []
+        self.fail: KafkaError | None = None
+
+    def commit(self, *, offsets: list[TopicPartition], asynchronous: bool) -> Any:
+        self.commits.append(([(t.topic, t.partition, t.offset) for t in offsets], asynchronous))
+        if self.fail is not None:
+            raise KafkaException(self.fail)
+        return None if asynchronous else offsets
+
+
+def test_a_position_is_committed_as_the_next_offset_to_read() -> None:
+    consumer = FakeConsumer()
+    cp = KafkaOffsetCheckpointer(consumer)
+    cp.commit({("t", 0): 41, ("t", 1): 9})
+    assert consumer.commits == [([("t", 0, 42), ("t", 1, 10)], False)]
+    assert cp.committed() == {("t", 0): 41, ("t", 1): 9}
+
+
+def test_without_waiting_the_commit_is_known_only_from_the_callback() -> None:
+    consumer = FakeConsumer()
+    cp = KafkaOffsetCheckpointer(consumer)
+    cp.commit({("t", 0): 41}, wait=False)
+    assert consumer.commits == [([("t", 0, 42)], True)]
+    assert cp.committed() is None  # not answered yet
+    cp.on_commit(None, [TopicPartition("t", 0, 42)])
+    assert cp.committed() == {("t", 0): 41}
+
+
+def test_a_late_answer_never_moves_the_known_position_back() -> None:
+    cp = KafkaOffsetCheckpointer(FakeConsumer())
+    cp.on_commit(None, [TopicPartition("t", 0, 50)])
+    cp.on_commit(None, [TopicPartition("t", 0, 42)])
+    assert cp.committed() == {("t", 0): 49}
+
+
+def test_a_failed_asynchronous_commit_is_logged_not_recorded(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    cp = KafkaOffsetCheckpointer(FakeConsumer())
+    with caplog.at_level(logging.WARNING):
+        cp.on_commit(KafkaError(KafkaError.REBALANCE_IN_PROGRESS), [TopicPartition("t", 0, 42)])
+        # librdkafka sets a partition's error; TopicPartition's own is read-only
+        failed = SimpleNamespace(
+            topic="t", partition=1, offset=7, error=KafkaError(KafkaError.UNKNOWN_MEMBER_ID)
+        )
+        cp.on_commit(None, [failed, TopicPartition("t", 2, 3)])  # type: ignore[list-item]
+    assert cp.committed() == {("t", 2): 2}
+    assert "offset commit failed" in caplog.text
+    assert "t[1] failed" in caplog.text
+
+
+def test_a_commit_refused_in_a_rebalance_is_harmless_and_other_errors_raise() -> None:
+    consumer = FakeConsumer()
+    cp = KafkaOffsetCheckpointer(consumer)
+    consumer.fail = KafkaError(KafkaError.REBALANCE_IN_PROGRESS)
+    cp.commit({("t", 0): 1})
+    assert cp.committed() is None
+    consumer.fail = KafkaError(KafkaError._TRANSPORT)
+    with pytest.raises(KafkaException):
+        cp.commit({("t", 0): 1})
+
+
+def test_nothing_to_commit_sends_nothing() -> None:
+    consumer = FakeConsumer()
+    KafkaOffsetCheckpointer(consumer).commit({}, wait=False)
+    assert consumer.commits == []
