@@ -56,7 +56,7 @@ from services.kafka2search.documents import (
 from services.kafka2search.engines import SearchEngine, engine_for
 from services.kafka2search.mapping import alias_name, index_name, properties
 from services.kafka2search.settings import Kafka2SearchSettings
-from shared.cli import freeze_startup_heap, stop_on_signals
+from shared.cli import stop_on_signals, tune_gc_for_records
 from shared.errors import PermanentError, RetriableError, Verdict, http_status_verdict
 from shared.http import OpsServer
 from shared.kafka import KafkaOffsetCheckpointer, KafkaSink, Outgoing, ensure_topic
@@ -564,7 +564,9 @@ class SearchPipeline:
         reason = self.batch.add(alias, ev, origin)
         if reason is not None:
             self.indexer.dead_letter(origin, reason, "rejected")
-        self._mark(topic, partition, offset)
+        key = (topic, partition)  # _mark, inline: once per record
+        if offset > self.positions.get(key, -1):
+            self.positions[key] = offset
 
     def _mark(self, topic: str, partition: int, offset: int) -> None:
         key = (topic, partition)
@@ -790,7 +792,7 @@ class Service:
     stop_event: threading.Event
 
     def run(self) -> None:
-        freeze_startup_heap()
+        tune_gc_for_records()
         if self.ops is not None:
             self.ops.start()
         try:

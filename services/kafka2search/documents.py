@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import lru_cache
-from typing import Any, NamedTuple
+from typing import Any
 
 import msgspec
 import orjson
@@ -33,6 +33,7 @@ SUPPORTED_VERSION = 1
 DATA_OPS = ("insert", "update", "delete")
 CONTROL_OPS = ("truncate", "ddl")
 IGNORED_OPS = ("heartbeat", "message")
+_OPS = frozenset(DATA_OPS + CONTROL_OPS + IGNORED_OPS)
 
 _ABSENT = msgspec.Raw(b"")
 
@@ -41,9 +42,9 @@ class PoisonMessageError(ValueError):
     """A record that is not a change event this service understands."""
 
 
-class Origin(NamedTuple):
-    """Where a record came from; a dead letter carries it. (A tuple: one is made per
-    record, and a frozen dataclass costs three times as much to build.)"""
+class Origin(msgspec.Struct, frozen=True, gc=False):
+    """Where a record came from; a dead letter carries it. (A struct: one is made per
+    record, and its constructor runs in C.)"""
 
     topic: str
     partition: int
@@ -73,7 +74,13 @@ class Event(msgspec.Struct, gc=False):
 
     def column_types(self) -> Mapping[str, str]:
         """Column -> Postgres type name; shared between events, never to be mutated."""
-        return _column_types(bytes(self.types)) if self.types else {}
+        if not self.types:
+            return {}
+        raw = bytes(self.types)
+        last = _last_types  # (raw, decoded) of the previous call: most often the same
+        if raw == last[0]:
+            return last[1]
+        return _remember_types(raw)
 
     def row(self) -> dict[str, Any]:
         """``new`` decoded (a new object on each call)."""
@@ -90,6 +97,16 @@ def _column_types(raw: bytes) -> Mapping[str, str]:
         return _decode_types(raw)
     except msgspec.ValidationError as exc:
         raise PoisonMessageError(f"field 'types' is not an object of type names: {exc}") from exc
+
+
+def _remember_types(raw: bytes) -> Mapping[str, str]:
+    global _last_types
+    types = _column_types(raw)
+    _last_types = (raw, types)  # one tuple: a reader on another thread sees a whole pair
+    return types
+
+
+_last_types: tuple[bytes, Mapping[str, str]] = (b"", {})
 
 
 def _as_dict(source: bytes | dict[str, Any]) -> dict[str, Any]:
@@ -111,13 +128,14 @@ def parse(value: bytes | None) -> Event:
     if ev.v != SUPPORTED_VERSION:
         raise PoisonMessageError(f"unknown event version {ev.v!r} (supported: 1)")
     op = ev.op
-    if op not in DATA_OPS + CONTROL_OPS + IGNORED_OPS:
+    if op not in _OPS:
         raise PoisonMessageError(f"unknown op {op!r}")
     if op in IGNORED_OPS:
         return ev
-    for name in ("schema", "table", "db"):
-        if type(getattr(ev, name)) is not str:
-            raise PoisonMessageError(f"field {name!r} missing or not a string")
+    if type(ev.schema) is not str or type(ev.table) is not str or type(ev.db) is not str:
+        for name in ("schema", "table", "db"):
+            if type(getattr(ev, name)) is not str:
+                raise PoisonMessageError(f"field {name!r} missing or not a string")
     if type(ev.lsn) is not int or ev.lsn < 0:
         raise PoisonMessageError("field 'lsn' missing or not a non-negative integer")
     if op in DATA_OPS:

@@ -94,9 +94,8 @@ def document_id(key: dict[str, Any]) -> str | None:
     """None for a change without identity (it cannot be addressed in the index)."""
     if not key:
         return None
-    values = list(key.values())
-    if len(values) == 1:
-        v = values[0]
+    if len(key) == 1:
+        (v,) = key.values()
         if type(v) is str:
             text = v
         elif type(v) is int:  # the common key, without a JSON round trip
@@ -104,7 +103,8 @@ def document_id(key: dict[str, Any]) -> str | None:
         else:
             text = orjson.dumps(v).decode()
     else:
-        text = orjson.dumps(values).decode()
-    if len(text.encode()) > MAX_ID_BYTES:
-        return "sha256:" + hashlib.sha256(text.encode()).hexdigest()
-    return text
+        text = orjson.dumps(list(key.values())).decode()
+    # A character is at most 4 bytes in UTF-8: most ids need no encoding to be measured.
+    if len(text) <= MAX_ID_BYTES // 4 or len(text.encode()) <= MAX_ID_BYTES:
+        return text
+    return "sha256:" + hashlib.sha256(text.encode()).hexdigest()

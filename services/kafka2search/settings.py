@@ -45,9 +45,10 @@ class BatchSettings(Section):
     max_docs: int = Field(default=2000, ge=1)
     max_bytes: int = Field(default=8 * 1024 * 1024, ge=1024)
     max_wait_s: float = Field(default=0.25, gt=0)
-    # Bulk requests in flight at once: while one is indexed, the next is sent (and the
-    # batch after it is read). Memory: (concurrency + 1) batch budgets.
-    concurrency: int = Field(default=2, ge=1, le=8)
+    # Bulk requests in flight at once: while some are indexed, the next batch is read.
+    # More than the engine indexes at once (its write pool: one per core), so that it
+    # never waits for the next request. Memory: (concurrency + 1) batch budgets.
+    concurrency: int = Field(default=4, ge=1, le=8)
 
 
 class EngineSettings(Section):

@@ -220,3 +220,13 @@ def test_properties_maps_every_column() -> None:
 def test_properties_can_be_serialised_for_the_engine() -> None:
     got = properties({"a": "int4", "b": "text"})
     assert orjson.loads(orjson.dumps(got)) == got
+
+
+@pytest.mark.parametrize(
+    ("chars", "hashed"), [(MAX_ID_BYTES // 4, False), (MAX_ID_BYTES // 4 + 1, True)]
+)
+def test_four_byte_characters_are_measured_in_bytes(chars: int, hashed: bool) -> None:
+    text = "🐘" * chars  # 4 bytes each: 512 bytes is the limit, 516 is over
+    got = document_id({"k": text})
+    assert got is not None
+    assert got.startswith("sha256:") is hashed
