@@ -469,6 +469,13 @@ class SearchPipeline:
             self.s.consumer.dlq_partitions,
             self.s.consumer.dlq_replication_factor,
         )
+        # A reconnect starts clean: whatever the failed attempt held is read again (and a
+        # position it had not written must never be committed by this one).
+        self.batch = Batch()
+        self.positions = {}
+        self.held = []
+        self.unconfirmed = {}
+        self.paused = False
         self.checkpointer = KafkaOffsetCheckpointer()
         consumer = Consumer({**self.consumer_config(), "on_commit": self.checkpointer.on_commit})
         self.consumer = consumer
@@ -615,6 +622,8 @@ class SearchPipeline:
         read again after the reconnect)."""
         flight = self.inflight[0]
         self._await(flight.future)
+        if not self.inflight or self.inflight[0] is not flight:
+            return  # abandoned meanwhile (partitions lost): nothing of it is committed
         self.inflight.popleft()
         for origin, reason in flight.future.result():
             self.indexer.dead_letter(origin, reason, "rejected")
@@ -703,6 +712,15 @@ class SearchPipeline:
 
     def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         """Flush what is in hand before the partitions go to another member."""
+        self.held = [m for m in self.held if not _in(m, partitions)]
+        if self.flushing:
+            # Served by the poll of a flush waiting for a write: that flush goes on with
+            # the batch in hand and commits it once written. Dropping the batch here would
+            # lose the records of the partitions this member keeps; those of the revoked
+            # ones are written (harmless) and committed after them (never past a record
+            # not written).
+            log.info("revoked %s while flushing: the batch in hand is written", _names(partitions))
+            return
         log.info("revoked %s: flushing", _names(partitions))
         self.in_callback = True
         try:

@@ -22,6 +22,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import lru_cache
+from types import MappingProxyType
 from typing import Any
 
 import msgspec
@@ -34,6 +35,8 @@ DATA_OPS = ("insert", "update", "delete")
 CONTROL_OPS = ("truncate", "ddl")
 IGNORED_OPS = ("heartbeat", "message")
 _OPS = frozenset(DATA_OPS + CONTROL_OPS + IGNORED_OPS)
+MAX_LSN = 2**63 - 1  # the engines' largest external version (a Java long)
+_NO_TYPES: Mapping[str, str] = MappingProxyType({})
 
 _ABSENT = msgspec.Raw(b"")
 
@@ -75,7 +78,7 @@ class Event(msgspec.Struct, gc=False):
     def column_types(self) -> Mapping[str, str]:
         """Column -> Postgres type name; shared between events, never to be mutated."""
         if not self.types:
-            return {}
+            return _NO_TYPES
         raw = bytes(self.types)
         last = _last_types  # (raw, decoded) of the previous call: most often the same
         if raw == last[0]:
@@ -125,10 +128,12 @@ def parse(value: bytes | None) -> Event:
         raise PoisonMessageError("not a JSON object") from None
     except msgspec.DecodeError as exc:
         raise PoisonMessageError(f"not JSON: {exc}") from exc
+    except RecursionError:
+        raise PoisonMessageError("not JSON: nested too deeply") from None
     if ev.v != SUPPORTED_VERSION:
         raise PoisonMessageError(f"unknown event version {ev.v!r} (supported: 1)")
     op = ev.op
-    if op not in _OPS:
+    if type(op) is not str or op not in _OPS:
         raise PoisonMessageError(f"unknown op {op!r}")
     if op in IGNORED_OPS:
         return ev
@@ -136,8 +141,8 @@ def parse(value: bytes | None) -> Event:
         for name in ("schema", "table", "db"):
             if type(getattr(ev, name)) is not str:
                 raise PoisonMessageError(f"field {name!r} missing or not a string")
-    if type(ev.lsn) is not int or ev.lsn < 0:
-        raise PoisonMessageError("field 'lsn' missing or not a non-negative integer")
+    if type(ev.lsn) is not int or not 0 <= ev.lsn <= MAX_LSN:
+        raise PoisonMessageError("field 'lsn' missing or not an integer from 0 to 2^63-1")
     if op in DATA_OPS:
         if type(ev.key) is not dict:
             raise PoisonMessageError("field 'key' missing or not an object")
@@ -208,24 +213,31 @@ class Batch:
         missing: list[str] = []
         if ev.op != "delete":
             source = bytes(ev.new)
-            if b"\n" in source:  # whitespace between tokens: not one NDJSON line
-                source = _as_dict(source)
-            if ev.unchanged_toast:
-                missing = list(ev.unchanged_toast)
+            toast = ev.unchanged_toast
+            if toast or b"\n" in source:  # to merge into, or not one NDJSON line
+                # Decoded here, so that neither a merge nor a fill can fail later: the
+                # event decoder hands a row over unchecked.
+                try:
+                    source = _as_dict(source)
+                except orjson.JSONDecodeError as exc:
+                    return f"the row ('new') is not valid JSON: {exc}"
+                if toast:
+                    missing = list(toast)
         current = self.docs.get((index, doc_id))
         if current is not None:
             if lsn < current.lsn:
                 return None  # older than what the batch holds: stale, nothing to do
             if missing and current.source is not None:
-                assert source is not None
-                known = current.row()
-                new = _as_dict(source)
+                assert isinstance(source, dict)
+                try:
+                    known = current.row()
+                except orjson.JSONDecodeError:
+                    known = {}  # the older change is replaced; the engine would refuse it
                 for column in list(missing):
                     if column in known:
-                        new[column] = known[column]
+                        source[column] = known[column]
                         missing.remove(column)
                     # else still unknown: the stored document has it
-                source = new
         delete = source is None
         self.docs[(index, doc_id)] = Doc(index, doc_id, delete, lsn, source, missing, origin)
         return None

@@ -472,3 +472,51 @@ def test_a_merge_of_unchanged_toast_decodes_only_the_documents_it_touches() -> N
     add(b, event("update", lsn=20, new={"id": 1, "name": "b"}, unchanged_toast=["bio"]))
     assert b.docs[(INDEX, "1")].source == {"id": 1, "name": "b", "bio": "kept"}
     assert isinstance(b.docs[(INDEX, "2")].source, bytes)
+
+
+@pytest.mark.parametrize(
+    ("value", "reason"),
+    [
+        pytest.param(raw(event(op=["insert"])), "unknown op ['insert']", id="op-list"),
+        pytest.param(raw(event(op={"x": 1})), "unknown op {'x': 1}", id="op-object"),
+        pytest.param(
+            b'{"v":1,"op":"insert","x":' + b"[" * 5000 + b"]" * 5000 + b"}",
+            "not JSON",
+            id="nested-too-deeply",
+        ),
+        pytest.param(raw(event(lsn=2**63)), "'lsn'", id="lsn-beyond-a-java-long"),
+    ],
+)
+def test_parse_rejects_what_a_typed_decoder_would_trip_on(value: bytes, reason: str) -> None:
+    with pytest.raises(PoisonMessageError) as info:
+        parse(value)
+    assert reason in str(info.value)
+
+
+def test_the_largest_version_the_engines_take_is_accepted() -> None:
+    assert parse(raw(event(lsn=2**63 - 1))).lsn == 2**63 - 1
+
+
+def invalid_row_event(lsn: int, toast: bool) -> bytes:
+    """An event whose row the event decoder passes over unchecked (invalid UTF-8)."""
+    value = b'{"v":1,"op":"update","db":"app","schema":"public","table":"t","lsn":%d,' % lsn
+    value += b'"key":{"id":1},"new":{"id":1,"name":"\xff"}'
+    return value + (b',"unchanged_toast":["bio"]}' if toast else b"}")
+
+
+def test_a_row_to_merge_into_that_is_not_json_is_refused_with_a_reason() -> None:
+    b = Batch()
+    value = invalid_row_event(10, toast=True)
+    reason = b.add(INDEX, parse(value), origin(value))
+    assert reason is not None
+    assert "not valid JSON" in reason
+    assert b.docs == {}
+
+
+def test_an_older_row_that_is_not_json_gives_nothing_to_a_merge() -> None:
+    b = Batch()
+    value = invalid_row_event(10, toast=False)
+    assert b.add(INDEX, parse(value), origin(value)) is None  # passed on: the engine refuses it
+    add(b, event("update", lsn=20, new={"id": 1, "name": "b"}, unchanged_toast=["bio"]))
+    doc = b.docs[(INDEX, "1")]
+    assert (doc.source, doc.missing_toast) == ({"id": 1, "name": "b"}, ["bio"])
