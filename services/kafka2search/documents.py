@@ -85,10 +85,6 @@ class Event(msgspec.Struct, gc=False):
             return last[1]
         return _remember_types(raw)
 
-    def row(self) -> dict[str, Any]:
-        """``new`` decoded (a new object on each call)."""
-        return _as_dict(bytes(self.new))
-
 
 _decode_event = msgspec.json.Decoder(Event).decode
 _decode_types = msgspec.json.Decoder(dict[str, str]).decode

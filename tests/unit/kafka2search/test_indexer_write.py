@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import threading
 from collections import deque
 from collections.abc import Callable, Iterable
@@ -20,7 +19,7 @@ from services.kafka2search.engines import SearchEngine
 from services.kafka2search.settings import Kafka2SearchSettings
 from shared.errors import RetriableError
 from shared.kafka import KafkaSink, Outgoing
-from shared.settings import load_settings
+from tests.unit.kafka2search.conftest import SettingsFactory
 
 ALIAS = "walcast-public.users"
 OTHER = "walcast-public.orders"
@@ -104,16 +103,8 @@ class FakeDeadLetters(KafkaSink):
 
 
 @pytest.fixture
-def settings(monkeypatch: pytest.MonkeyPatch) -> Kafka2SearchSettings:
-    for key in list(os.environ):
-        if key.upper().startswith("KAFKA2SEARCH_"):
-            monkeypatch.delenv(key)
-    return load_settings(
-        Kafka2SearchSettings,
-        env_file=None,
-        http={"enabled": False},
-        retry={"initial_s": 0.01, "max_s": 0.04, "multiplier": 2.0, "jitter": 0.0},
-    )
+def settings(settings_with: SettingsFactory) -> Kafka2SearchSettings:
+    return settings_with(retry={"initial_s": 0.01, "max_s": 0.04, "multiplier": 2.0, "jitter": 0.0})
 
 
 @dataclass

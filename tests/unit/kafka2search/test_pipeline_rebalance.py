@@ -3,7 +3,6 @@ the partitions this member keeps may be dropped (a later commit would skip it)."
 
 from __future__ import annotations
 
-import os
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
@@ -18,7 +17,7 @@ from services.kafka2search.documents import Batch, Origin, parse
 from services.kafka2search.engines import SearchEngine
 from services.kafka2search.settings import Kafka2SearchSettings
 from shared.kafka import KafkaOffsetCheckpointer
-from shared.settings import load_settings
+from tests.unit.kafka2search.conftest import SettingsFactory
 
 TOPIC = "walcast.cdc"
 
@@ -59,17 +58,8 @@ class NoDeadLetters:
 
 
 @pytest.fixture
-def settings(monkeypatch: pytest.MonkeyPatch) -> Kafka2SearchSettings:
-    for key in list(os.environ):
-        if key.upper().startswith("KAFKA2SEARCH_"):
-            monkeypatch.delenv(key)
-    return load_settings(
-        Kafka2SearchSettings,
-        env_file=None,
-        http={"enabled": False},
-        batch={"concurrency": 1},
-        kafka={"bootstrap_servers": "127.0.0.1:1"},
-    )
+def settings(settings_with: SettingsFactory) -> Kafka2SearchSettings:
+    return settings_with(batch={"concurrency": 1}, kafka={"bootstrap_servers": "127.0.0.1:1"})
 
 
 def take(pipeline: SearchPipeline, partition: int, offset: int, doc_id: int) -> None:
