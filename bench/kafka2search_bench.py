@@ -301,7 +301,7 @@ def produce(b: Bench, topic: str, table: str, events: int, max_docs: int) -> lis
                 break
             except BufferError:
                 producer.poll(0.05)
-        docs.append(Doc(alias, str(i), False, lsn, new, [], origin))
+        docs.append(Doc(alias, str(i), False, lsn, new, (), origin))
         if len(docs) == max_docs:
             bodies.append(bulk_body(docs))
             docs = []
@@ -332,7 +332,7 @@ def raw_load(
     started = time.monotonic()
     with ThreadPoolExecutor(settings.batch.concurrency) as pool:
         for n, results in enumerate(pool.map(engine.bulk, bodies), 1):
-            errors += sum(1 for r in results if not 200 <= int(r.get("status", 0)) < 300)
+            errors += sum(1 for r in results or () if not 200 <= int(r.get("status", 0)) < 300)
             if n % 100 == 0:
                 print(f"  {n * settings.batch.max_docs:,} documents", flush=True)
     engine.refresh(alias)

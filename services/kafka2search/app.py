@@ -318,12 +318,13 @@ class Indexer:
         (the caller dead-letters those before committing); raises otherwise."""
         docs = [d for d in batch.docs.values() if d.lsn > self.states[d.index].truncated_lsn]
         self.metrics.stale.inc(len(batch.docs) - len(docs))
-        # Stored TOAST values must include what earlier writes carry; and if one failed,
-        # its records are read again, so filling from an older document would write a
-        # wrong value the re-read could not correct.
-        if any(d.missing_toast for d in docs) and any(f.exception() for f in before):
-            raise RetriableError("an earlier bulk write failed")
-        self._fill_toast(docs, sleep)
+        if batch.toast:
+            # Stored TOAST values must include what earlier writes carry; and if one
+            # failed, its records are read again, so filling from an older document
+            # would write a wrong value the re-read could not correct.
+            if any(d.missing_toast for d in docs) and any(f.exception() for f in before):
+                raise RetriableError("an earlier bulk write failed")
+            self._fill_toast(docs, sleep)
         pending = docs
         rejected: list[Rejection] = []
         delays = self.s.retry.delays()
@@ -340,10 +341,17 @@ class Indexer:
         return rejected
 
     def _settle(
-        self, docs: list[Doc], results: list[dict[str, Any]], rejected: list[Rejection]
+        self, docs: list[Doc], results: list[dict[str, Any]] | None, rejected: list[Rejection]
     ) -> list[Doc]:
         """Count what was written; collect what the engine refuses for good; return what
-        to retry (429 / 5xx per item)."""
+        to retry (429 / 5xx per item). ``results`` None: every action succeeded."""
+        if results is None:
+            deletes = sum(1 for d in docs if d.delete)
+            if deletes:
+                self.metrics.docs.labels("delete").inc(deletes)
+            if len(docs) > deletes:
+                self.metrics.docs.labels("index").inc(len(docs) - deletes)
+            return []
         if len(results) != len(docs):
             raise RetriableError(f"bulk answered {len(results)} items for {len(docs)} sent")
         retry: list[Doc] = []
@@ -381,7 +389,7 @@ class Indexer:
                 for column in d.missing_toast:
                     if column in src:
                         row[column] = src[column]
-                d.missing_toast = []
+                d.missing_toast = ()
 
     def dead_letter(self, origin: Origin, reason: str, kind: str) -> None:
         """The original bytes, the reason and the source position, to the DLQ topic."""

@@ -7,8 +7,9 @@ the rest are filled from the stored document before writing (``missing_toast``),
 unchanged TOAST value is never erased.
 
 This is the service's hot path (every record passes through it), so a row is never
-decoded: :class:`Event` keeps ``new`` as the raw JSON pg2kafka wrote, and that becomes
-the document's ``_source`` line in the bulk body as is. Only a change whose unchanged
+decoded, nor even copied: :class:`Event` keeps ``new`` as the raw JSON pg2kafka wrote (a
+view into the record's bytes), and that becomes the document's ``_source`` line in the
+bulk body as is. Only a change whose unchanged
 TOAST values must be merged in is decoded and encoded again. A table's ``types`` repeat
 in each of its events; they are decoded (and validated) once per distinct value.
 
@@ -79,11 +80,10 @@ class Event(msgspec.Struct, gc=False):
         """Column -> Postgres type name; shared between events, never to be mutated."""
         if not self.types:
             return _NO_TYPES
-        raw = bytes(self.types)
         last = _last_types  # (raw, decoded) of the previous call: most often the same
-        if raw == last[0]:
+        if self.types == last[0]:  # compares the JSON text, without copying it
             return last[1]
-        return _remember_types(raw)
+        return _remember_types(self.types)
 
 
 _decode_event = msgspec.json.Decoder(Event).decode
@@ -98,20 +98,22 @@ def _column_types(raw: bytes) -> Mapping[str, str]:
         raise PoisonMessageError(f"field 'types' is not an object of type names: {exc}") from exc
 
 
-def _remember_types(raw: bytes) -> Mapping[str, str]:
+def _remember_types(raw: msgspec.Raw) -> Mapping[str, str]:
     global _last_types
-    types = _column_types(raw)
-    _last_types = (raw, types)  # one tuple: a reader on another thread sees a whole pair
+    types = _column_types(bytes(raw))
+    # One tuple: a reader on another thread sees a whole pair. A copy of the text: the
+    # event's Raw would keep its whole record alive.
+    _last_types = (raw.copy(), types)
     return types
 
 
-_last_types: tuple[bytes, Mapping[str, str]] = (b"", {})
+_last_types: tuple[msgspec.Raw, Mapping[str, str]] = (_ABSENT, _NO_TYPES)
 
 
-def _as_dict(source: bytes | dict[str, Any]) -> dict[str, Any]:
+def _as_dict(source: msgspec.Raw | dict[str, Any]) -> dict[str, Any]:
     if isinstance(source, dict):
         return source
-    row: dict[str, Any] = orjson.loads(source)
+    row: dict[str, Any] = orjson.loads(bytes(source))
     return row
 
 
@@ -170,15 +172,16 @@ def parse(value: bytes | None) -> Event:
 class Doc(msgspec.Struct, gc=False):
     """The newest change of one document in the batch. ``source``: the row as raw JSON
     (one line, as the event carried it), or decoded once unchanged TOAST values had to be
-    merged in; None for a delete. (A struct: one is built per record, and its constructor
-    runs in C.)"""
+    merged in; None for a delete. ``missing_toast``: unchanged TOAST columns still to be
+    read from the stored document. (A struct: one is built per record, and its
+    constructor runs in C.)"""
 
     index: str
     id: str
     delete: bool
     lsn: int
-    source: bytes | dict[str, Any] | None
-    missing_toast: list[str]
+    source: msgspec.Raw | dict[str, Any] | None
+    missing_toast: tuple[str, ...]
     origin: Origin
 
     def row(self) -> dict[str, Any]:
@@ -196,6 +199,7 @@ class Batch:
     docs: dict[tuple[str, str], Doc] = field(default_factory=dict)
     records: int = 0
     bytes: int = 0
+    toast: int = 0  # documents added with unchanged TOAST columns (an upper bound after merges)
 
     def add(self, index: str, ev: Event, origin: Origin) -> str | None:
         """Fold one insert/update/delete in; returns a reason when it cannot be indexed."""
@@ -205,12 +209,14 @@ class Batch:
         if doc_id is None:
             return "the table has no primary key or replica identity: no document id"
         lsn: int = ev.lsn
-        source: bytes | dict[str, Any] | None = None
-        missing: list[str] = []
+        source: msgspec.Raw | dict[str, Any] | None = None
+        missing: tuple[str, ...] = ()
         if ev.op != "delete":
-            source = bytes(ev.new)
+            source = ev.new
             toast = ev.unchanged_toast
-            if toast or b"\n" in source:  # to merge into, or not one NDJSON line
+            # 10: a newline anywhere in the record (pg2kafka writes none), so maybe in the
+            # row, which must be one NDJSON line.
+            if toast or 10 in origin.value:  # to merge into, or to be put on one line
                 # Decoded here, so that neither a merge nor a fill can fail later: the
                 # event decoder hands a row over unchecked.
                 try:
@@ -218,7 +224,8 @@ class Batch:
                 except orjson.JSONDecodeError as exc:
                     return f"the row ('new') is not valid JSON: {exc}"
                 if toast:
-                    missing = list(toast)
+                    missing = tuple(toast)
+                    self.toast += 1
         current = self.docs.get((index, doc_id))
         if current is not None:
             if lsn < current.lsn:
@@ -229,11 +236,11 @@ class Batch:
                     known = current.row()
                 except orjson.JSONDecodeError:
                     known = {}  # the older change is replaced; the engine would refuse it
-                for column in list(missing):
+                for column in missing:
                     if column in known:
                         source[column] = known[column]
-                        missing.remove(column)
-                    # else still unknown: the stored document has it
+                # the others are still unknown: the stored document has them
+                missing = tuple(c for c in missing if c not in known)
         delete = source is None
         self.docs[(index, doc_id)] = Doc(index, doc_id, delete, lsn, source, missing, origin)
         return None
@@ -245,6 +252,7 @@ class Batch:
         self.docs.clear()
         self.records = 0
         self.bytes = 0
+        self.toast = 0
 
 
 def bulk_body(docs: list[Doc]) -> bytes:
@@ -268,6 +276,6 @@ def bulk_body(docs: list[Doc]) -> bytes:
         else:
             lines.append(b'{"index":' + meta)
             src = d.source
-            lines.append(src if type(src) is bytes else dumps(src))
+            lines.append(dumps(src) if type(src) is dict else src)  # type: ignore[arg-type]
     lines.append(b"")
     return b"\n".join(lines)

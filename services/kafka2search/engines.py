@@ -42,9 +42,11 @@ class SearchEngine:
 
     # -- documents ---------------------------------------------------------------------
 
-    def bulk(self, ndjson: bytes) -> list[dict[str, Any]]:
+    def bulk(self, ndjson: bytes) -> list[dict[str, Any]] | None:
         """Send a bulk body; returns one result per action, in order (``status``, and
-        ``error`` for a failed one). A failed item does not fail the request."""
+        ``error`` for a failed one), or None when every action succeeded (the engine
+        answered ``errors: false``; a delete of a missing document is not an error
+        either). A failed item does not fail the request."""
         answer = self.request(
             "POST",
             "/_bulk",
@@ -53,6 +55,8 @@ class SearchEngine:
             params={"filter_path": "errors,items.*.status,items.*.error"},
             headers={"content-type": "application/x-ndjson"},
         )
+        if answer.get("errors") is False:
+            return None  # the common case: no per-item answer to look at
         items = answer.get("items", [])
         return [next(iter(item.values())) for item in items]
 
