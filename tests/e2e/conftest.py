@@ -10,9 +10,13 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import pytest
+
+from services.pg2kafka.settings import Pg2KafkaSettings
+from shared.settings import load_settings
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -101,6 +105,20 @@ def pg2kafka_env(name: str, topic: str, partition_key: str | None = None) -> dic
     if partition_key is not None:
         env["PG2KAFKA_PRODUCER__PARTITION_KEY"] = partition_key
     return env
+
+
+def pg2kafka_settings(
+    env_file: Path, name: str, topic: str, partitions: int, **sections: Any
+) -> Pg2KafkaSettings:
+    """pg2kafka streaming slot and publication ``name`` into ``topic`` (created with
+    ``partitions``); the stack's env file for the rest, ``sections`` on top."""
+    return load_settings(
+        Pg2KafkaSettings,
+        env_file=env_file,
+        replication={"slot": name, "publication": name},
+        producer={"topic": topic, "create_topic": True, "topic_partitions": partitions},
+        **sections,
+    )
 
 
 def write_rows(dsn: str, table: str, first: int, n: int, updates: int = 0) -> None:

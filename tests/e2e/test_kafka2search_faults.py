@@ -19,9 +19,8 @@ from confluent_kafka.admin import AdminClient
 from services.kafka2search.engines import SearchEngine, engine_for
 from services.kafka2search.settings import Kafka2SearchSettings
 from services.pg2kafka import admin
-from services.pg2kafka.settings import Pg2KafkaSettings
 from shared.settings import load_settings
-from tests.e2e.conftest import REPO, Proc, pg2kafka_env, wait_until, write_rows
+from tests.e2e.conftest import REPO, Proc, pg2kafka_env, pg2kafka_settings, wait_until, write_rows
 
 
 @pytest.fixture
@@ -40,11 +39,7 @@ def flow(stack_env: dict[str, str], unique_name: str) -> Any:
         "KAFKA2SEARCH_HTTP__PORT": "0",
         "KAFKA2SEARCH_LOG__FORMAT": "text",
     }
-    pg = load_settings(
-        Pg2KafkaSettings, env_file=env_file,
-        replication={"slot": unique_name, "publication": unique_name},
-        producer={"topic": topic, "create_topic": True, "topic_partitions": 3},
-    )  # fmt: skip
+    pg = pg2kafka_settings(env_file, unique_name, topic, 3)
     search = load_settings(
         Kafka2SearchSettings, env_file=env_file,
         consumer={"topics": [topic], "group_id": f"{name}-group", "dlq_topic": f"{name}.dlq"},

@@ -17,9 +17,15 @@ from deltalake import DeltaTable
 from services.kafka2spark import admin as spark_admin
 from services.kafka2spark.settings import Kafka2SparkSettings
 from services.pg2kafka import admin
-from services.pg2kafka.settings import Pg2KafkaSettings
 from shared.settings import load_settings
-from tests.e2e.conftest import Proc, free_port, pg2kafka_env, wait_until, write_rows
+from tests.e2e.conftest import (
+    Proc,
+    free_port,
+    pg2kafka_env,
+    pg2kafka_settings,
+    wait_until,
+    write_rows,
+)
 
 
 @pytest.fixture
@@ -38,11 +44,7 @@ def flow(stack_env: dict[str, str], unique_name: str, tmp_path: Path) -> Any:
         "KAFKA2SPARK_HTTP__PORT": str(port),
         "KAFKA2SPARK_LOG__FORMAT": "text",
     }
-    pg = load_settings(
-        Pg2KafkaSettings, env_file=env_file,
-        replication={"slot": unique_name, "publication": unique_name},
-        producer={"topic": topic, "create_topic": True, "topic_partitions": 3},
-    )  # fmt: skip
+    pg = pg2kafka_settings(env_file, unique_name, topic, 3)
     spark = load_settings(
         Kafka2SparkSettings, env_file=env_file,
         source={"topics": [topic], "group_id": f"{unique_name}-group"}, delta={"root": str(root)},

@@ -18,9 +18,7 @@ from confluent_kafka.admin import AdminClient
 from deltalake import DeltaTable
 
 from services.pg2kafka import admin
-from services.pg2kafka.settings import Pg2KafkaSettings
-from shared.settings import load_settings
-from tests.e2e.conftest import Proc, free_port, pg2kafka_env, wait_until
+from tests.e2e.conftest import Proc, free_port, pg2kafka_env, pg2kafka_settings, wait_until
 
 SPARK_HOME = Path(pyspark.__file__).parent
 
@@ -67,11 +65,7 @@ def test_the_job_runs_on_a_standalone_cluster(
 ) -> None:
     env_file = Path(stack_env["WALCAST_STACK_DIR"]) / "walcast.env"
     topic = f"{unique_name}.cdc"
-    pg = load_settings(
-        Pg2KafkaSettings, env_file=env_file,
-        replication={"slot": unique_name, "publication": unique_name},
-        producer={"topic": topic, "create_topic": True, "topic_partitions": 2},
-    )  # fmt: skip
+    pg = pg2kafka_settings(env_file, unique_name, topic, 2)
     table = f"{unique_name}_rows"
     dsn = stack_env["WALCAST_PG_DSN"]
     procs: list[Proc] = []

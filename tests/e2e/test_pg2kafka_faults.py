@@ -18,8 +18,7 @@ from confluent_kafka.admin import AdminClient
 
 from services.pg2kafka import admin
 from services.pg2kafka.settings import Pg2KafkaSettings
-from shared.settings import load_settings
-from tests.e2e.conftest import REPO, Proc, confirmed, free_port, wait_until
+from tests.e2e.conftest import REPO, Proc, confirmed, free_port, pg2kafka_settings, wait_until
 
 
 @pytest.fixture
@@ -36,11 +35,7 @@ def stream(stack_env: dict[str, str], unique_name: str) -> Any:
         "PG2KAFKA_HTTP__PORT": "0",
         "PG2KAFKA_LOG__FORMAT": "text",
     }
-    settings = load_settings(
-        Pg2KafkaSettings, env_file=env_file,
-        replication={"slot": unique_name, "publication": unique_name},
-        producer={"topic": f"{unique_name}.cdc", "create_topic": True, "topic_partitions": 1},
-    )  # fmt: skip
+    settings = pg2kafka_settings(env_file, unique_name, f"{unique_name}.cdc", 1)
     admin.init(settings)
     yield {
         "env": env,

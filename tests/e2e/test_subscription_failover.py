@@ -21,8 +21,7 @@ from psycopg.types.json import Jsonb
 
 from services.pg2kafka import admin
 from services.pg2kafka.settings import Pg2KafkaSettings
-from shared.settings import load_settings
-from tests.e2e.conftest import REPO, Proc, confirmed, wait_until
+from tests.e2e.conftest import REPO, Proc, confirmed, pg2kafka_settings, wait_until
 
 WALCAST = str(REPO / "deploy/local/walcast")
 
@@ -53,13 +52,14 @@ def events_stream(stack_env: dict[str, str], unique_name: str) -> Any:
             for k, v in sub.items()
         },
     }
-    settings = load_settings(
-        Pg2KafkaSettings, env_file=env_file,
-        replication={"slot": unique_name, "publication": unique_name},
+    settings = pg2kafka_settings(
+        env_file,
+        unique_name,
+        f"{unique_name}.cdc",
+        1,
         filters={"include": [f"public.{unique_name}_none"]},
-        producer={"topic": f"{unique_name}.cdc", "create_topic": True, "topic_partitions": 1},
         subscriptions=sub,
-    )  # fmt: skip
+    )
     table = f"{unique_name}_rows"
     dsn = stack_env["WALCAST_PG_DSN"]
     with psycopg.connect(dsn, autocommit=True) as c:
