@@ -276,6 +276,6 @@ def bulk_body(docs: list[Doc]) -> bytes:
         else:
             lines.append(b'{"index":' + meta)
             src = d.source
-            lines.append(dumps(src) if type(src) is dict else src)  # type: ignore[arg-type]
+            lines.append(src if isinstance(src, msgspec.Raw) else dumps(src))
     lines.append(b"")
     return b"\n".join(lines)

@@ -8,6 +8,7 @@ import msgspec
 import orjson
 import pytest
 
+from services.kafka2search import documents
 from services.kafka2search.documents import (
     Batch,
     Doc,
@@ -459,7 +460,10 @@ def test_fields_the_service_does_not_read_are_skipped() -> None:
 
 def test_equal_types_are_decoded_once_and_shared() -> None:
     a = parse(raw(event(lsn=1))).column_types()
+    looked_up = documents._column_types.cache_info()
     b = parse(raw(event(lsn=2))).column_types()
+    # The same text as the previous event's: recognised without even a cache lookup.
+    assert documents._column_types.cache_info() == looked_up
     c = parse(raw(event(types={"id": "int8"}))).column_types()
     assert a is b
     assert a == {"id": "int4", "name": "text", "bio": "text"}

@@ -479,7 +479,7 @@ def test_toast_read_waits_for_an_earlier_write_still_running(make: MakeHarness) 
 
 def make_doc(doc_id: str, *, delete: bool = False) -> Doc:
     origin = Origin("walcast.cdc", 0, int(doc_id), None, b"{}")
-    return Doc(ALIAS, doc_id, delete, 1, None if delete else {"id": doc_id}, [], origin)
+    return Doc(ALIAS, doc_id, delete, 1, None if delete else {"id": doc_id}, (), origin)
 
 
 def test_settle_sorts_item_results(make: MakeHarness) -> None:
