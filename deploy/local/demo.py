@@ -25,6 +25,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -181,47 +182,62 @@ def pg2kafka_init(env_file: Path, dsn: str) -> None:
         )
 
 
+def run_until_caught_up(
+    service: str,
+    env: dict[str, str],
+    env_file: Path,
+    label: str,
+    measure: Callable[[], tuple[int, int]],
+    timeout_s: float,
+) -> Path:
+    """Run ``service`` until ``measure()`` -> (done, total) reports all done, showing
+    progress; then stop it (SIGTERM). Returns its log file."""
+    log_path = STATE / f"demo-{service}.log"
+    with log_path.open("w") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", f"services.{service}", "--env-file", str(env_file), "run"],
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+    try:
+        started = time.monotonic()
+        while True:
+            done, total = measure()
+            progress(label, min(done, total), max(total, 1), started)
+            if done >= total:
+                return log_path
+            if proc.poll() is not None:
+                raise SystemExit(f"{service} exited with {proc.returncode}; see {log_path}")
+            if time.monotonic() - started > timeout_s:
+                raise SystemExit(f"{service} did not catch up in {timeout_s}s; see {log_path}")
+            time.sleep(0.5)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(60)
+
+
 def run_pg2kafka(env: dict[str, str], env_file: Path, timeout_s: float = 300) -> None:
     """Stream the demo slot until it has confirmed everything written, then stop."""
+    slots_confirmed = (
+        "SELECT min(confirmed_flush_lsn - '0/0'::pg_lsn) FROM pg_replication_slots"
+        " WHERE slot_name IN (%s, %s)"
+    )
     with psycopg.connect(env["WALCAST_PG_DSN"], autocommit=True) as conn:
         target_row = conn.execute("SELECT pg_current_wal_lsn() - '0/0'::pg_lsn").fetchone()
-        start_row = conn.execute(
-            "SELECT min(confirmed_flush_lsn - '0/0'::pg_lsn) FROM pg_replication_slots"
-            " WHERE slot_name IN (%s, %s)",
-            [DEMO_SLOT, DEMO_EVENTS_SLOT],
-        ).fetchone()
+        start_row = conn.execute(slots_confirmed, [DEMO_SLOT, DEMO_EVENTS_SLOT]).fetchone()
         assert target_row is not None
         assert start_row is not None
         target, start = int(target_row[0]), int(start_row[0])
-        log_path = STATE / "demo-pg2kafka.log"
-        with log_path.open("w") as log:
-            proc = subprocess.Popen(
-                [sys.executable, "-m", "services.pg2kafka", "--env-file", str(env_file), "run"],
-                env=demo_env(),
-                stdout=log,
-                stderr=subprocess.STDOUT,
-            )
-        try:
-            started = time.monotonic()
-            while True:
-                row = conn.execute(
-                    "SELECT min(confirmed_flush_lsn - '0/0'::pg_lsn) FROM pg_replication_slots"
-                    " WHERE slot_name IN (%s, %s)",
-                    [DEMO_SLOT, DEMO_EVENTS_SLOT],
-                ).fetchone()
-                confirmed = int(row[0]) if row else start
-                done = min(max(confirmed - start, 0), target - start)
-                progress("pg2kafka (WAL bytes)", done, max(target - start, 1), started)
-                if confirmed >= target:
-                    break
-                if proc.poll() is not None:
-                    raise SystemExit(f"pg2kafka exited with {proc.returncode}; see {log_path}")
-                if time.monotonic() - started > timeout_s:
-                    raise SystemExit(f"pg2kafka did not catch up in {timeout_s}s; see {log_path}")
-                time.sleep(0.5)
-        finally:
-            proc.send_signal(signal.SIGTERM)
-            proc.wait(60)
+
+        def measure() -> tuple[int, int]:
+            row = conn.execute(slots_confirmed, [DEMO_SLOT, DEMO_EVENTS_SLOT]).fetchone()
+            confirmed = int(row[0]) if row else start
+            return max(confirmed - start, 0), max(target - start, 0)
+
+        log_path = run_until_caught_up(
+            "pg2kafka", demo_env(), env_file, "pg2kafka (WAL bytes)", measure, timeout_s
+        )
     print(f"  pg2kafka      CDC and subscription slots confirmed; log: {log_path}")
 
 
@@ -249,34 +265,19 @@ def search_status(env_file: Path) -> dict[str, Any]:
 
 def run_kafka2search(env_file: Path, timeout_s: float = 300) -> None:
     """Index the demo topic until the consumer group has committed everything, then stop."""
-    log_path = STATE / "demo-kafka2search.log"
-    with log_path.open("w") as log:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "services.kafka2search", "--env-file", str(env_file), "run"],
-            env=search_env(),
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
-    try:
-        started = time.monotonic()
-        while True:
-            info = search_status(env_file)
-            end = sum(p["end"] for p in info["lag"])
-            lag = info["total_lag"]
-            progress("kafka2search (records)", max(end - lag, 0), max(end, 1), started)
-            if lag == 0:
-                break
-            if proc.poll() is not None:
-                raise SystemExit(f"kafka2search exited with {proc.returncode}; see {log_path}")
-            if time.monotonic() - started > timeout_s:
-                raise SystemExit(f"kafka2search did not catch up in {timeout_s}s; see {log_path}")
-            time.sleep(0.5)
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(60)
+    last: dict[str, Any] = {}
+
+    def measure() -> tuple[int, int]:
+        last.update(search_status(env_file))
+        end = sum(p["end"] for p in last["lag"])
+        return max(end - last["total_lag"], 0), end
+
+    log_path = run_until_caught_up(
+        "kafka2search", search_env(), env_file, "kafka2search (records)", measure, timeout_s
+    )
     print(
         f"  kafka2search  {DEMO_TOPIC} indexed into OpenSearch,"
-        f" {info['dead_letters']} dead letters; log: {log_path}"
+        f" {last['dead_letters']} dead letters; log: {log_path}"
     )
 
 
@@ -390,10 +391,10 @@ def summary(env: dict[str, str]) -> None:
     )
     from deltalake import DeltaTable
 
-    for table in tables:
-        dt = DeltaTable(str(table))
+    for path in tables:
+        dt = DeltaTable(str(path))
         rows = dt.to_pyarrow_dataset().count_rows()
-        name = str(table.relative_to(delta_root))
+        name = str(path.relative_to(delta_root))
         print(f"  delta         {name:<28}{rows:>10} rows (version {dt.version()})")
     if not tables:
         print(f"  delta         no tables yet under {delta_root}")
