@@ -9,9 +9,10 @@ unchanged TOAST value is never erased.
 This is the service's hot path (every record passes through it), so a row is never
 decoded, nor even copied: :class:`Event` keeps ``new`` as the raw JSON pg2kafka wrote (a
 view into the record's bytes), and that becomes the document's ``_source`` line in the
-bulk body as is. Only a change whose unchanged
-TOAST values must be merged in is decoded and encoded again. A table's ``types`` repeat
-in each of its events; they are decoded (and validated) once per distinct value.
+bulk body as is. Only a change whose unchanged TOAST values must be merged in, or a
+record with a line break in it (pg2kafka writes none), is decoded and encoded again. A
+table's ``types`` repeat in each of its events; they are decoded (and validated) once per
+distinct value.
 
 Poison (not JSON, not an object, unknown ``v``, fields missing or of the wrong type)
 raises :class:`PoisonMessageError` with the reason; the caller sends it to the dead-letter
@@ -61,8 +62,8 @@ class Event(msgspec.Struct, gc=False):
     """The fields of a change event (docs/events.md) this service reads; the others are
     skipped unread. Scalars are left untyped here so that :func:`parse` gives the reasons
     an operator can act on. ``new`` and ``types`` are raw JSON (empty when absent): see
-    the module doc. Not tracked by the garbage collector: it holds no cycles, and a batch
-    holds thousands of them."""
+    the module doc. Not tracked by the garbage collector: it holds no cycles, and one is
+    made per record."""
 
     v: Any = None
     op: Any = None
