@@ -156,6 +156,8 @@ class Indexer:
         # alias -> the column types last seen mapped. Events share one object per distinct
         # types value (documents.Event.column_types), so a repeat is an identity check.
         self.prepared: dict[str, Mapping[str, str]] = {}
+        # (db, schema, table, types, alias) of the last data event: see index_for.
+        self.last: tuple[str, str, str, Mapping[str, str], str] | None = None
 
     def alias_for(self, ev: Event) -> str:
         key = (ev.db, ev.schema, ev.table)
@@ -177,6 +179,26 @@ class Indexer:
         )
 
     # -- index state -------------------------------------------------------------------
+
+    def index_for(self, ev: Event) -> str:
+        """The alias a data event is written to, its index ready for it (:meth:`prepare`).
+        Runs once per record. A run of events of one table with the same columns, the
+        common case, is recognised by comparing the names with the previous event's:
+        looking them up would hash three new strings per record."""
+        types = ev.column_types()
+        last = self.last
+        if (
+            last is not None
+            and types is last[3]
+            and ev.table == last[2]
+            and ev.schema == last[1]
+            and ev.db == last[0]
+        ):
+            return last[4]
+        alias = self.alias_for(ev)
+        self.prepare(alias, ev)
+        self.last = (ev.db, ev.schema, ev.table, types, alias)
+        return alias
 
     def prepare(self, alias: str, ev: Event) -> None:
         """Before a data event joins a batch: its index exists and maps its columns."""
@@ -257,6 +279,7 @@ class Indexer:
         d = ev.ddl
         alias = self.alias_for(ev)
         self.prepared.clear()  # the index's columns, or the index itself, change
+        self.last = None
         if d.get("dropped"):
             self.metrics.schema_changes.labels("drop_table").inc()
             if self.s.index.on_drop_table == "delete":
@@ -574,8 +597,7 @@ class SearchPipeline:
             return
         if not self.batch.records:
             self.batch_started = time.monotonic()
-        alias = self.indexer.alias_for(ev)
-        self.indexer.prepare(alias, ev)
+        alias = self.indexer.index_for(ev)
         reason = self.batch.add(alias, ev, origin)
         if reason is not None:
             self.indexer.dead_letter(origin, reason, "rejected")

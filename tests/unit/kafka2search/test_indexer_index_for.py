@@ -1,0 +1,128 @@
+"""kafka2search Indexer.index_for: the index a data event goes to, ready before its data.
+
+It remembers the previous event's table and columns so that a run of one table's events
+does no lookups; these tests pin what must still reach the engine.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+from prometheus_client import CollectorRegistry
+
+from services.kafka2search.app import Indexer, Metrics
+from services.kafka2search.documents import Event, parse
+from services.kafka2search.engines import SearchEngine
+from services.kafka2search.settings import IndexSettings
+from shared.kafka import KafkaSink, Outgoing
+from tests.unit.kafka2search.conftest import SettingsFactory
+
+TYPES = {"id": "int4", "name": "text"}
+
+
+class IndexEngine(SearchEngine):
+    """Indices, aliases and mappings in memory; every call recorded."""
+
+    def __init__(self) -> None:
+        super().__init__(client=None)
+        self.aliases_: dict[str, str] = {}
+        self.mappings: dict[str, dict[str, Any]] = {}
+        self.calls: list[str] = []
+
+    def resolve_alias(self, alias: str) -> str | None:
+        return self.aliases_.get(alias)
+
+    def create_index(
+        self,
+        index: str,
+        alias: str,
+        settings: IndexSettings,
+        properties: dict[str, Any],
+        meta: dict[str, Any],
+    ) -> bool:
+        self.calls.append(f"create {index}")
+        self.aliases_[alias] = index
+        self.mappings[index] = dict(properties)
+        return True
+
+    def put_mapping(
+        self, index: str, properties: dict[str, Any], meta: dict[str, Any] | None = None
+    ) -> None:
+        self.calls.append(f"map {index} {sorted(properties)}")
+        self.mappings[index].update(properties)
+
+    def delete_index(self, index: str) -> None:
+        self.calls.append(f"delete {index}")
+        self.aliases_ = {a: i for a, i in self.aliases_.items() if i != index}
+        del self.mappings[index]
+
+
+class NoDeadLetters(KafkaSink):
+    """Nothing here is dead-lettered; no producer."""
+
+    def __init__(self) -> None:
+        pass
+
+    def write(self, item: Outgoing, position: int) -> None:
+        raise AssertionError(f"dead-lettered: {item}")
+
+
+def data(table: str = "users", types: dict[str, str] = TYPES) -> Event:
+    value = {"v": 1, "op": "insert", "db": "app", "schema": "public", "table": table, "lsn": 1}
+    return parse(orjson.dumps({**value, "key": {"id": 1}, "new": {"id": 1}, "types": types}))
+
+
+def ddl(table: str, **fields: Any) -> Event:
+    value = {"v": 1, "op": "ddl", "db": "app", "schema": "public", "table": table, "lsn": 2}
+    return parse(orjson.dumps({**value, "ddl": {"tag": "DROP TABLE", **fields}}))
+
+
+def make(settings_with: SettingsFactory, **index: Any) -> tuple[Indexer, IndexEngine]:
+    engine = IndexEngine()
+    settings = settings_with(index={"name_template": "w-{schema}.{table}", **index})
+    indexer = Indexer(
+        settings, engine, NoDeadLetters(), Metrics(CollectorRegistry()), lambda _: None
+    )
+    return indexer, engine
+
+
+def test_a_run_of_one_tables_events_opens_its_index_once(settings_with: SettingsFactory) -> None:
+    indexer, engine = make(settings_with)
+    assert {indexer.index_for(data()) for _ in range(3)} == {"w-public.users"}
+    assert engine.calls == ["create w-public.users-v1"]
+
+
+def test_events_alternating_between_tables_go_to_their_own_indices(
+    settings_with: SettingsFactory,
+) -> None:
+    indexer, engine = make(settings_with)
+    got = [indexer.index_for(data(t)) for t in ("users", "orders", "users", "orders")]
+    assert got == ["w-public.users", "w-public.orders", "w-public.users", "w-public.orders"]
+    assert engine.calls == ["create w-public.users-v1", "create w-public.orders-v1"]
+
+
+def test_a_new_column_is_mapped_before_the_event_that_carries_it(
+    settings_with: SettingsFactory,
+) -> None:
+    indexer, engine = make(settings_with)
+    indexer.index_for(data())
+    indexer.index_for(data(types={**TYPES, "age": "int4"}))
+    assert engine.calls[-1] == "map w-public.users-v1 ['age']"
+    assert "age" in engine.mappings["w-public.users-v1"]
+
+
+def test_a_table_dropped_and_created_again_gets_its_index_back(
+    settings_with: SettingsFactory,
+) -> None:
+    # The same table name and columns before and after: only the drop tells them apart.
+    indexer, engine = make(settings_with, on_drop_table="delete")
+    indexer.index_for(data())
+    indexer.ddl(ddl("users", dropped=True))
+    assert indexer.index_for(data()) == "w-public.users"
+    assert engine.calls == [
+        "create w-public.users-v1",
+        "delete w-public.users-v1",
+        "create w-public.users-v1",
+    ]
+    assert "w-public.users" in indexer.states  # Indexer.write looks the index up there
