@@ -17,7 +17,10 @@ Run against the local stack (``deploy/local/walcast up`` first):
    document (after a refresh). The engine is warmed up first (all the bodies once, not
    measured). Its speed drifts during a run, so the runs alternate in mirrored pairs —
    raw, kafka2search, kafka2search, raw, ... (``--rounds`` of each) — and the best of
-   each is compared. Reported: docs/s of each and kafka2search / raw (target >= 0.7).
+   each is compared. Reported: docs/s of each and kafka2search / raw (target >= 0.7);
+   and, for the runs compared, the CPU per document of the loader or of kafka2search
+   (this process), of everything else on the host (the engine and the broker), and how
+   busy the host was — on a small host they all share, this is what bounds the ratio.
 2. **Latency.** pg2kafka streams a table while a writer commits ``--rate`` rows/s (20-row
    transactions, the time taken right after each commit) for ``--latency-seconds``;
    kafka2search indexes them with the service defaults (``batch.max_wait_s`` 0.5 s,
@@ -178,6 +181,39 @@ def delete_indices(engine: SearchEngine, prefix: str) -> None:
         engine.delete_index(index)
 
 
+def host_ticks() -> tuple[int, int]:
+    """(busy, all) CPU ticks of the host since boot, from /proc/stat (Linux)."""
+    with open("/proc/stat") as f:
+        fields = [int(x) for x in f.readline().split()[1:9]]
+    idle = fields[3] + fields[4]  # idle, iowait
+    return sum(fields) - idle, sum(fields)
+
+
+class CpuMeter:
+    """CPU over a timed span: this process's (the loader's, or kafka2search's: it runs on
+    threads here, beside a poll loop that costs next to nothing) and the whole host's. The
+    difference is what the engine and the Kafka broker used. It shows where the CPU goes
+    on a host where all of them share two cores, which is what bounds the ratio."""
+
+    def __init__(self) -> None:
+        self.own = os.times()
+        self.host = host_ticks()
+
+    def stop(self, docs: int) -> dict[str, float]:
+        own = os.times()
+        busy, total = host_ticks()
+        tick = os.sysconf("SC_CLK_TCK")
+        own_s = (own.user - self.own.user) + (own.system - self.own.system)
+        busy_s = (busy - self.host[0]) / tick
+        cores = os.cpu_count() or 1
+        return {
+            "own_cpu_us_per_doc": round(own_s / docs * 1e6, 2),
+            "others_cpu_us_per_doc": round(max(busy_s - own_s, 0.0) / docs * 1e6, 2),
+            "host_busy": round((busy - self.host[0]) / max(total - self.host[1], 1), 3),
+            "cores": cores,
+        }
+
+
 class Running:
     """A kafka2search service on a thread of this process."""
 
@@ -319,10 +355,10 @@ def produce(b: Bench, topic: str, table: str, events: int, max_docs: int) -> lis
 
 def raw_load(
     b: Bench, kind: str, bodies: list[bytes], events: int, settings: Kafka2SearchSettings
-) -> float:
+) -> dict[str, Any]:
     """Index the pre-built bodies into a fresh index like kafka2search's; timed from the
     first bulk request until the documents are counted (after a refresh). Returns the
-    seconds taken."""
+    seconds taken and the CPU used (:class:`CpuMeter`)."""
     engine = b.engine(kind)
     alias = f"{b.prefix}-raw"  # the bodies' _index
     meta = {"walcast": {"benchmark": "raw bulk loader"}}
@@ -330,6 +366,7 @@ def raw_load(
     print(f"raw bulk loader into {kind} ({len(bodies):,} requests) ...", flush=True)
     errors = 0
     started = time.monotonic()
+    cpu = CpuMeter()
     with ThreadPoolExecutor(settings.batch.concurrency) as pool:
         for n, results in enumerate(pool.map(engine.bulk, bodies), 1):
             errors += sum(1 for r in results or () if not 200 <= int(r.get("status", 0)) < 300)
@@ -338,11 +375,12 @@ def raw_load(
     engine.refresh(alias)
     count = engine.count(alias)
     raw_s = time.monotonic() - started
+    used = cpu.stop(events)
     if errors or count != events:
         raise SystemExit(f"raw loader: {errors} items failed, {count:,} of {events:,} counted")
     engine.delete_index(f"{alias}-v1")  # its merges must not slow kafka2search down
     print(f"  {events / raw_s:,.0f} docs/s", flush=True)
-    return raw_s
+    return {"s": raw_s, "cpu": used}
 
 
 def warm_up(b: Bench, kind: str, bodies: list[bytes], settings: Kafka2SearchSettings) -> None:
@@ -367,6 +405,7 @@ def k2s_load(b: Bench, kind: str, topic: str, table: str, events: int, run: int)
     print(f"kafka2search into {kind} ...", flush=True)
     b.groups.append(settings.consumer.group_id)
     started = time.monotonic()
+    cpu = CpuMeter()
     k2s = Running(settings).start()
     first_doc = None
     next_count = next_report = started + 10
@@ -396,6 +435,7 @@ def k2s_load(b: Bench, kind: str, topic: str, table: str, events: int, run: int)
                 print(f"  {indexed:,} documents ({rate:,.0f} docs/s)", flush=True)
             time.sleep(0.1)
         took = time.monotonic() - started
+        used = cpu.stop(events)
         bulks = k2s.metric("bulk_seconds_count")
         bulk_s = k2s.metric("bulk_seconds_sum")
     finally:
@@ -410,6 +450,7 @@ def k2s_load(b: Bench, kind: str, topic: str, table: str, events: int, run: int)
         "first_doc_s": first_doc or 0.0,
         "bulk_requests": int(bulks),
         "bulk_s": bulk_s,
+        "cpu": used,
     }
 
 
@@ -422,7 +463,7 @@ def throughput(
     the best of each is compared."""
     settings = b.settings(kind, f"{b.prefix}-{kind[:2]}-tp", topic)
     warm_up(b, kind, bodies, settings)
-    raw_runs: list[float] = []
+    raw_runs: list[dict[str, Any]] = []
     ours_runs: list[dict[str, Any]] = []
     for run in range(rounds):
         if run % 2 == 0:
@@ -430,7 +471,8 @@ def throughput(
         ours_runs.append(k2s_load(b, kind, topic, table, events, run))
         if run % 2 == 1:
             raw_runs.append(raw_load(b, kind, bodies, events, settings))
-    raw_s = min(raw_runs)
+    raw = min(raw_runs, key=lambda r: float(r["s"]))
+    raw_s = raw["s"]
     best = min(ours_runs, key=lambda r: float(r["s"]))
     return {
         "events": events,
@@ -439,7 +481,7 @@ def throughput(
         "bulk_concurrency": settings.batch.concurrency,
         "raw_s": round(raw_s, 3),
         "raw_docs_per_s": round(events / raw_s),
-        "raw_runs_docs_per_s": [round(events / s) for s in raw_runs],
+        "raw_runs_docs_per_s": [round(events / r["s"]) for r in raw_runs],
         "kafka2search_s": round(best["s"], 3),
         "kafka2search_docs_per_s": round(events / best["s"]),
         "kafka2search_runs_docs_per_s": [round(events / r["s"]) for r in ours_runs],
@@ -447,6 +489,8 @@ def throughput(
         "kafka2search_first_doc_s": round(best["first_doc_s"], 2),
         "kafka2search_bulk_requests": best["bulk_requests"],
         "kafka2search_bulk_s": round(best["bulk_s"], 1),
+        "raw_cpu": raw["cpu"],
+        "kafka2search_cpu": best["cpu"],
     }
 
 
@@ -648,6 +692,17 @@ def report(kind: str, tp: dict[str, Any], lat: dict[str, Any] | None) -> None:
         ),
         ("ratio kafka2search / raw", f"{tp['ratio']:.2f}", "", ">= 0.7"),
     ]
+    for name, cpu in (("raw loader", tp["raw_cpu"]), ("kafka2search", tp["kafka2search_cpu"])):
+        rows += [
+            (f"  CPU per doc, {name}", f"{cpu['own_cpu_us_per_doc']:,} us", "", ""),
+            (
+                f"  CPU per doc, engine + broker ({name} run)",
+                f"{cpu['others_cpu_us_per_doc']:,} us",
+                "",
+                "",
+            ),
+            (f"  host busy ({name} run, {cpu['cores']} cores)", f"{cpu['host_busy']:.0%}", "", ""),
+        ]
     if lat is not None:
         at = f"{lat['achieved_rows_per_s']:,} rows/s"
         rows += [
@@ -655,9 +710,9 @@ def report(kind: str, tp: dict[str, Any], lat: dict[str, Any] | None) -> None:
             (f"commit->searchable p99 at {at}", f"{lat['p99_ms']:,} ms", "", "<= 2,000 ms"),
         ]
     print(f"\n{kind}: {tp['events']:,} events")
-    print(f"{'measure':<46}{'value':>18}{'time':>12}  target")
+    print(f"{'measure':<50}{'value':>16}{'time':>12}  target")
     for name, value, took, target in rows:
-        print(f"{name:<46}{value:>18}{took:>12}  {target}")
+        print(f"{name:<50}{value:>16}{took:>12}  {target}")
     raws = ", ".join(f"{r:,}" for r in tp["raw_runs_docs_per_s"])
     ours = ", ".join(f"{r:,}" for r in tp["kafka2search_runs_docs_per_s"])
     print(f"(runs alternating, best of each compared: raw {raws}; kafka2search {ours} docs/s)")
