@@ -19,7 +19,7 @@ Run against the local stack (``deploy/local/walcast up`` first):
    raw, kafka2search, kafka2search, raw, ... (``--rounds`` of each) — and the best of
    each is compared. Reported: docs/s of each and kafka2search / raw (target >= 0.7);
    and, for the runs compared, the CPU per document of the loader or of kafka2search
-   (this process), of everything else on the host (the engine and the broker), and how
+   (this process), of the rest of the host (the engine, the broker), and how
    busy the host was — on a small host they all share, this is what bounds the ratio.
 2. **Latency.** pg2kafka streams a table while a writer commits ``--rate`` rows/s (20-row
    transactions, the time taken right after each commit) for ``--latency-seconds``;
@@ -192,8 +192,9 @@ def host_ticks() -> tuple[int, int]:
 class CpuMeter:
     """CPU over a timed span: this process's (the loader's, or kafka2search's: it runs on
     threads here, beside a poll loop that costs next to nothing) and the whole host's. The
-    difference is what the engine and the Kafka broker used. It shows where the CPU goes
-    on a host where all of them share two cores, which is what bounds the ratio."""
+    difference is what the rest of the host used: the engine and the Kafka broker, and
+    whatever else runs (an idle Postgres here). It shows where the CPU goes on a host where
+    they all share two cores, which is what bounds the ratio."""
 
     def __init__(self) -> None:
         self.own = os.times()
@@ -696,7 +697,7 @@ def report(kind: str, tp: dict[str, Any], lat: dict[str, Any] | None) -> None:
         rows += [
             (f"  CPU per doc, {name}", f"{cpu['own_cpu_us_per_doc']:,} us", "", ""),
             (
-                f"  CPU per doc, engine + broker ({name} run)",
+                f"  CPU per doc, rest of host ({name} run)",
                 f"{cpu['others_cpu_us_per_doc']:,} us",
                 "",
                 "",

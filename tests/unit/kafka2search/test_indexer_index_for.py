@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 import orjson
+import pytest
 from prometheus_client import CollectorRegistry
 
 from services.kafka2search.app import Indexer, Metrics
@@ -52,6 +53,10 @@ class IndexEngine(SearchEngine):
         self.calls.append(f"map {index} {sorted(properties)}")
         self.mappings[index].update(properties)
 
+    def update_all(self, index: str, field: str, script: str, params: dict[str, Any]) -> int:
+        self.calls.append(f"update {index} {field}")
+        return 0
+
     def delete_index(self, index: str) -> None:
         self.calls.append(f"delete {index}")
         self.aliases_ = {a: i for a, i in self.aliases_.items() if i != index}
@@ -68,8 +73,8 @@ class NoDeadLetters(KafkaSink):
         raise AssertionError(f"dead-lettered: {item}")
 
 
-def data(table: str = "users", types: dict[str, str] = TYPES) -> Event:
-    value = {"v": 1, "op": "insert", "db": "app", "schema": "public", "table": table, "lsn": 1}
+def data(table: str = "users", types: dict[str, str] = TYPES, schema: str = "public") -> Event:
+    value = {"v": 1, "op": "insert", "db": "app", "schema": schema, "table": table, "lsn": 1}
     return parse(orjson.dumps({**value, "key": {"id": 1}, "new": {"id": 1}, "types": types}))
 
 
@@ -91,6 +96,32 @@ def test_a_run_of_one_tables_events_opens_its_index_once(settings_with: Settings
     indexer, engine = make(settings_with)
     assert {indexer.index_for(data()) for _ in range(3)} == {"w-public.users"}
     assert engine.calls == ["create w-public.users-v1"]
+
+
+def test_a_run_of_one_tables_events_is_not_looked_up_again(
+    settings_with: SettingsFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    indexer, _engine = make(settings_with)
+    lookups: list[str] = []
+    alias_for = indexer.alias_for
+
+    def counted(ev: Event) -> str:
+        lookups.append(f"{ev.schema}.{ev.table}")
+        return alias_for(ev)
+
+    monkeypatch.setattr(indexer, "alias_for", counted)
+    for _ in range(3):
+        indexer.index_for(data())
+    assert lookups == ["public.users"]
+
+
+def test_the_same_table_name_in_another_schema_is_another_index(
+    settings_with: SettingsFactory,
+) -> None:
+    indexer, engine = make(settings_with)
+    assert indexer.index_for(data()) == "w-public.users"
+    assert indexer.index_for(data(schema="audit")) == "w-audit.users"
+    assert engine.calls == ["create w-public.users-v1", "create w-audit.users-v1"]
 
 
 def test_events_alternating_between_tables_go_to_their_own_indices(
@@ -126,3 +157,19 @@ def test_a_table_dropped_and_created_again_gets_its_index_back(
         "create w-public.users-v1",
     ]
     assert "w-public.users" in indexer.states  # Indexer.write looks the index up there
+
+
+def test_a_column_dropped_and_added_again_is_mapped_again(
+    settings_with: SettingsFactory,
+) -> None:
+    # Events before the drop and after the re-add carry the same types object.
+    indexer, engine = make(settings_with)
+    indexer.index_for(data())
+    columns = [{"name": "id", "type": "int4"}]
+    indexer.ddl(
+        ddl("users", tag="ALTER TABLE", statement="ALTER TABLE users DROP name", columns=columns)
+    )
+    assert "name" not in indexer.states["w-public.users"].columns
+    indexer.index_for(data())
+    assert indexer.states["w-public.users"].columns == TYPES
+    assert engine.calls[-1] == "map w-public.users-v1 ['name']"
