@@ -181,7 +181,8 @@ class Indexer:
     # -- index state -------------------------------------------------------------------
 
     def index_for(self, ev: Event) -> str:
-        """The alias a data event is written to, its index ready for it (:meth:`prepare`).
+        """The alias a data event is written to, once its index exists and maps the
+        event's columns (so a new column is mapped before the data that carries it).
         Runs once per record. A run of events of one table with the same columns, the
         common case, is recognised by comparing the names with the previous event's:
         looking them up would hash three new strings per record."""
@@ -196,16 +197,11 @@ class Indexer:
         ):
             return last[4]
         alias = self.alias_for(ev)
-        self.prepare(alias, ev)
-        self.last = (ev.db, ev.schema, ev.table, types, alias)
-        return alias
-
-    def prepare(self, alias: str, ev: Event) -> None:
-        """Before a data event joins a batch: its index exists and maps its columns."""
-        types = ev.column_types()
         if self.prepared.get(alias) is not types:
             self.state(alias, ev, types)
             self.prepared[alias] = types
+        self.last = (ev.db, ev.schema, ev.table, types, alias)
+        return alias
 
     def state(self, alias: str, ev: Event, types: Mapping[str, str]) -> IndexState:
         """The index of ``alias``, created on first sight, with every column of ``types``
