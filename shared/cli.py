@@ -1,7 +1,12 @@
 """What every service's command line does around its commands: load and validate the
 settings (exit 2 on a bad one), set up logging with secrets masked, and turn a permanent
 failure into one line saying what to fix (exit 1). A retriable failure that escapes a
-command is a bug and keeps its traceback."""
+command is a bug and keeps its traceback.
+
+Everything this module writes — log lines, the error line on stderr, the traceback of an
+uncaught exception (any thread) — is scrubbed of the loaded settings' secrets and of URL
+passwords (:mod:`shared.secrets`): error text from drivers may carry what they were
+given."""
 
 from __future__ import annotations
 
@@ -10,15 +15,13 @@ import gc
 import logging
 import signal
 import sys
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
 from typing import TypeVar
 
-from pydantic import BaseModel, SecretStr
-
 from shared.errors import RetriesExhaustedError, Verdict, WalcastError, classify, operator_hint
-from shared.logs import configure_logging, register_secret
+from shared.logs import configure_logging, log_uncaught, redact, register_secrets_of
 from shared.settings import ServiceSettings, load_settings
 
 log = logging.getLogger(__name__)
@@ -59,22 +62,6 @@ def base_parser(prog: str, description: str) -> argparse.ArgumentParser:
     return parser
 
 
-def secrets_of(settings: ServiceSettings) -> Iterable[str]:
-    """Every SecretStr value anywhere in the settings, for the log masking."""
-
-    def walk(value: object) -> Iterable[str]:
-        if isinstance(value, SecretStr):
-            yield value.get_secret_value()
-        elif isinstance(value, BaseModel):
-            for name in type(value).model_fields:
-                yield from walk(getattr(value, name))
-        elif isinstance(value, dict):
-            for v in value.values():
-                yield from walk(v)
-
-    yield from walk(settings)
-
-
 def run_command(
     prog: str,
     settings_cls: type[S],
@@ -85,11 +72,11 @@ def run_command(
     try:
         settings = load_settings(settings_cls, config_file=args.config, env_file=args.env_file)
     except WalcastError as exc:
-        print(f"{prog}: {exc}", file=sys.stderr)
+        print(f"{prog}: {redact(str(exc))}", file=sys.stderr)
         return 2
+    register_secrets_of(settings)
     configure_logging(settings.log.level, settings.log.format)
-    for secret in secrets_of(settings):
-        register_secret(secret)
+    log_uncaught()
     log = logging.getLogger(prog)
     try:
         return command(settings) or 0
@@ -99,7 +86,7 @@ def run_command(
         hint = operator_hint(exc)
         message = str(exc) if not hint or hint in str(exc) else f"{exc} — {hint}"
         log.error("stopping: %s", message)
-        print(f"{prog}: {message}", file=sys.stderr)
+        print(f"{prog}: {redact(message)}", file=sys.stderr)
         return 1
 
 

@@ -5,8 +5,12 @@ every line of a component (``service``, ``slot``...) goes in ``extra=`` or throu
 :func:`bind`; it appears as top-level JSON keys so log pipelines can filter on it.
 
 Secrets: settings hold them as ``SecretStr``, which renders masked. As a second line of
-defence, :func:`register_secret` adds a value that the formatter replaces wherever it
-appears in a message (a DSN echoed back inside a driver's error text, for example).
+defence, :func:`register_secret` adds a value that the formatters replace wherever it
+appears — message, extra fields (nested too), traceback — and every line is scrubbed of
+URL passwords and secret ``key=value`` pairs by pattern (:func:`shared.secrets.scrub`):
+a driver's error text may echo what it was given. :func:`log_uncaught` sends exceptions
+nobody caught, on any thread, through the same formatters instead of Python's default
+printer, which would write them to stderr unscrubbed.
 """
 
 from __future__ import annotations
@@ -15,31 +19,52 @@ import logging
 import sys
 import threading
 import time
+from types import TracebackType
 from typing import Any, TextIO
 
 import orjson
+from pydantic import BaseModel
+
+from shared.secrets import MIN_SECRET_LENGTH, by_length, scrub, secret_values
 
 _STANDARD_ATTRS = frozenset(
     logging.LogRecord("", 0, "", 0, "", None, None).__dict__.keys()
     | {"message", "asctime", "taskName"}
 )
 _secrets: set[str] = set()
+_ordered: tuple[str, ...] = ()  # _secrets longest first, what scrub() needs
 _secrets_lock = threading.Lock()
-MASK = "**********"
 
 
 def register_secret(value: str | None) -> None:
-    """Never print ``value``: the formatter masks it in every message and field."""
-    if value and len(value) >= 3:
+    """Never print ``value``: the formatters mask it in every message and field. Values
+    shorter than :data:`~shared.secrets.MIN_SECRET_LENGTH` are ignored."""
+    global _ordered
+    if value and len(value) >= MIN_SECRET_LENGTH:
         with _secrets_lock:
             _secrets.add(value)
+            _ordered = by_length(_secrets)
+
+
+def register_secrets_of(settings: BaseModel) -> None:
+    """Register every secret of loaded settings (see :func:`shared.secrets.secret_values`)."""
+    for value in secret_values(settings):
+        register_secret(value)
 
 
 def redact(text: str) -> str:
-    for secret in _secrets:
-        if secret in text:
-            text = text.replace(secret, MASK)
-    return text
+    """``text`` with every registered secret and every URL password masked."""
+    return scrub(text, _ordered)
+
+
+def _redact_deep(value: Any) -> Any:
+    if isinstance(value, str):
+        return redact(value)
+    if isinstance(value, dict):
+        return {k: _redact_deep(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_redact_deep(v) for v in value]
+    return value
 
 
 class JsonFormatter(logging.Formatter):
@@ -55,10 +80,10 @@ class JsonFormatter(logging.Formatter):
         }
         for key, value in record.__dict__.items():
             if key not in _STANDARD_ATTRS and not key.startswith("_"):
-                doc[key] = redact(value) if isinstance(value, str) else value
+                doc[key] = _redact_deep(value)
         if record.exc_info:
             doc["exc"] = redact(self.formatException(record.exc_info))
-        return orjson.dumps(doc, default=str).decode()
+        return orjson.dumps(doc, default=lambda v: redact(str(v))).decode()
 
 
 class TextFormatter(logging.Formatter):
@@ -89,6 +114,32 @@ def configure_logging(level: str = "INFO", fmt: str = "json", stream: TextIO | N
     # Client libraries are chatty at INFO; their warnings still come through.
     for noisy in ("kafka", "urllib3", "elastic_transport", "opensearch", "py4j"):
         logging.getLogger(noisy).setLevel(max(logging.WARNING, root.level))
+
+
+def log_uncaught() -> None:
+    """Log exceptions nobody caught through the configured formatters (scrubbed), at
+    CRITICAL with their traceback: on the main thread (the process then exits with 1, as
+    it would anyway) and on any other thread. Python's default printers write them to
+    stderr as they are. Called by the service entry points after :func:`configure_logging`."""
+    log = logging.getLogger("walcast.uncaught")
+
+    def on_main(
+        exc_type: type[BaseException], exc: BaseException, tb: TracebackType | None
+    ) -> None:
+        log.critical("uncaught exception", exc_info=(exc_type, exc, tb))
+
+    def on_thread(args: threading.ExceptHookArgs) -> None:
+        if args.exc_value is None or isinstance(args.exc_value, SystemExit):
+            return
+        name = args.thread.name if args.thread is not None else "?"
+        log.critical(
+            "uncaught exception in thread %s",
+            name,
+            exc_info=(args.exc_type, args.exc_value, args.exc_traceback),
+        )
+
+    sys.excepthook = on_main
+    threading.excepthook = on_thread
 
 
 class bind(logging.LoggerAdapter[logging.Logger]):  # noqa: N801 - reads like a function

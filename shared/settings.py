@@ -9,7 +9,9 @@ Precedence, highest first: explicit arguments, environment, the env file, the YA
 defaults. Everything is validated before anything connects; an unknown key — in the YAML
 file, the environment or the env file — is an error, because a typo that silently falls
 back to a default is the worst kind of misconfiguration. Errors name the bad key in both
-spellings. Secrets are :class:`~pydantic.SecretStr` and print as ``**********``.
+spellings. Secrets are :class:`~pydantic.SecretStr`; what counts as one in the free-form
+maps (``kafka.extra``, ``spark.conf``) and in URLs, and how it is masked, is decided in
+:mod:`shared.secrets` — :meth:`ServiceSettings.effective` and configuration errors use it.
 
 Library code never reads the environment: only a service's entry point calls
 :func:`load_settings` and passes the model (or parts of it) down.
@@ -35,12 +37,12 @@ from pydantic_settings.sources.utils import parse_env_vars
 
 from shared.errors import ConfigError
 from shared.retry import BackoffPolicy
+from shared.secrets import is_secret_key, masked, scrub
 
 S = TypeVar("S", bound="ServiceSettings")
 
 _yaml_file: ContextVar[Path | None] = ContextVar("walcast_yaml_file", default=None)
 _env_file: ContextVar[Path | None] = ContextVar("walcast_env_file", default=None)
-_SECRET_WORDS = ("password", "secret", "token", "api_key", "apikey", "credential")
 
 
 class Section(BaseModel):
@@ -162,8 +164,11 @@ class ServiceSettings(BaseSettings):
         return tuple(sources)
 
     def effective(self) -> dict[str, Any]:
-        """The configuration in force, secrets masked: safe to log or print."""
-        return self.model_dump(mode="json")
+        """The configuration in force as JSON-ready data, safe to log or print: secrets
+        (``SecretStr``, secret keys of ``kafka.extra`` / ``spark.conf``, URL passwords)
+        masked by :func:`shared.secrets.masked`."""
+        config: dict[str, Any] = masked(self)
+        return config
 
 
 class _EnvFileSource(EnvSettingsSource):
@@ -288,13 +293,14 @@ def _describe(exc: ValidationError, prefix: str) -> str:
         shown = ""
         if (
             "input" in err
-            and not any(w in dotted.lower() for w in _SECRET_WORDS)
+            and not is_secret_key(dotted)
             and err["type"] != "extra_forbidden"
             and not isinstance(err["input"], dict)
         ):
             shown = f" (got {err['input']!r})"
         lines.append(f"{env_key} / {dotted}: {msg}{shown}")
-    return "invalid configuration: " + "; ".join(lines)
+    # A validator's message may quote the bad value (an engine URL with its password).
+    return scrub("invalid configuration: " + "; ".join(lines))
 
 
 def check_table_template(template: str, what: str) -> str:

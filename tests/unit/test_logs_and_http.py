@@ -11,6 +11,7 @@ from prometheus_client import CollectorRegistry, Counter
 
 from shared.http import OpsServer
 from shared.logs import bind, configure_logging, register_secret
+from shared.secrets import MASK
 
 
 def test_json_lines_with_extra_fields_and_masked_secret() -> None:
@@ -20,7 +21,7 @@ def test_json_lines_with_extra_fields_and_masked_secret() -> None:
     log = bind(logging.getLogger("walcast.test"), slot="s1")
     log.info("connecting with password=pa55word-xyz", extra={"attempt": 2})
     line = json.loads(out.getvalue().strip().splitlines()[-1])
-    assert line["msg"] == "connecting with password=**********"
+    assert line["msg"] == f"connecting with password={MASK}"
     assert line["slot"] == "s1"
     assert line["attempt"] == 2
     assert line["level"] == "info"
