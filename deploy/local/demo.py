@@ -169,7 +169,7 @@ def pg2kafka_init(env_file: Path, dsn: str) -> None:
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute(
             "SELECT _walcast.set_subscriptions(%s, ARRAY[ROW(%s, %s, 'UPDATE', 'demo',"
-            " 'orders', %s, %s, %s, %s, now(), now())::_walcast.subscriptions])",
+            " 'orders', %s, %s, %s, %s, now(), now(), NULL)::_walcast.subscriptions])",
             [
                 DEMO_STREAM,
                 sub["key"],
