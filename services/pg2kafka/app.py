@@ -348,6 +348,7 @@ class _Stream:
             TypeRegistry(self.catalog.type_info),
             no_identity=s.replication.no_identity,
             primary_key=self.catalog.primary_key,
+            scrub_secrets=s.ddl.scrub_secrets,
         )
         self.partitions: dict[str, int] = {}  # topic -> partition count, learnt once
         self.topics: dict[tuple[str, str], str] = {}  # (schema, table) -> topic

@@ -19,6 +19,7 @@ from typing import Any
 import orjson
 
 from services.pg2kafka import pgoutput as pg
+from services.pg2kafka.ddl_secrets import scrub_statement
 from services.pg2kafka.types import TypeRegistry, text_converter
 from shared.errors import PermanentError
 from shared.events import EVENT_VERSION, Event
@@ -94,6 +95,9 @@ class EventBuilder:
     columns (no primary key, REPLICA IDENTITY NOTHING or DEFAULT without a key):
     ``emit`` (the event carries the row and an empty ``key``) or ``skip`` (counted by the
     caller through ``skipped_no_identity``).
+
+    ``scrub_secrets``: DDL events carry their statement with the literals of PASSWORD
+    clauses and secret options replaced (:func:`~services.pg2kafka.ddl_secrets.scrub_statement`).
     """
 
     def __init__(
@@ -103,8 +107,10 @@ class EventBuilder:
         *,
         no_identity: str = "emit",
         primary_key: Callable[[int], list[str]] | None = None,
+        scrub_secrets: bool = True,
     ) -> None:
         self.database = database
+        self.scrub_secrets = scrub_secrets
         self.primary_key = primary_key
         self.types = types
         self.no_identity = no_identity
@@ -306,12 +312,17 @@ class EventBuilder:
             self.malformed_ddl += 1
             log.warning("skipping a malformed DDL message at %s: %s", pg.format_lsn(lsn), exc)
             return []
+        statement = payload.get("statement")
+        if self.scrub_secrets and isinstance(statement, str):
+            # current_query() is every statement the client sent at once: an ALTER TABLE
+            # may travel with an ALTER ROLE ... PASSWORD.
+            statement = scrub_statement(statement)
         events: list[Event] = []
         for table in tables:
             ev = self._ddl_envelope(lsn, table["schema"], table["table"])
             ev["ddl"] = {
                 "tag": payload.get("tag"),
-                "statement": payload.get("statement"),
+                "statement": statement,
                 "columns": table["columns"],
                 "primary_key": table["primary_key"],
             }
@@ -320,7 +331,7 @@ class EventBuilder:
             ev = self._ddl_envelope(lsn, table["schema"], table["table"])
             ev["ddl"] = {
                 "tag": payload.get("tag"),
-                "statement": payload.get("statement"),
+                "statement": statement,
                 "dropped": True,
             }
             events.append(ev)

@@ -136,6 +136,16 @@ class ProducerSettings(Section):
         return None if v is None else _check_template(v)
 
 
+class DdlSettings(Section):
+    """DDL events (``op: ddl``): what of the captured statement text they carry."""
+
+    # The statement is current_query(): everything the client sent at once, so an ALTER
+    # TABLE may carry an ALTER ROLE ... PASSWORD '...' sent with it. On: the literals of
+    # PASSWORD clauses, secret OPTIONS (password '...') and CONNECTION '...' become '***'
+    # (services/pg2kafka/ddl_secrets.py). Off: the statement verbatim.
+    scrub_secrets: bool = True
+
+
 class SubscriptionSettings(Section):
     """The subscription events stream: _walcast.events rows of ``stream_id`` to ``topic``.
 
@@ -176,5 +186,6 @@ class Pg2KafkaSettings(ServiceSettings):
     replication: ReplicationSettings = ReplicationSettings()
     filters: FilterSettings = FilterSettings()
     producer: ProducerSettings = ProducerSettings()
+    ddl: DdlSettings = DdlSettings()
     subscriptions: SubscriptionSettings = SubscriptionSettings()
     http: HttpSettings = HttpSettings(port=9187)

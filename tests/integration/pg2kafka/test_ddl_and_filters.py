@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import json
+import uuid
 from pathlib import Path
 
 import jsonschema
+import orjson
 import psycopg
 import pytest
 
@@ -203,3 +205,41 @@ def test_temporary_and_unlogged_tables_never_break_application_ddl(
     tables = admin.status(h.settings)["publication_tables"]
     assert f"public.{unique_name}_real" in tables
     assert not [t for t in tables if t.endswith(("_tmp", "_unlogged"))]
+
+
+@pytest.mark.parametrize("scrub", [True, False])
+def test_a_password_sent_with_ddl_is_scrubbed_from_the_event(
+    make_harness: HarnessFactory, unique_name: str, scrub: bool
+) -> None:
+    """current_query() is everything the client sent at once: the ALTER TABLE's event would
+    carry the ALTER ROLE ... PASSWORD sent with it. ddl.scrub_secrets (on by default)
+    masks the literal; off, the statement travels verbatim."""
+    t = f"{unique_name}_t"
+    role = f"{unique_name}_role"
+    secret = f"pw-{uuid.uuid4().hex}"
+    h = make_harness(ddl={"scrub_secrets": scrub})
+    h.sql(f"CREATE TABLE {t} (id int PRIMARY KEY)")
+    h.sql(f"CREATE ROLE {role} NOLOGIN")
+    try:
+        h.start()
+        # One simple-protocol query holding both statements (no parameters: psycopg
+        # sends it as is); so do the dollar-quoted and OPTIONS-style spellings.
+        h.sql(
+            f"ALTER TABLE {t} ADD COLUMN c int; ALTER ROLE {role} PASSWORD '{secret}';"
+            f" ALTER ROLE {role} PASSWORD $pw${secret}-2$pw$"
+        )
+        h.sql(f"INSERT INTO {t} VALUES (1, 1)")
+        h.events(lambda s: len(data(s, t)) >= 1)
+        (ev,) = [e for e in h.seen if e.get("table") == t and e["op"] == "ddl" and
+                 "c" in [c["name"] for c in e["ddl"].get("columns", [])]]  # fmt: skip
+        statement = ev["ddl"]["statement"]
+        assert f"ALTER TABLE {t} ADD COLUMN c int" in statement
+        if scrub:
+            assert secret not in orjson.dumps(ev).decode()
+            assert statement.count("PASSWORD '***'") == 2
+        else:
+            assert f"PASSWORD '{secret}'" in statement
+    finally:
+        h.stop()
+        h.sql(f"DROP TABLE IF EXISTS {t}")
+        h.sql(f"DROP ROLE IF EXISTS {role}")
