@@ -28,9 +28,13 @@ from services.kafka2spark.settings import Kafka2SparkSettings
 from shared.cli import stop_on_signals
 from shared.http import OpsServer
 from shared.kafka import KafkaOffsetCheckpointer
+from shared.secrets import SENSITIVE_KEY_PATTERN
 from shared.settings import KafkaSettings
 
 log = logging.getLogger(__name__)
+
+# Spark's default is (?i)secret|password|token|access[.]?key; spark.conf may override it.
+SPARK_REDACTION_REGEX = f"(?i){SENSITIVE_KEY_PATTERN}"
 
 DELTA_CATALOG = "org.apache.spark.sql.delta.catalog.DeltaCatalog"
 
@@ -97,7 +101,8 @@ def _jaas(value: str) -> str:
 
 def spark_session(s: Kafka2SparkSettings) -> SparkSession:
     """The session: Delta's catalog and extensions, small shuffles for one machine, UTC
-    (timestamps in the mirror are the Postgres instants), then the user's overrides."""
+    (timestamps in the mirror are the Postgres instants), Spark's redaction of secrets
+    widened to walcast's (:mod:`shared.secrets`), then the user's overrides."""
     sp = s.spark
     builder = (
         SparkSession.builder.master(sp.master)
@@ -112,6 +117,9 @@ def spark_session(s: Kafka2SparkSettings) -> SparkSession:
         # Small tables: Delta's default of 50 partitions to read its log costs seconds.
         .config("spark.databricks.delta.snapshotPartitions", str(max(sp.shuffle_partitions, 1)))
         .config("spark.sql.streaming.stopGracefullyOnShutdown", "true")
+        # Spark masks configuration and source options whose key or value matches this in
+        # its own logs, plans and UI: the keys walcast itself treats as secrets.
+        .config("spark.redaction.regex", SPARK_REDACTION_REGEX)
     )
     if sp.master.startswith("local"):
         # One machine: the driver listens on loopback only.
