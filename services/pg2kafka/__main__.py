@@ -39,6 +39,8 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"created  {item}")
             for item in report.existing:
                 print(f"exists   {item}")
+            for item in report.warnings:
+                print(f"warning  {item}")
         elif args.command == "tear-down":
             for item in admin.tear_down(settings):
                 print(f"removed  {item}")

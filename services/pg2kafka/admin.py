@@ -49,6 +49,20 @@ def check_server(conn: psycopg.Connection[tuple[Any, ...]]) -> None:
 class InitReport:
     created: list[str] = field(default_factory=list)
     existing: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+
+
+def ddl_capture_installed(conn: psycopg.Connection[tuple[Any, ...]]) -> bool:
+    row = conn.execute(
+        "SELECT count(*) FROM pg_event_trigger"
+        " WHERE evtname IN ('walcast_ddl_command_end', 'walcast_sql_drop') AND evtenabled <> 'D'"
+    ).fetchone()
+    return row is not None and row[0] == 2
+
+
+def is_superuser(conn: psycopg.Connection[tuple[Any, ...]]) -> bool:
+    row = conn.execute("SELECT rolsuper FROM pg_roles WHERE rolname = current_user").fetchone()
+    return bool(row and row[0])
 
 
 def init(settings: Pg2KafkaSettings, *, migrations_only: bool = False) -> InitReport:
@@ -60,6 +74,12 @@ def init(settings: Pg2KafkaSettings, *, migrations_only: bool = False) -> InitRe
         check_server(conn)
         for name in migrate(conn):
             report.created.append(f"migration {name}")
+        if not ddl_capture_installed(conn):
+            log.warning(
+                "DDL capture is off: its event triggers need a superuser owner "
+                "(docs/security.md); schema changes reach consumers with the next row only"
+            )
+            report.warnings.append("DDL capture off (the owner is not a superuser)")
         if migrations_only:
             return report
         sync_publication(conn, settings, report)
@@ -175,6 +195,12 @@ def sync_publication(
             )
         if row is None:
             options = sql.SQL(" WITH (publish_via_partition_root = true)")
+            if filters.all_tables and not is_superuser(conn):
+                raise PermanentError(
+                    f"publication {pub!r} FOR ALL TABLES needs a superuser",
+                    hint="set filters.include to the tables to stream (the owner must own"
+                    " them, or be a member of the role that does), or run init as a superuser",
+                )
             if filters.all_tables:
                 conn.execute(
                     sql.SQL("CREATE PUBLICATION {} FOR ALL TABLES").format(ident) + options
@@ -248,6 +274,7 @@ def tear_down(settings: Pg2KafkaSettings) -> list[str]:
             if conn.execute("SELECT count(*) FROM _walcast.publications").fetchone() == (0,):
                 conn.execute("DROP EVENT TRIGGER IF EXISTS walcast_ddl_command_end")
                 conn.execute("DROP EVENT TRIGGER IF EXISTS walcast_sql_drop")
+                conn.execute("DROP SCHEMA IF EXISTS _walcast_sub CASCADE")
                 conn.execute("DROP SCHEMA _walcast CASCADE")
                 removed.append("DDL capture (event triggers, schema _walcast)")
     return removed
@@ -320,6 +347,7 @@ def status(settings: Pg2KafkaSettings) -> dict[str, Any]:
             [rep.publication],
         ).fetchall()
         out["publication_tables"] = [t[0] for t in tables]
+        out["ddl_capture"] = ddl_capture_installed(conn)
         if settings.subscriptions.enabled:
             out["subscription_events"] = subscriptions_status(conn, settings)
     try:

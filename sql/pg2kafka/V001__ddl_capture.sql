@@ -147,8 +147,17 @@ BEGIN
 END
 $$;
 
+-- Event triggers fire for every role's DDL, a superuser's included, so only a superuser
+-- may create them and the functions they run must belong to a role no less trusted: a
+-- non-superuser owner could otherwise replace them and run code inside a superuser's DDL.
+-- With a non-superuser owner, DDL capture stays off (docs/security.md).
 DO $$
 BEGIN
+    IF NOT (SELECT rolsuper FROM pg_roles WHERE rolname = current_user) THEN
+        RAISE NOTICE 'walcast: % is not a superuser, DDL capture (event triggers) not installed',
+            current_user;
+        RETURN;
+    END IF;
     IF NOT EXISTS (SELECT 1 FROM pg_event_trigger WHERE evtname = 'walcast_ddl_command_end') THEN
         CREATE EVENT TRIGGER walcast_ddl_command_end ON ddl_command_end
             EXECUTE FUNCTION _walcast.on_ddl_command_end();

@@ -340,25 +340,31 @@ DECLARE
                      ' SECURITY DEFINER SET search_path = pg_catalog, pg_temp'
                      ' RETURN CASE WHEN (%s)::boolean THEN jsonb_build_array(%s) END';
     value_sql text := '(SELECT to_jsonb(x) FROM (SELECT (%s) AS x) AS _x)';
+    -- new and old as the author's function will see them: the readable columns.
+    probe text := format('EXPLAIN (COSTS OFF) SELECT %%s FROM'
+                         ' (SELECT (r).* FROM (SELECT NULL::_walcast_sub.%1$I AS r) AS _n) AS new,'
+                         ' (SELECT (r).* FROM (SELECT NULL::_walcast_sub.%1$I AS r) AS _o) AS old',
+                         'r_' || h);
     values_sql text;
     ext jsonb;
     what text;
 BEGIN
-    -- Each expression alone first, so an error names the one that is wrong. Postgres parses
-    -- and resolves the body when the function is created; nothing is executed.
+    -- Each expression alone first, so an error names the one that is wrong. EXPLAIN, as the
+    -- author, parses, plans and checks the author's privileges on every table and function
+    -- the expression uses; nothing is executed.
     FOR what, values_sql IN
-        SELECT 'when_clause', format(template, signature, s.when_clause, '')
+        SELECT 'when_clause', format(probe, format('(%s)::boolean', s.when_clause))
          WHERE s.when_clause IS NOT NULL
         UNION ALL
         SELECT format('payload extension %s', e ->> 'json_path'),
-               format(template, signature, 'true', format(value_sql, e ->> 'expression'))
+               format(probe, format(value_sql, e ->> 'expression'))
           FROM jsonb_array_elements(s.payload_extensions) e
     LOOP
         BEGIN
             EXECUTE values_sql;
         EXCEPTION WHEN OTHERS THEN
             RAISE EXCEPTION 'subscription %: invalid %: %', s.key, what,
-                CASE WHEN SQLERRM ~ '^missing FROM-clause entry for table "(new|old)"'
+                CASE WHEN SQLERRM ~ '^(missing FROM-clause entry for table|column) "?(new|old)'
                      THEN 'a column it names does not exist or its author may not SELECT it'
                      ELSE SQLERRM END
                 USING ERRCODE = 'invalid_parameter_value',
