@@ -98,6 +98,12 @@ class Metrics:
         self.confirmed = Gauge(
             f"{prefix}_confirmed_lsn", "LSN confirmed to the slot", registry=registry
         )
+        self.quarantined = Gauge(
+            f"{prefix}_quarantined_events",
+            "subscription events in _walcast.subscription_errors (failed at the application's"
+            " commit, kept instead of failing it)",
+            registry=registry,
+        )
         self.lag = Gauge(
             f"{prefix}_replication_lag_bytes",
             "server WAL end minus confirmed LSN",
@@ -500,22 +506,39 @@ class _Stream:
 
 class Maintenance:
     """Creates and drops event partitions every ``maintenance_interval_s``, whether or not
-    events flow (the reference design only maintained while events arrived)."""
+    events flow (the reference design only maintained while events arrived), and keeps the
+    quarantined-events gauge current (every ``QUARANTINE_POLL_S`` at most)."""
 
-    def __init__(self, settings: Pg2KafkaSettings, stop: threading.Event) -> None:
+    QUARANTINE_POLL_S = 15.0
+
+    def __init__(self, settings: Pg2KafkaSettings, stop: threading.Event, metrics: Metrics) -> None:
         self.settings = settings
         self.stop = stop
+        self.metrics = metrics
 
     def run(self) -> None:
         interval = self.settings.subscriptions.maintenance_interval_s
+        due = 0.0
         while not self.stop.is_set():
             try:
                 with psycopg.connect(self.settings.postgres.conninfo(), autocommit=True) as c:
-                    done = maintain_partitions(c, self.settings)
-                log.info("partition maintenance", extra={"result": done})
+                    if time.monotonic() >= due:
+                        done = maintain_partitions(c, self.settings)
+                        due = time.monotonic() + interval
+                        log.info("partition maintenance", extra={"result": done})
+                        if done.get("kept"):
+                            log.warning(
+                                "partitions past retention kept: they hold undelivered events",
+                                extra={"kept": done["kept"]},
+                            )
+                    row = c.execute(
+                        "SELECT count(*) FROM _walcast.subscription_errors WHERE stream_id = %s",
+                        [self.settings.subscriptions.stream_id],
+                    ).fetchone()
+                    self.metrics.quarantined.set(row[0] if row else 0)
             except psycopg.Error as exc:
                 log.warning("partition maintenance failed, retrying next round: %s", exc)
-            self.stop.wait(interval)
+            self.stop.wait(min(interval, self.QUARANTINE_POLL_S))
 
 
 @dataclass(frozen=True)
@@ -676,7 +699,7 @@ class Service:
             return run
 
         if self.events is not None:
-            maintenance = Maintenance(self.settings, self.stop_event)
+            maintenance = Maintenance(self.settings, self.stop_event, self.events.metrics)
             for name, target in (("events", self.events.run), ("maintenance", maintenance.run)):
                 thread = threading.Thread(target=guarded(target), name=name, daemon=True)
                 thread.start()

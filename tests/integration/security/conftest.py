@@ -48,9 +48,7 @@ class SecurityDb:
     def dsn(self, role: Role | None = None) -> str:
         if role is None:
             return self.superuser_dsn
-        return (
-            f"postgresql://{role.name}:{role.password}@{self.host}:{self.port}/{self.database}"
-        )
+        return f"postgresql://{role.name}:{role.password}@{self.host}:{self.port}/{self.database}"
 
     def sql(
         self, role: Role | None, statement: str, params: list[Any] | None = None
@@ -95,8 +93,9 @@ def secdb(stack_env: dict[str, str]) -> Iterator[SecurityDb]:
         # What a DBA does once (docs/security.md, "Grants").
         for role, extra in ((owner, "REPLICATION"), (author, ""), (app, "")):
             c.execute(
-                sql.SQL("CREATE ROLE {} LOGIN NOSUPERUSER NOCREATEROLE NOCREATEDB {} PASSWORD {}")
-                .format(sql.Identifier(role.name), sql.SQL(extra), sql.Literal(role.password))
+                sql.SQL(
+                    "CREATE ROLE {} LOGIN NOSUPERUSER NOCREATEROLE NOCREATEDB {} PASSWORD {}"
+                ).format(sql.Identifier(role.name), sql.SQL(extra), sql.Literal(role.password))
             )
         for r in ("walcast_sandbox", "walcast_admin"):
             c.execute(
@@ -111,7 +110,9 @@ def secdb(stack_env: dict[str, str]) -> Iterator[SecurityDb]:
         c.execute(sql.SQL("GRANT walcast_sandbox TO {}").format(sql.Identifier(owner.name)))
         c.execute(sql.SQL("GRANT walcast_admin TO {}").format(sql.Identifier(author.name)))
         # The owner publishes the application's tables: Postgres requires their ownership.
-        c.execute(sql.SQL("GRANT {} TO {}").format(sql.Identifier(app.name), sql.Identifier(owner.name)))
+        c.execute(
+            sql.SQL("GRANT {} TO {}").format(sql.Identifier(app.name), sql.Identifier(owner.name))
+        )
         c.execute(
             sql.SQL("GRANT CREATE ON DATABASE {} TO {}").format(
                 sql.Identifier(database), sql.Identifier(app.name)
@@ -123,9 +124,7 @@ def secdb(stack_env: dict[str, str]) -> Iterator[SecurityDb]:
     app_dsn = f"postgresql://{app.name}:{app.password}@{host}:{port}/{database}"
     with psycopg.connect(app_dsn, autocommit=True) as c:
         c.execute("CREATE SCHEMA app")
-        c.execute(
-            "CREATE TABLE app.users (id int PRIMARY KEY, email text, salary int, v int)"
-        )
+        c.execute("CREATE TABLE app.users (id int PRIMARY KEY, email text, salary int, v int)")
         c.execute("CREATE TABLE app.secrets (id int PRIMARY KEY, secret text)")
         c.execute("INSERT INTO app.secrets VALUES (1, 'the-secret-row')")
         c.execute(sql.SQL("GRANT USAGE ON SCHEMA app TO {}").format(sql.Identifier(author.name)))

@@ -29,8 +29,10 @@ def subscribe(db: SecurityDb, role: Role, **cols: Any) -> str:
     }
     names = ", ".join(row)
     marks = ", ".join(["%s"] * len(row))
-    values = [Jsonb(v) if isinstance(v, (dict, list)) and k != "column_names" else v
-              for k, v in row.items()]
+    values = [
+        Jsonb(v) if isinstance(v, (dict, list)) and k != "column_names" else v
+        for k, v in row.items()
+    ]
     db.sql(role, f"INSERT INTO _walcast.subscriptions ({names}) VALUES ({marks})", values)
     return str(row["key"])
 
@@ -74,7 +76,8 @@ def test_init_ran_as_a_nosuperuser_owner_with_the_documented_grants(secdb: Secur
     )
     assert owners == [(secdb.owner.name,)]
     tables = secdb.sql(
-        None, "SELECT tablename FROM pg_publication_tables WHERE pubname = %s ORDER BY 1",
+        None,
+        "SELECT tablename FROM pg_publication_tables WHERE pubname = %s ORDER BY 1",
         [secdb.settings.replication.publication],
     )
     assert tables == [("secrets",), ("users",)]
@@ -115,7 +118,7 @@ def test_the_application_needs_no_grant_to_write_a_subscribed_table(secdb: Secur
     [
         "evil\rALTER ROLE wsec SUPERUSER; --",
         "evil\n$walcast$; ALTER ROLE x SUPERUSER; $walcast$",
-        "it's \"quoted\" $$ and %s %I %L",
+        'it\'s "quoted" $$ and %s %I %L',
     ],
 )
 def test_a_key_is_data_never_code(secdb: SecurityDb, key: str) -> None:
@@ -176,7 +179,8 @@ def test_a_validation_error_leaks_no_protected_row(secdb: SecurityDb) -> None:
         when_clause="(SELECT rolpassword FROM pg_authid WHERE rolpassword IS NOT NULL"
         " LIMIT 1)::int > 0",
     )
-    assert "SCRAM" not in message and "md5" not in message
+    assert "SCRAM" not in message
+    assert "md5" not in message
     message = rejected(
         secdb,
         "permission denied",
@@ -193,8 +197,12 @@ def test_a_subscription_streams_only_what_its_author_may_read(secdb: SecurityDb)
     rejected(secdb, "may not SELECT from app.secrets", table_name="secrets")
     rejected(secdb, "may not SELECT from app.users")  # whole rows: salary is not readable
     rejected(secdb, r"may not SELECT column\(s\) \{salary\}", column_names=["id", "salary"])
-    rejected(secdb, "does not exist or its author may not SELECT it",
-             column_names=["id"], when_clause="new.salary > 0")
+    rejected(
+        secdb,
+        "does not exist or its author may not SELECT it",
+        column_names=["id"],
+        when_clause="new.salary > 0",
+    )
     # What the author may read works, and whole-row references see only that.
     subscribe(
         secdb,
@@ -306,11 +314,11 @@ def test_division_by_zero_in_a_when_clause_is_quarantined(secdb: SecurityDb) -> 
         "ALTER TABLE app.users RENAME COLUMN email TO mail",
     ],
 )
-def test_a_projected_column_dropped_or_renamed_is_quarantined(
-    secdb: SecurityDb, ddl: str
-) -> None:
+def test_a_projected_column_dropped_or_renamed_is_quarantined(secdb: SecurityDb, ddl: str) -> None:
     secdb.sql(None, "DROP TABLE IF EXISTS app.users CASCADE")
-    secdb.sql(secdb.app, "CREATE TABLE app.users (id int PRIMARY KEY, email text, salary int, v int)")
+    secdb.sql(
+        secdb.app, "CREATE TABLE app.users (id int PRIMARY KEY, email text, salary int, v int)"
+    )
     secdb.sql(
         secdb.app,
         f"GRANT SELECT (id, email, v) ON app.users TO {secdb.author.name}",
