@@ -9,6 +9,10 @@ Contract of each command:
 * ``up``     installs what is missing, starts what is not running, waits until every
              component really answers, then writes the env file. Idempotent: on a healthy
              stack it changes nothing (same pids, same env file).
+             The env file holds passwords: it is created 0600. Postgres's unix socket is
+             0700 and only the server's OS user gets in without a password (as
+             ``postgres``, to bootstrap roles); nothing is ``trust``. ``up`` brings an
+             installation made before these rules up to them (a reload, no restart).
 * ``down``   stops every component cleanly (Postgres data and Kafka logs are kept;
              the search engines are ephemeral and start empty).
 * ``status`` one line per component: state, port, pid, health detail, log file.
@@ -26,6 +30,8 @@ import contextlib
 import hashlib
 import json
 import os
+import pwd
+import re
 import shutil
 import signal
 import subprocess
@@ -52,6 +58,9 @@ KAFKA_CONTROLLER_PORT = KAFKA_PORT + 1
 OPENSEARCH_PORT = int(os.environ.get("WALCAST_STACK_OPENSEARCH_PORT", "9260"))
 ELASTICSEARCH_PORT = int(os.environ.get("WALCAST_STACK_ELASTICSEARCH_PORT", "9270"))
 
+# The unix socket: the server's OS user only (the stack's psql runs as that user).
+SOCKET_MODE = 0o700
+PG_IDENT_MAP = "walcast_owner"
 PG_USER = "walcast"
 PG_PASSWORD = "walcast"  # local development only; documented in README  # noqa: S105
 PG_DATABASE = "walcast"
@@ -242,6 +251,11 @@ class Component:
     # Subclasses implement these.
     def install(self) -> None: ...
     def start(self) -> None: ...
+    def harden(self) -> list[str]:
+        """Bring an existing installation's security settings up to what a new one gets;
+        return what was fixed. Idempotent; runs on every ``up``, healthy or not."""
+        return []
+
     def probe(self) -> tuple[bool, str]:
         return False, ""
 
@@ -405,7 +419,7 @@ class Postgres(Component):
                     str(self.data),
                     "-U",
                     "postgres",
-                    "--auth-local=trust",
+                    "--auth-local=peer",
                     "--auth-host=scram-sha-256",
                     "-E",
                     "UTF8",
@@ -431,14 +445,52 @@ class Postgres(Component):
                 "shared_buffers = 128MB\n"
                 "wal_sender_timeout = 60s\n"
                 "logging_collector = off\n"
+                f"unix_socket_permissions = {SOCKET_MODE:04o}\n"
             )
-        (self.data / "pg_hba.conf").write_text(
-            "# walcast local stack: loopback only\n"
-            "local all all trust\n"
-            "local replication all trust\n"
-            f"host all all {HOST}/32 scram-sha-256\n"
-            f"host replication all {HOST}/32 scram-sha-256\n"
-        )
+        self.write_auth_files()
+
+    def owner(self) -> str:
+        """The OS user the server runs as, the only one the socket lets in."""
+        return "postgres" if os.geteuid() == 0 else pwd.getpwuid(os.geteuid()).pw_name
+
+    def write_auth_files(self) -> list[str]:
+        """pg_hba.conf and pg_ident.conf as :func:`pg_hba` / :func:`pg_ident` say; return
+        the names of the files that changed (rewritten in place: owner and mode stay)."""
+        changed = []
+        for name, text in (("pg_hba.conf", pg_hba()), ("pg_ident.conf", pg_ident(self.owner()))):
+            path = self.data / name
+            if not path.exists() or path.read_text() != text:
+                path.write_text(text)
+                changed.append(name)
+        return changed
+
+    def harden(self) -> list[str]:
+        """A cluster made by an older stack: its socket accepted anyone as any role
+        (``trust``, mode 0777). Rewrite pg_hba.conf / pg_ident.conf, add
+        ``unix_socket_permissions``, and when the server runs, reload it (SIGHUP: no
+        restart) and give its socket the mode the setting gives it at the next start."""
+        if not (self.data / "PG_VERSION").exists():
+            return []
+        fixed = self.write_auth_files()
+        conf = self.data / "postgresql.conf"
+        setting = re.compile(r"^\s*unix_socket_permissions\s*=", re.MULTILINE)
+        if not setting.search(conf.read_text()):
+            with conf.open("a") as fh:
+                fh.write(f"unix_socket_permissions = {SOCKET_MODE:04o}\n")
+            fixed.append("unix_socket_permissions")
+        socket = self.run_dir / f".s.PGSQL.{PG_PORT}"
+        if socket.exists() and socket.stat().st_mode & 0o777 != SOCKET_MODE:
+            socket.chmod(SOCKET_MODE)
+            fixed.append("socket mode")
+        bindir = self.bindir()
+        if fixed and bindir is not None and self.pid() is not None:
+            run(
+                self.as_owner([str(bindir / "pg_ctl"), "-D", str(self.data), "reload"]),
+                self.name,
+                "pg_ctl reload",
+                self.log,
+            )
+        return [f"postgres {what}" for what in fixed]
 
     def start(self) -> None:
         bindir = self.bindir()
@@ -621,6 +673,26 @@ class Postgres(Component):
             "PG2KAFKA_POSTGRES__PASSWORD": PG_PASSWORD,
             "PG2KAFKA_POSTGRES__DATABASE": PG_DATABASE,
         }
+
+
+def pg_hba() -> str:
+    """Who may connect how. TCP on loopback only, with a password (SCRAM). The unix socket
+    (``unix_socket_permissions`` 0700: only the server's OS user can open it) lets that
+    user in as ``postgres`` without a password — how the stack bootstraps roles — and any
+    other role only with its password, never ``trust``."""
+    return (
+        "# walcast local stack (deploy/local/stack.py): loopback and the owner's socket only\n"
+        f"local all postgres peer map={PG_IDENT_MAP}\n"
+        "local all all scram-sha-256\n"
+        "local replication all scram-sha-256\n"
+        f"host all all {HOST}/32 scram-sha-256\n"
+        f"host replication all {HOST}/32 scram-sha-256\n"
+    )
+
+
+def pg_ident(os_user: str) -> str:
+    """The one OS user (the server's owner) that peer authentication maps to ``postgres``."""
+    return f"# walcast local stack (deploy/local/stack.py)\n{PG_IDENT_MAP} {os_user} postgres\n"
 
 
 def _ensure_traversable(path: Path) -> None:
@@ -1003,8 +1075,16 @@ def select(names: list[str] | None) -> list[Component]:
     return [c for c in comps if c.name in names]
 
 
+ENV_FILE_MODE = 0o600
+
+
 def write_env_file(comps: list[Component]) -> bool:
-    """Write the env file; return True when its content changed."""
+    """Write the env file; return True when its content changed.
+
+    It holds passwords, so it is never readable by others: a new file is created with
+    mode 0600 (a temporary file made with that mode, then renamed over the old one — no
+    moment where the content sits in a wider file). An existing file's mode is fixed by
+    :func:`fix_env_file_mode`."""
     values: dict[str, str] = {"WALCAST_STACK_DIR": str(STATE)}
     for comp in comps:
         values.update(comp.env())
@@ -1014,17 +1094,35 @@ def write_env_file(comps: list[Component]) -> bool:
     )
     if ENV_FILE.exists() and ENV_FILE.read_text() == text:
         return False
-    ENV_FILE.write_text(text)
+    tmp = ENV_FILE.with_name(f".{ENV_FILE.name}.{os.getpid()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, ENV_FILE_MODE)
+    try:
+        with os.fdopen(fd, "w") as fh:
+            fh.write(text)
+        os.replace(tmp, ENV_FILE)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
     return True
+
+
+def fix_env_file_mode() -> list[str]:
+    """An env file written by an older stack may be readable by everyone: make it 0600."""
+    if ENV_FILE.exists() and ENV_FILE.stat().st_mode & 0o777 != ENV_FILE_MODE:
+        ENV_FILE.chmod(ENV_FILE_MODE)
+        return ["env file mode"]
+    return []
 
 
 def cmd_up(args: argparse.Namespace) -> int:
     STATE.mkdir(parents=True, exist_ok=True)
     comps = select(args.components)
     changed = []
+    fixed = fix_env_file_mode()
     for comp in comps:
         t0 = time.monotonic()
         try:
+            fixed += comp.harden()
             if comp.up():
                 changed.append(comp.name)
                 say(f"{comp.name}: ready in {time.monotonic() - t0:.1f}s")
@@ -1033,7 +1131,12 @@ def cmd_up(args: argparse.Namespace) -> int:
             return 1
     if write_env_file(components()):
         changed.append("env file")
-    say(("started: " + ", ".join(changed)) if changed else "already up; nothing changed")
+    if fixed:
+        say("secured: " + ", ".join(fixed))
+    if changed:
+        say("started: " + ", ".join(changed))
+    elif not fixed:
+        say("already up; nothing changed")
     say(f"connection settings: {ENV_FILE}")
     return 0
 

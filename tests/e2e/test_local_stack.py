@@ -6,13 +6,18 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
+import stat
 import subprocess
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
+import pytest
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from tests.e2e.conftest import REPO, wait_until
+from tests.e2e.conftest import REPO, free_port, wait_until
 
 WALCAST = str(REPO / "deploy/local/walcast")
 
@@ -112,3 +117,88 @@ def test_demo_runs_and_summarises(stack_env: dict[str, str]) -> None:
     assert re.search(r"delta +demo\.orders +72 rows", out), out
     for section in ("kafka", "opensearch", "elasticsearch", "delta"):
         assert f"\n  {section}" in out, section
+
+
+@pytest.fixture
+def throwaway_stack() -> Iterator[dict[str, str]]:
+    """Environment for a second stack (own state directory, own Postgres port): a real
+    cluster to make, reconfigure and restart without touching the shared one."""
+    root = Path(tempfile.mkdtemp(prefix="walcast-stack-"))
+    root.chmod(0o755)  # the postgres OS user must reach its data directory
+    env = {**os.environ, "WALCAST_STACK_DIR": str(root), "WALCAST_STACK_PG_PORT": str(free_port())}
+    try:
+        yield env
+    finally:
+        subprocess.run([WALCAST, "down", "postgres"], env=env, capture_output=True, check=False)
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def test_postgres_socket_and_env_file_guard_the_secrets(throwaway_stack: dict[str, str]) -> None:
+    """A new stack: env file 0600, socket 0700, no trust. One made by an older stack (trust
+    for all on a 0777 socket, a world-readable env file) is fixed by `up` without a
+    restart; the setting holds across one."""
+    env = throwaway_stack
+    root = Path(env["WALCAST_STACK_DIR"])
+    port = env["WALCAST_STACK_PG_PORT"]
+    data, sock = root / "postgres/data", root / f"postgres/run/.s.PGSQL.{port}"
+    bindir = sorted(Path("/usr/lib/postgresql").glob("*/bin/pg_ctl"))[-1].parent
+    as_owner = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
+
+    def up() -> str:
+        proc = subprocess.run([WALCAST, "up", "postgres"], env=env, capture_output=True,
+                              text=True, timeout=300, check=False)  # fmt: skip
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        return proc.stdout
+
+    def via_socket(
+        user: str, password: str | None, as_user: list[str] | None = None
+    ) -> subprocess.CompletedProcess[str]:
+        pg_env = {**os.environ, "PGCONNECT_TIMEOUT": "5"}
+        pg_env.pop("PGPASSWORD", None)
+        if password is not None:
+            pg_env["PGPASSWORD"] = password
+        return subprocess.run(
+            [*(as_user or []), str(bindir / "psql"), "-h", str(sock.parent), "-p", port,
+             "-U", user, "-d", "walcast", "-w", "-Atc", "SELECT current_user"],
+            env=pg_env, capture_output=True, text=True, timeout=30, check=False,
+        )  # fmt: skip
+
+    def secured() -> None:
+        assert stat.S_IMODE((root / "walcast.env").stat().st_mode) == 0o600
+        assert stat.S_IMODE(sock.stat().st_mode) == 0o700
+        assert "trust" not in (data / "pg_hba.conf").read_text()
+        assert via_socket("walcast", None).returncode != 0  # no password: refused
+        assert via_socket("walcast", "walcast").stdout.strip() == "walcast"
+        # the server's OS user, as postgres, without a password: how the stack bootstraps
+        assert via_socket("postgres", None, as_owner).stdout.strip() == "postgres"
+        if os.geteuid() == 0:  # another OS user cannot even open the socket
+            other = via_socket("walcast", "walcast", ["runuser", "-u", "nobody", "--"])
+            assert "Permission denied" in other.stderr
+
+    assert "started: postgres" in up()
+    secured()
+    pid = (data / "postmaster.pid").read_text().split()[0]
+
+    # What an older stack left: trust for everyone on a world-writable socket.
+    (data / "pg_hba.conf").write_text("local all all trust\nlocal replication all trust\n"
+                                      "host all all 127.0.0.1/32 scram-sha-256\n")  # fmt: skip
+    conf = data / "postgresql.conf"
+    conf.write_text(conf.read_text().replace("unix_socket_permissions = 0700\n", ""))
+    subprocess.run([*as_owner, str(bindir / "pg_ctl"), "-D", str(data), "reload"],
+                   check=True, capture_output=True)  # fmt: skip
+    sock.chmod(0o777)
+    (root / "walcast.env").chmod(0o644)
+    assert via_socket("walcast", None).stdout.strip() == "walcast"  # trusted: the old hole
+
+    out = up()
+    assert "secured: env file mode, postgres pg_hba.conf, postgres unix_socket_permissions," \
+        " postgres socket mode" in out  # fmt: skip
+    assert (data / "postmaster.pid").read_text().split()[0] == pid  # reloaded, not restarted
+    secured()
+    assert "nothing changed" in up()
+
+    proc = subprocess.run([WALCAST, "down", "postgres"], env=env, capture_output=True,
+                          text=True, check=False)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert "started: postgres" in up()  # the stack bootstraps through the socket as before
+    secured()
