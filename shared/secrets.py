@@ -56,11 +56,16 @@ _NOT_SECRET_KEY = re.compile(
     re.IGNORECASE,
 )
 # scheme://user:password@ — the password group is replaced.
-_URL_CREDENTIALS = re.compile(r"(\b[a-zA-Z][a-zA-Z0-9+.\-]*://[^\s/@:]*:)([^\s/@]+)@")
+_URL_CREDENTIALS = re.compile(
+    r"(?<![a-zA-Z0-9+.\-])([a-zA-Z][a-zA-Z0-9+.\-]*+://[^\s/@:]*+:)([^\s/@]++)@"
+)
 # key=value where the key names a secret: libpq conninfo (password='x'), query strings
 # (access_token=x), configuration dumps (sasl.password=x).
+# Anchored at the start of a key (the lookbehind) and possessive, so that a long run of
+# word characters without "=" costs one pass, not one per starting position.
 _SECRET_PAIR = re.compile(
-    r"([\w.\-]+)(\s*=\s*)('(?:[^'\\]|\\.)*'?|\"(?:[^\"\\]|\\.)*\"?|[^\s'\",;&)}\]]+)"
+    r"(?<![\w.\-])([\w.\-]++)(\s*=\s*)"
+    r"('(?:[^'\\]|\\.)*+'?|\"(?:[^\"\\]|\\.)*+\"?|[^\s'\",;&)}\]]++)"
 )
 # Shorter values are not registered: masking every "ab" in every line would destroy the
 # log and protect nothing.
