@@ -42,21 +42,12 @@ from typing import Any
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from services.kafka2search.documents import (
-    CONTROL_OPS,
-    IGNORED_OPS,
-    Batch,
-    Doc,
-    Event,
-    Origin,
-    PoisonMessageError,
-    bulk_body,
-    parse,
-)
+from services.kafka2search.documents import Batch, Doc, Origin, bulk_body
 from services.kafka2search.engines import SearchEngine, engine_for
 from services.kafka2search.mapping import alias_name, index_name, properties
 from services.kafka2search.settings import Kafka2SearchSettings
 from shared.cli import stop_on_signals, tune_gc_for_records
+from shared.contract.event import CONTROL_OPS, EventDecodeError, EventView, decode
 from shared.errors import PermanentError, RetriableError, Verdict, http_status_verdict
 from shared.http import OpsServer
 from shared.kafka import KafkaOffsetCheckpointer, KafkaSink, Outgoing, ensure_topic
@@ -154,12 +145,12 @@ class Indexer:
         self.states: dict[str, IndexState] = {}
         self.aliases: dict[tuple[str, str, str], str] = {}
         # alias -> the column types last seen mapped. Events share one object per distinct
-        # types value (documents.Event.column_types), so a repeat is an identity check.
+        # types value (EventView.column_types), so a repeat is an identity check.
         self.prepared: dict[str, Mapping[str, str]] = {}
         # (db, schema, table, types, alias) of the last data event: see index_for.
         self.last: tuple[str, str, str, Mapping[str, str], str] | None = None
 
-    def alias_for(self, ev: Event) -> str:
+    def alias_for(self, ev: EventView) -> str:
         key = (ev.db, ev.schema, ev.table)
         alias = self.aliases.get(key)
         if alias is None:
@@ -180,7 +171,7 @@ class Indexer:
 
     # -- index state -------------------------------------------------------------------
 
-    def index_for(self, ev: Event) -> str:
+    def index_for(self, ev: EventView) -> str:
         """The alias a data event is written to, once its index exists and maps the
         event's columns (so a new column is mapped before the data that carries it).
         Runs once per record. A run of events of one table with the same columns, the
@@ -203,7 +194,7 @@ class Indexer:
         self.last = (ev.db, ev.schema, ev.table, types, alias)
         return alias
 
-    def state(self, alias: str, ev: Event, types: Mapping[str, str]) -> IndexState:
+    def state(self, alias: str, ev: EventView, types: Mapping[str, str]) -> IndexState:
         """The index of ``alias``, created on first sight, with every column of ``types``
         mapped (new columns are added before the data that carries them is written)."""
         st = self.states.get(alias)
@@ -217,7 +208,7 @@ class Indexer:
             self.retry(lambda: self._add_columns(st, new), f"map new columns of {alias}")
         return st
 
-    def _load_or_create(self, alias: str, ev: Event, types: Mapping[str, str]) -> IndexState:
+    def _load_or_create(self, alias: str, ev: EventView, types: Mapping[str, str]) -> IndexState:
         index = self.engine.resolve_alias(alias)
         if index is None:
             meta = {"db": ev.db, "schema": ev.schema, "table": ev.table}
@@ -259,7 +250,7 @@ class Indexer:
 
     # -- control events ----------------------------------------------------------------
 
-    def truncate(self, ev: Event) -> None:
+    def truncate(self, ev: EventView) -> None:
         """All documents of the table go; changes older than the truncate stay out."""
         alias = self.alias_for(ev)
         st = self.state(alias, ev, {})
@@ -271,7 +262,7 @@ class Indexer:
         self.metrics.schema_changes.labels("truncate").inc()
         log.info("truncated %s: %d documents removed", alias, deleted)
 
-    def ddl(self, ev: Event) -> None:
+    def ddl(self, ev: EventView) -> None:
         d = ev.ddl
         alias = self.alias_for(ev)
         self.prepared.clear()  # the index's columns, or the index itself, change
@@ -573,15 +564,12 @@ class SearchPipeline:
         value = msg.value()
         origin = Origin(topic, partition, offset, msg.key(), value or b"")
         try:
-            ev = parse(value)
-        except PoisonMessageError as exc:
+            ev = decode(value)
+        except EventDecodeError as exc:
             self.indexer.dead_letter(origin, str(exc), "poison")
             self._mark(topic, partition, offset)
             return
         op = ev.op
-        if op in IGNORED_OPS:
-            self._mark(topic, partition, offset)
-            return
         if op in CONTROL_OPS:
             self.flush()  # the data before it is written first
             if op == "truncate":

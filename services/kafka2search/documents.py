@@ -1,4 +1,4 @@
-"""Change events into search documents: validation, per-batch reduction, bulk bodies.
+"""Change events into search documents: per-batch reduction, bulk bodies.
 
 A batch keeps, per document, only the newest change (highest LSN; on a tie the later
 one): the index ends up the same, the bulk is smaller. An update whose ``unchanged_toast``
@@ -7,44 +7,27 @@ the rest are filled from the stored document before writing (``missing_toast``),
 unchanged TOAST value is never erased.
 
 This is the service's hot path (every record passes through it), so a row is never
-decoded, nor even copied: :class:`Event` keeps ``new`` as the raw JSON pg2kafka wrote (a
-view into the record's bytes), and that becomes the document's ``_source`` line in the
-bulk body as is. Only a change whose unchanged TOAST values must be merged in, or a
-record with a line break in it (pg2kafka writes none), is decoded and encoded again. A
-table's ``types`` repeat in each of its events; they are decoded (and validated) once per
-distinct value.
+decoded, nor even copied: the contract's :class:`~shared.contract.event.EventView` keeps
+``new`` as the raw JSON pg2kafka wrote (a view into the record's bytes), and that becomes
+the document's ``_source`` line in the bulk body as is. Only a change whose unchanged
+TOAST values must be merged in, or a record with a line break in it (pg2kafka writes
+none), is decoded and encoded again.
 
-Poison (not JSON, not an object, unknown ``v``, fields missing or of the wrong type)
-raises :class:`PoisonMessageError` with the reason; the caller sends it to the dead-letter
-topic. Nothing here talks to Kafka or the engine.
+Records are decoded and validated by the event contract
+(:func:`shared.contract.event.decode`) before they get here. Nothing here talks to Kafka
+or the engine.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass, field
-from functools import lru_cache
-from types import MappingProxyType
 from typing import Any
 
 import msgspec
 import orjson
 
 from services.kafka2search.mapping import document_id
-
-SUPPORTED_VERSION = 1
-DATA_OPS = ("insert", "update", "delete")
-CONTROL_OPS = ("truncate", "ddl")
-IGNORED_OPS = ("heartbeat", "message")
-_OPS = frozenset(DATA_OPS + CONTROL_OPS + IGNORED_OPS)
-MAX_LSN = 2**63 - 1  # the engines' largest external version (a Java long)
-_NO_TYPES: Mapping[str, str] = MappingProxyType({})
-
-_ABSENT = msgspec.Raw(b"")
-
-
-class PoisonMessageError(ValueError):
-    """A record that is not a change event this service understands."""
+from shared.contract.event import EventView
 
 
 class Origin(msgspec.Struct, frozen=True, gc=False):
@@ -58,117 +41,11 @@ class Origin(msgspec.Struct, frozen=True, gc=False):
     value: bytes
 
 
-class Event(msgspec.Struct, gc=False):
-    """The fields of a change event (docs/events.md) this service reads; the others are
-    skipped unread. Scalars are left untyped here so that :func:`parse` gives the reasons
-    an operator can act on. ``new`` and ``types`` are raw JSON (empty when absent): see
-    the module doc. Not tracked by the garbage collector: it holds no cycles, and one is
-    made per record."""
-
-    v: Any = None
-    op: Any = None
-    db: Any = None
-    schema: Any = None
-    table: Any = None
-    lsn: Any = None
-    key: Any = None
-    new: msgspec.Raw = _ABSENT
-    types: msgspec.Raw = _ABSENT
-    unchanged_toast: Any = None
-    ddl: Any = None
-
-    def column_types(self) -> Mapping[str, str]:
-        """Column -> Postgres type name; shared between events, never to be mutated."""
-        if not self.types:
-            return _NO_TYPES
-        last = _last_types  # (raw, decoded) of the previous call: most often the same
-        if self.types == last[0]:  # compares the JSON text, without copying it
-            return last[1]
-        return _remember_types(self.types)
-
-
-_decode_event = msgspec.json.Decoder(Event).decode
-_decode_types = msgspec.json.Decoder(dict[str, str]).decode
-
-
-@lru_cache(maxsize=1024)
-def _column_types(raw: bytes) -> Mapping[str, str]:
-    try:
-        return _decode_types(raw)
-    except msgspec.ValidationError as exc:
-        raise PoisonMessageError(f"field 'types' is not an object of type names: {exc}") from exc
-
-
-def _remember_types(raw: msgspec.Raw) -> Mapping[str, str]:
-    global _last_types
-    types = _column_types(bytes(raw))
-    # One tuple: a reader on another thread sees a whole pair. A copy of the text: the
-    # event's Raw would keep its whole record alive.
-    _last_types = (raw.copy(), types)
-    return types
-
-
-_last_types: tuple[msgspec.Raw, Mapping[str, str]] = (_ABSENT, _NO_TYPES)
-
-
 def _as_dict(source: msgspec.Raw | dict[str, Any]) -> dict[str, Any]:
     if isinstance(source, dict):
         return source
     row: dict[str, Any] = orjson.loads(bytes(source))
     return row
-
-
-def parse(value: bytes | None) -> Event:
-    if value is None:
-        raise PoisonMessageError("empty record (no value)")
-    try:
-        ev = _decode_event(value)
-    except msgspec.ValidationError:  # every field takes any JSON value but the record
-        raise PoisonMessageError("not a JSON object") from None
-    except msgspec.DecodeError as exc:
-        raise PoisonMessageError(f"not JSON: {exc}") from exc
-    except RecursionError:
-        raise PoisonMessageError("not JSON: nested too deeply") from None
-    if ev.v != SUPPORTED_VERSION:
-        raise PoisonMessageError(f"unknown event version {ev.v!r} (supported: 1)")
-    op = ev.op
-    if type(op) is not str or op not in _OPS:
-        raise PoisonMessageError(f"unknown op {op!r}")
-    if op in IGNORED_OPS:
-        return ev
-    if type(ev.schema) is not str or type(ev.table) is not str or type(ev.db) is not str:
-        for name in ("schema", "table", "db"):
-            if type(getattr(ev, name)) is not str:
-                raise PoisonMessageError(f"field {name!r} missing or not a string")
-    if type(ev.lsn) is not int or not 0 <= ev.lsn <= MAX_LSN:
-        raise PoisonMessageError("field 'lsn' missing or not an integer from 0 to 2^63-1")
-    if op in DATA_OPS:
-        if type(ev.key) is not dict:
-            raise PoisonMessageError("field 'key' missing or not an object")
-        # 123: "{" (a view, not a copy of the row; an absent row is empty)
-        if op != "delete" and (not ev.new or memoryview(ev.new)[0] != 123):
-            raise PoisonMessageError(f"{op} without a 'new' row")
-        if ev.types:
-            ev.column_types()  # validated (once per distinct value)
-        toast = ev.unchanged_toast
-        if toast is not None and (
-            type(toast) is not list or not all(type(c) is str for c in toast)
-        ):
-            raise PoisonMessageError("field 'unchanged_toast' is not a list of column names")
-    if op == "ddl":
-        ddl = ev.ddl
-        if type(ddl) is not dict:
-            raise PoisonMessageError("ddl event without a 'ddl' object")
-        columns = ddl.get("columns")
-        if columns is not None and not (
-            isinstance(columns, list)
-            and all(
-                isinstance(c, dict) and type(c.get("name")) is str and type(c.get("type")) is str
-                for c in columns
-            )
-        ):
-            raise PoisonMessageError("ddl 'columns' is not a list of {name, type} objects")
-    return ev
 
 
 class Doc(msgspec.Struct, gc=False):
@@ -203,7 +80,7 @@ class Batch:
     bytes: int = 0
     toast: int = 0  # documents added with unchanged TOAST columns (an upper bound after merges)
 
-    def add(self, index: str, ev: Event, origin: Origin) -> str | None:
+    def add(self, index: str, ev: EventView, origin: Origin) -> str | None:
         """Fold one insert/update/delete in; returns a reason when it cannot be indexed."""
         self.records += 1
         self.bytes += len(origin.value)

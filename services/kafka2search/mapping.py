@@ -5,7 +5,8 @@ Contract (documented in docs/kafka2search.md):
 * One index per source table. Readers use an alias (``index.name_template``); the index
   behind it is ``<alias>-v1``, so a later reindex into ``-v2`` is one alias swap.
 * Fields are mapped from the Postgres column types carried by every event (and by DDL
-  events, before the data of a new column arrives). ``dynamic: false``: a field walcast
+  events, before the data of a new column arrives), by the one type table
+  (:mod:`shared.contract.pgtypes`). ``dynamic: false``: a field walcast
   did not map is kept in ``_source`` but never guessed at.
 * Document id = the identity values: a single column's value as text; several columns as
   a JSON array (so ``("a,b", "c")`` and ``("a", "b,c")`` never meet); ids longer than the
@@ -21,53 +22,19 @@ from typing import Any
 
 import orjson
 
+from shared.contract import pgtypes
+
 MAX_ID_BYTES = 512
 
-_TEXT = {"type": "text", "fields": {"keyword": {"type": "keyword", "ignore_above": 256}}}
-_KEYWORD = {"type": "keyword", "ignore_above": 8191}
-_DATE = {"type": "date", "format": "strict_date_optional_time||epoch_millis"}
 
-# Postgres type name (as events carry it, arrays as "_elem") -> field mapping.
-_TYPES: dict[str, dict[str, Any]] = {
-    "int2": {"type": "short"},
-    "int4": {"type": "integer"},
-    "int8": {"type": "long"},
-    "oid": {"type": "long"},
-    "float4": {"type": "float", "ignore_malformed": True},  # "NaN" stays in _source
-    "float8": {"type": "double", "ignore_malformed": True},
-    # Exact strings in _source; indexed as double so ranges and sorting work.
-    "numeric": {"type": "double", "ignore_malformed": True},
-    "money": _KEYWORD,
-    "bool": {"type": "boolean"},
-    "date": _DATE,
-    "timestamp": _DATE,
-    "timestamptz": _DATE,
-    "time": _KEYWORD,
-    "timetz": _KEYWORD,
-    "interval": _KEYWORD,
-    "uuid": _KEYWORD,
-    "text": _TEXT,
-    "varchar": _TEXT,
-    "bpchar": _TEXT,
-    "name": _KEYWORD,
-    "citext": _TEXT,
-    "json": {"type": "object", "enabled": False},
-    "jsonb": {"type": "object", "enabled": False},
-    "bytea": {"type": "binary"},
-    "inet": _KEYWORD,
-    "cidr": _KEYWORD,
-    "macaddr": _KEYWORD,
-}
+def field_mapping(pg_type: str) -> Mapping[str, Any]:
+    """The mapping of one column (``pg_type`` as events carry it), from the one type table
+    (:mod:`shared.contract.pgtypes`): arrays map like their elements (engines index arrays
+    of any field); enums, ranges, unknown types: keyword."""
+    return pgtypes.search_mapping(pg_type)
 
 
-def field_mapping(pg_type: str) -> dict[str, Any]:
-    """The mapping of one column; arrays map like their elements (engines index arrays
-    of any field). Enums, domains of unknown base, ranges...: keyword."""
-    base = pg_type[1:] if pg_type.startswith("_") else pg_type
-    return _TYPES.get(base, _KEYWORD)
-
-
-def properties(types: Mapping[str, str]) -> dict[str, Any]:
+def properties(types: Mapping[str, str]) -> dict[str, Mapping[str, Any]]:
     return {column: field_mapping(t) for column, t in types.items()}
 
 

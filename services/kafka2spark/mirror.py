@@ -49,12 +49,10 @@ from pyspark.sql import types as T  # noqa: N812 - the PySpark convention
 
 from services.kafka2spark.schema import ENVELOPE, spark_type
 from services.kafka2spark.settings import Kafka2SparkSettings
+from shared.contract.event import CONTROL_OPS, DATA_OPS, EVENT_VERSION
 
 log = logging.getLogger(__name__)
 
-DATA_OPS = ("insert", "update", "delete")
-CONTROL_OPS = ("truncate", "ddl")
-IGNORED_OPS = ("heartbeat", "message")
 LSN = "_walcast_lsn"
 TRUNCATED = "walcast.truncated_lsn"
 SCHEMA_AT = "walcast.schema_at"  # "lsn:seq" of the last DDL applied
@@ -174,7 +172,7 @@ class DeltaMirror:
             "e", F.from_json(F.col("value").cast("string"), ENVELOPE)
         ).withColumn("reason", _reason())
         bad = parsed.where(F.col("reason").isNotNull())
-        events = parsed.where(F.col("reason").isNull() & ~F.col("e.op").isin(*IGNORED_OPS))
+        events = parsed.where(F.col("reason").isNull())
         events = events.select(
             "e.*",
             "topic",
@@ -613,7 +611,10 @@ def _renamed(statement: str, removed: list[str], added: dict[str, str]) -> tuple
 
 
 def _reason() -> Column:
-    """Why a record is not a change event (null when it is one)."""
+    """Why a record is not a change event (null when it is one): the rules of
+    :func:`shared.contract.event.decode`, as Spark column expressions (they run on the
+    executors; ``tests/integration/kafka2spark/test_event_contract.py`` holds both to the
+    same verdicts)."""
     e = F.col("e")
     data = F.col("e.op").isin(*DATA_OPS)
     return (
@@ -622,12 +623,14 @@ def _reason() -> Column:
             e.isNull() | F.json_object_keys(F.col("value").cast("string")).isNull(),
             F.lit("not a JSON object"),
         )
-        .when(F.col("e.v").isNull() | (F.col("e.v") != 1), F.lit("unknown event version"))
         .when(
-            F.col("e.op").isNull() | ~F.col("e.op").isin(*DATA_OPS, *CONTROL_OPS, *IGNORED_OPS),
+            F.col("e.v").isNull() | (F.col("e.v") != EVENT_VERSION),
+            F.lit("unknown event version"),
+        )
+        .when(
+            F.col("e.op").isNull() | ~F.col("e.op").isin(*DATA_OPS, *CONTROL_OPS),
             F.lit("unknown op"),
         )
-        .when(F.col("e.op").isin(*IGNORED_OPS), F.lit(None))
         .when(
             F.col("e.db").isNull() | F.col("e.schema").isNull() | F.col("e.table").isNull(),
             F.lit("field db, schema or table missing or not a string"),

@@ -11,25 +11,25 @@ from __future__ import annotations
 
 from pyspark.sql import types as T  # noqa: N812 - the PySpark convention
 
-_SCALARS: dict[str, T.DataType] = {
-    "int2": T.ShortType(),
-    "int4": T.IntegerType(),
-    "int8": T.LongType(),
-    "oid": T.LongType(),
-    "float4": T.FloatType(),
-    "float8": T.DoubleType(),
-    "bool": T.BooleanType(),
-    "date": T.DateType(),
-    "timestamp": T.TimestampNTZType(),
-    "timestamptz": T.TimestampType(),
-    "bytea": T.BinaryType(),
-}
+from shared.contract import pgtypes
+
+# Spark SQL type names (as the type table spells them) → Spark types.
+_BY_NAME: dict[str, T.DataType] = {
+    t.simpleString(): t
+    for t in (
+        T.ShortType(), T.IntegerType(), T.LongType(), T.FloatType(), T.DoubleType(),
+        T.BooleanType(), T.DateType(), T.TimestampNTZType(), T.TimestampType(),
+        T.BinaryType(), T.StringType(),
+    )
+}  # fmt: skip
 
 
 def spark_type(pg_type: str) -> T.DataType:
-    if pg_type.startswith("_"):
-        return T.ArrayType(spark_type(pg_type[1:]))
-    return _SCALARS.get(pg_type, T.StringType())
+    """The column type of a Postgres type as events carry it (:mod:`shared.contract.pgtypes`):
+    arrays (``_elem``) are arrays of the element's type; types outside the table, strings."""
+    row, is_array = pgtypes.by_name(pg_type)
+    element = _BY_NAME[row.spark if row is not None else pgtypes.UNKNOWN_SPARK]
+    return T.ArrayType(element) if is_array else element
 
 
 # The change event envelope (docs/events.md). ``key`` / ``new`` / ``old`` are declared as

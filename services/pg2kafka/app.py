@@ -23,6 +23,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import orjson
 import psycopg
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
@@ -37,8 +38,9 @@ from services.pg2kafka.replication import (
 from services.pg2kafka.settings import Pg2KafkaSettings
 from services.pg2kafka.types import TypeInfo, TypeRegistry
 from shared.cli import stop_on_signals
+from shared.contract.event import ChangeEvent as Event
+from shared.contract.event import JsonEventSerializer
 from shared.errors import PermanentError, RetriableError
-from shared.events import Event, JsonEventSerializer
 from shared.http import OpsServer
 from shared.kafka import KafkaSink, Outgoing, ensure_topic
 from shared.retry import call_with_retry
@@ -591,7 +593,7 @@ class Pipeline:
             return key
         if mode == "table" or not ev.get("key"):
             return f"{ev['schema']}.{ev['table']}".encode()
-        return self.serializer.encode({"t": f"{ev['schema']}.{ev['table']}", "k": ev["key"]})
+        return orjson.dumps({"t": f"{ev['schema']}.{ev['table']}", "k": ev["key"]})
 
     def run_once(self) -> None:
         """Stream until stopped or a failure; resources are released either way."""

@@ -2,7 +2,7 @@
 
 :class:`EventBuilder` keeps the per-stream state the protocol relies on (the relation
 cache, the open transaction) and turns each data message into a v1 change event (see
-:mod:`shared.events`). :class:`AckTracker` decides which LSN may be confirmed to the slot:
+:mod:`shared.contract.event`). :class:`AckTracker` decides which LSN may be confirmed to the slot:
 only the end of a transaction whose every message Kafka has acknowledged, and only once
 every earlier transaction is acknowledged too (checkpoint last).
 """
@@ -21,22 +21,11 @@ import orjson
 from services.pg2kafka import pgoutput as pg
 from services.pg2kafka.ddl_secrets import scrub_statement
 from services.pg2kafka.types import TypeRegistry, text_converter
+from shared.contract.event import EVENT_VERSION
+from shared.contract.event import ChangeEvent as Event
 from shared.errors import PermanentError
-from shared.events import EVENT_VERSION, Event
 
 log = logging.getLogger(__name__)
-
-# Type names for the built-in OIDs, for the event's "types" map.
-_TYPE_NAMES: dict[int, str] = {
-    16: "bool", 17: "bytea", 18: "char", 19: "name", 20: "int8", 21: "int2", 23: "int4",
-    25: "text", 26: "oid", 114: "json", 700: "float4", 701: "float8", 790: "money",
-    1042: "bpchar", 1043: "varchar", 1082: "date", 1083: "time", 1114: "timestamp",
-    1184: "timestamptz", 1186: "interval", 1266: "timetz", 1700: "numeric", 2950: "uuid",
-    3802: "jsonb", 1000: "_bool", 1001: "_bytea", 1005: "_int2", 1007: "_int4",
-    1016: "_int8", 1009: "_text", 1015: "_varchar", 1021: "_float4", 1022: "_float8",
-    1231: "_numeric", 199: "_json", 3807: "_jsonb", 1115: "_timestamp",
-    1185: "_timestamptz", 1182: "_date", 2951: "_uuid",
-}  # fmt: skip
 
 
 def iso_utc(unix_us: int) -> str:
@@ -115,7 +104,6 @@ class EventBuilder:
         self.types = types
         self.no_identity = no_identity
         self.relations: dict[int, pg.Relation] = {}
-        self.type_names: dict[int, str] = dict(_TYPE_NAMES)
         self.txn: Transaction | None = None
         self._info: dict[int, _RelInfo] = {}
         self._warned: set[int] = set()
@@ -159,16 +147,13 @@ class EventBuilder:
                 names=tuple(c.name for c in rel.columns),
                 converters=convs,
                 key_names=tuple(c.name for c in rel.columns if c.is_key),
-                types={
-                    c.name: self.type_names.get(c.type_oid, str(c.type_oid)) for c in rel.columns
-                },
+                types={c.name: self.types.name(c.type_oid) for c in rel.columns},
             )
             self._info[rel.oid] = info
         return info
 
     def type_message(self, msg: pg.TypeMessage) -> None:
-        self.type_names[msg.oid] = msg.name
-        self.types.forget(msg.oid)
+        self.types.named(msg.oid, msg.name)
         self._info.clear()
 
     def _rel(self, oid: int) -> pg.Relation:
@@ -339,8 +324,9 @@ class EventBuilder:
 
     def _ddl_envelope(self, lsn: int, schema: str, table: str) -> Event:
         ev = self._envelope("ddl", lsn, None)
-        out: Event = {"v": ev["v"], "op": "ddl", "db": ev["db"], "schema": schema, "table": table}
-        out.update((k, ev[k]) for k in ("lsn", "seq", "commit_lsn", "xid", "commit_ts"))
+        out: Event = {"v": ev["v"], "op": "ddl", "db": ev["db"], "schema": schema, "table": table,
+                      "lsn": ev["lsn"], "seq": ev["seq"], "commit_lsn": ev["commit_lsn"],
+                      "xid": ev["xid"], "commit_ts": ev["commit_ts"]}  # fmt: skip
         out["key"] = {}
         out["new"] = None
         out["old"] = None

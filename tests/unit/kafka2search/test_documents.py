@@ -8,16 +8,9 @@ import msgspec
 import orjson
 import pytest
 
-from services.kafka2search import documents
-from services.kafka2search.documents import (
-    Batch,
-    Doc,
-    Event,
-    Origin,
-    PoisonMessageError,
-    bulk_body,
-    parse,
-)
+from services.kafka2search.documents import Batch, Doc, Origin, bulk_body
+from shared.contract import event as contract_event
+from shared.contract.event import EventDecodeError, EventView, decode
 
 INDEX = "walcast-public.users"
 
@@ -62,7 +55,7 @@ def origin(value: bytes = b"{}") -> Origin:
     return Origin("walcast.cdc", 0, next(_offsets), b"k", value)
 
 
-def read_back(ev: Event) -> dict[str, Any]:
+def read_back(ev: EventView) -> dict[str, Any]:
     """What parse kept, as a dict: the fields the service reads (None: absent), with the
     raw ``new`` and ``types`` decoded."""
     out: dict[str, Any] = {}
@@ -77,7 +70,7 @@ def read_back(ev: Event) -> dict[str, Any]:
 
 def kept(ev: dict[str, Any]) -> dict[str, Any]:
     """The fields of ``ev`` that parse keeps."""
-    return {k: v for k, v in ev.items() if k in Event.__struct_fields__ and v is not None}
+    return {k: v for k, v in ev.items() if k in EventView.__struct_fields__ and v is not None}
 
 
 def source(doc: Doc) -> dict[str, Any] | None:
@@ -143,20 +136,20 @@ def source(doc: Doc) -> dict[str, Any] | None:
     ],
 )
 def test_parse_rejects_poison_with_the_reason(value: bytes | None, reason: str) -> None:
-    with pytest.raises(PoisonMessageError) as info:
-        parse(value)
+    with pytest.raises(EventDecodeError) as info:
+        decode(value)
     assert reason in str(info.value)
 
 
 def test_parse_rejects_types_with_non_string_values() -> None:
-    with pytest.raises(PoisonMessageError, match="'types'"):
-        parse(raw(event(types={"id": 23})))
+    with pytest.raises(EventDecodeError, match="'types'"):
+        decode(raw(event(types={"id": 23})))
 
 
 @pytest.mark.parametrize("value", [False, "", {}, 0], ids=["false", "empty-str", "obj", "zero"])
 def test_parse_rejects_falsy_unchanged_toast_that_is_not_a_list(value: object) -> None:
-    with pytest.raises(PoisonMessageError, match="'unchanged_toast'"):
-        parse(raw(event("update", unchanged_toast=value)))
+    with pytest.raises(EventDecodeError, match="'unchanged_toast'"):
+        decode(raw(event("update", unchanged_toast=value)))
 
 
 @pytest.mark.parametrize(
@@ -166,44 +159,41 @@ def test_parse_rejects_falsy_unchanged_toast_that_is_not_a_list(value: object) -
 )
 def test_parse_rejects_ddl_columns_that_are_not_name_type_objects(columns: object) -> None:
     ddl = {"tag": "ALTER TABLE", "statement": "ALTER TABLE users ADD c int", "columns": columns}
-    with pytest.raises(PoisonMessageError, match="ddl 'columns'"):
-        parse(raw(event("ddl", ddl=ddl)))
+    with pytest.raises(EventDecodeError, match="ddl 'columns'"):
+        decode(raw(event("ddl", ddl=ddl)))
 
 
 def test_parse_accepts_ddl_with_its_resulting_columns() -> None:
     columns = [{"name": "id", "type": "int4"}, {"name": "c", "type": "int4"}]
     ddl = {"tag": "ALTER TABLE", "statement": "ALTER TABLE users ADD c int", "columns": columns}
-    assert parse(raw(event("ddl", ddl=ddl))).ddl["columns"] == columns
+    assert decode(raw(event("ddl", ddl=ddl))).ddl["columns"] == columns
 
 
 def test_poison_is_a_value_error_so_generic_decode_handlers_catch_it() -> None:
-    assert issubclass(PoisonMessageError, ValueError)
+    assert issubclass(EventDecodeError, ValueError)
 
 
 @pytest.mark.parametrize("op", ["heartbeat", "message"])
-def test_ignored_ops_pass_with_only_version_and_op(op: str) -> None:
-    assert read_back(parse(b'{"v":1,"op":"%b"}' % op.encode())) == {"v": 1, "op": op}
-
-
-def test_heartbeat_still_needs_the_supported_version() -> None:
-    with pytest.raises(PoisonMessageError, match="unknown event version"):
-        parse(b'{"op":"heartbeat"}')
+def test_ops_the_producer_never_emits_are_poison(op: str) -> None:
+    """Once declared everywhere and never emitted (issue 15): now not part of the contract."""
+    with pytest.raises(EventDecodeError, match="unknown op"):
+        decode(b'{"v":1,"op":"%b","db":"d","schema":"s","table":"t","lsn":1}' % op.encode())
 
 
 @pytest.mark.parametrize("op", ["insert", "update", "delete", "truncate", "ddl"])
 def test_valid_events_parse_to_the_same_object(op: str) -> None:
     ev = event(op)
-    assert read_back(parse(raw(ev))) == kept(ev)
+    assert read_back(decode(raw(ev))) == kept(ev)
 
 
 def test_valid_update_with_unchanged_toast_and_lsn_zero_passes() -> None:
     ev = event("update", lsn=0, unchanged_toast=["bio"], new={"id": 1, "name": "ann"})
-    assert parse(raw(ev)).unchanged_toast == ["bio"]
+    assert decode(raw(ev)).unchanged_toast == ["bio"]
 
 
 def test_delete_needs_no_new_row_and_types_are_optional() -> None:
     ev = without(without(event("delete"), "types"), "new")
-    parsed = parse(raw(ev))
+    parsed = decode(raw(ev))
     assert read_back(parsed) == kept(ev)
     assert parsed.column_types() == {}
 
@@ -211,7 +201,7 @@ def test_delete_needs_no_new_row_and_types_are_optional() -> None:
 def test_control_events_need_no_key() -> None:
     ev = event("truncate")
     assert "key" not in ev
-    assert parse(raw(ev)).op == "truncate"
+    assert decode(raw(ev)).op == "truncate"
 
 
 # -- Batch.add --------------------------------------------------------------------------
@@ -219,7 +209,7 @@ def test_control_events_need_no_key() -> None:
 
 def add(batch: Batch, ev: dict[str, Any], index: str = INDEX) -> str | None:
     value = raw(ev)
-    return batch.add(index, parse(value), origin(value))
+    return batch.add(index, decode(value), origin(value))
 
 
 def test_newest_change_per_document_wins() -> None:
@@ -331,7 +321,7 @@ def test_table_without_key_returns_a_reason_and_adds_no_document() -> None:
     b = Batch()
     ev = event("insert", key={})
     value = raw(ev)
-    reason = b.add(INDEX, parse(value), origin(value))
+    reason = b.add(INDEX, decode(value), origin(value))
     assert reason is not None
     assert "no primary key or replica identity" in reason
     assert b.docs == {}
@@ -344,7 +334,7 @@ def test_counters_sum_records_and_consumed_bytes_and_clear_resets() -> None:
     v2 = raw(event("update", lsn=20))
     v3 = raw(event("insert", lsn=5, key={"id": 9}))
     for v in (v1, v2, v3):
-        assert b.add(INDEX, parse(v), origin(v)) is None
+        assert b.add(INDEX, decode(v), origin(v)) is None
     assert b.records == 3
     assert b.bytes == len(v1) + len(v2) + len(v3)
     assert len(b.docs) == 2
@@ -357,7 +347,7 @@ def test_doc_keeps_the_origin_of_its_newest_change() -> None:
     add(b, event("insert", lsn=10))
     v = raw(event("update", lsn=20))
     o = origin(v)
-    b.add(INDEX, parse(v), o)
+    b.add(INDEX, decode(v), o)
     assert b.docs[(INDEX, "1")].origin is o
 
 
@@ -438,7 +428,7 @@ def test_the_row_is_the_source_line_byte_for_byte() -> None:
     value = b'{"v":1,"op":"insert","db":"app","schema":"public","table":"t","lsn":5,'
     value += b'"key":{"id":1},"new":' + row + b',"types":{"id":"int4"}}'
     b = Batch()
-    b.add(INDEX, parse(value), origin(value))
+    b.add(INDEX, decode(value), origin(value))
     body = bulk_body(list(b.docs.values()))
     assert body.split(b"\n")[1] == row
 
@@ -447,7 +437,7 @@ def test_a_row_written_over_several_lines_is_put_on_one() -> None:
     value = b'{"v":1,"op":"insert","db":"app","schema":"public","table":"t","lsn":5,'
     value += b'"key":{"id":1},"new":{\n  "id": 1,\n  "name": "ann"\n}}'
     b = Batch()
-    b.add(INDEX, parse(value), origin(value))
+    b.add(INDEX, decode(value), origin(value))
     body = bulk_body(list(b.docs.values()))
     assert body.count(b"\n") == 2
     assert lines(body)[1] == {"id": 1, "name": "ann"}
@@ -455,16 +445,16 @@ def test_a_row_written_over_several_lines_is_put_on_one() -> None:
 
 def test_fields_the_service_does_not_read_are_skipped() -> None:
     ev = event(future={"nested": [1, 2, {"x": None}]}, old={"id": 0})
-    assert read_back(parse(raw(ev))) == kept(ev)
+    assert read_back(decode(raw(ev))) == kept(ev)
 
 
 def test_equal_types_are_decoded_once_and_shared() -> None:
-    a = parse(raw(event(lsn=1))).column_types()
-    looked_up = documents._column_types.cache_info()
-    b = parse(raw(event(lsn=2))).column_types()
+    a = decode(raw(event(lsn=1))).column_types()
+    looked_up = contract_event._column_types.cache_info()
+    b = decode(raw(event(lsn=2))).column_types()
     # The same text as the previous event's: recognised without even a cache lookup.
-    assert documents._column_types.cache_info() == looked_up
-    c = parse(raw(event(types={"id": "int8"}))).column_types()
+    assert contract_event._column_types.cache_info() == looked_up
+    c = decode(raw(event(types={"id": "int8"}))).column_types()
     assert a is b
     assert a == {"id": "int4", "name": "text", "bio": "text"}
     assert c == {"id": "int8"}
@@ -493,13 +483,13 @@ def test_a_merge_of_unchanged_toast_decodes_only_the_documents_it_touches() -> N
     ],
 )
 def test_parse_rejects_what_a_typed_decoder_would_trip_on(value: bytes, reason: str) -> None:
-    with pytest.raises(PoisonMessageError) as info:
-        parse(value)
+    with pytest.raises(EventDecodeError) as info:
+        decode(value)
     assert reason in str(info.value)
 
 
 def test_the_largest_version_the_engines_take_is_accepted() -> None:
-    assert parse(raw(event(lsn=2**63 - 1))).lsn == 2**63 - 1
+    assert decode(raw(event(lsn=2**63 - 1))).lsn == 2**63 - 1
 
 
 def invalid_row_event(lsn: int, toast: bool) -> bytes:
@@ -512,7 +502,7 @@ def invalid_row_event(lsn: int, toast: bool) -> bytes:
 def test_a_row_to_merge_into_that_is_not_json_is_refused_with_a_reason() -> None:
     b = Batch()
     value = invalid_row_event(10, toast=True)
-    reason = b.add(INDEX, parse(value), origin(value))
+    reason = b.add(INDEX, decode(value), origin(value))
     assert reason is not None
     assert "not valid JSON" in reason
     assert b.docs == {}
@@ -521,7 +511,7 @@ def test_a_row_to_merge_into_that_is_not_json_is_refused_with_a_reason() -> None
 def test_an_older_row_that_is_not_json_gives_nothing_to_a_merge() -> None:
     b = Batch()
     value = invalid_row_event(10, toast=False)
-    assert b.add(INDEX, parse(value), origin(value)) is None  # passed on: the engine refuses it
+    assert b.add(INDEX, decode(value), origin(value)) is None  # passed on: the engine refuses it
     add(b, event("update", lsn=20, new={"id": 1, "name": "b"}, unchanged_toast=["bio"]))
     doc = b.docs[(INDEX, "1")]
     assert (doc.source, doc.missing_toast) == ({"id": 1, "name": "b"}, ("bio",))

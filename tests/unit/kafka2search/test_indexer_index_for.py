@@ -13,9 +13,9 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from services.kafka2search.app import Indexer, Metrics
-from services.kafka2search.documents import Event, parse
 from services.kafka2search.engines import SearchEngine
 from services.kafka2search.settings import IndexSettings
+from shared.contract.event import EventView, decode
 from shared.kafka import KafkaSink, Outgoing
 from tests.unit.kafka2search.conftest import SettingsFactory
 
@@ -73,14 +73,14 @@ class NoDeadLetters(KafkaSink):
         raise AssertionError(f"dead-lettered: {item}")
 
 
-def data(table: str = "users", types: dict[str, str] = TYPES, schema: str = "public") -> Event:
+def data(table: str = "users", types: dict[str, str] = TYPES, schema: str = "public") -> EventView:
     value = {"v": 1, "op": "insert", "db": "app", "schema": schema, "table": table, "lsn": 1}
-    return parse(orjson.dumps({**value, "key": {"id": 1}, "new": {"id": 1}, "types": types}))
+    return decode(orjson.dumps({**value, "key": {"id": 1}, "new": {"id": 1}, "types": types}))
 
 
-def ddl(table: str, **fields: Any) -> Event:
+def ddl(table: str, **fields: Any) -> EventView:
     value = {"v": 1, "op": "ddl", "db": "app", "schema": "public", "table": table, "lsn": 2}
-    return parse(orjson.dumps({**value, "ddl": {"tag": "DROP TABLE", **fields}}))
+    return decode(orjson.dumps({**value, "ddl": {"tag": "DROP TABLE", **fields}}))
 
 
 def make(settings_with: SettingsFactory, **index: Any) -> tuple[Indexer, IndexEngine]:
@@ -105,7 +105,7 @@ def test_a_run_of_one_tables_events_is_not_looked_up_again(
     lookups: list[str] = []
     alias_for = indexer.alias_for
 
-    def counted(ev: Event) -> str:
+    def counted(ev: EventView) -> str:
         lookups.append(f"{ev.schema}.{ev.table}")
         return alias_for(ev)
 

@@ -14,9 +14,10 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from services.kafka2search.app import Indexer, IndexState, Metrics, Rejection
-from services.kafka2search.documents import Batch, Doc, Origin, parse
+from services.kafka2search.documents import Batch, Doc, Origin
 from services.kafka2search.engines import SearchEngine
 from services.kafka2search.settings import Kafka2SearchSettings
+from shared.contract.event import decode
 from shared.errors import RetriableError
 from shared.kafka import KafkaSink, Outgoing
 from tests.unit.kafka2search.conftest import SettingsFactory
@@ -186,7 +187,7 @@ def batch_of(*events: dict[str, Any], index: str = ALIAS) -> Batch:
     for ev in events:
         value = orjson.dumps(ev)
         origin = Origin("walcast.cdc", 0, next(_offsets), None, value)
-        assert b.add(index, parse(value), origin) is None
+        assert b.add(index, decode(value), origin) is None
     return b
 
 
@@ -347,7 +348,7 @@ def test_truncate_applies_per_index(make: MakeHarness) -> None:
     for doc_id, lsn in (("7", 40), ("8", 60)):
         ev = change("insert", int(doc_id), lsn)
         value = orjson.dumps(ev)
-        batch.add(OTHER, parse(value), Origin("t", 0, lsn, None, value))
+        batch.add(OTHER, decode(value), Origin("t", 0, lsn, None, value))
     h.write(batch)
     assert [(m["_index"], m["_id"]) for _, m, _ in h.engine.bulks[0]] == [
         (ALIAS, "1"),
@@ -414,7 +415,7 @@ def test_toast_reads_are_one_mget_per_index(make: MakeHarness) -> None:
     )
     ev = change("update", 1, 12, unchanged_toast=["bio"])
     value = orjson.dumps(ev)
-    batch.add(OTHER, parse(value), Origin("t", 0, 1, None, value))
+    batch.add(OTHER, decode(value), Origin("t", 0, 1, None, value))
     h.write(batch)
     assert sorted(h.engine.mgets) == [(OTHER, ["1"]), (ALIAS, ["1", "2"])]
     sources = {(m["_index"], m["_id"]): s for _, m, s in h.engine.bulks[0]}

@@ -13,9 +13,10 @@ from confluent_kafka import Consumer, TopicPartition
 from prometheus_client import CollectorRegistry
 
 from services.kafka2search.app import Metrics, Rejection, SearchPipeline
-from services.kafka2search.documents import Batch, Origin, parse
+from services.kafka2search.documents import Batch, Origin
 from services.kafka2search.engines import SearchEngine
 from services.kafka2search.settings import Kafka2SearchSettings
+from shared.contract.event import decode
 from shared.kafka import KafkaOffsetCheckpointer
 from tests.unit.kafka2search.conftest import SettingsFactory
 
@@ -70,7 +71,7 @@ def take(pipeline: SearchPipeline, partition: int, offset: int, doc_id: int) -> 
         }
     )  # fmt: skip
     origin = Origin(TOPIC, partition, offset, None, value)
-    assert pipeline.batch.add("idx", parse(value), origin) is None
+    assert pipeline.batch.add("idx", decode(value), origin) is None
     pipeline._mark(TOPIC, partition, offset)
 
 

@@ -5,8 +5,8 @@ import pytest
 from services.pg2kafka import pgoutput as pg
 from services.pg2kafka.changes import AckTracker, EventBuilder
 from services.pg2kafka.types import TypeRegistry
+from shared.contract.event import JsonEventSerializer
 from shared.errors import PermanentError
-from shared.events import JsonEventSerializer
 
 REL = pg.Relation(
     16384, "app", "Users", "d",

@@ -2,7 +2,8 @@ from __future__ import annotations
 
 import pytest
 
-from services.pg2kafka.types import TypeInfo, TypeRegistry, parse_array
+from services.pg2kafka.types import TypeInfo, TypeRegistry
+from shared.contract.pgtypes import parse_array
 
 
 @pytest.mark.parametrize(
@@ -58,9 +59,22 @@ def test_unknown_types_are_looked_up_once() -> None:
     assert reg.convert(90003, "43") == 43
     assert calls.count(90003) == 1
     assert reg.convert(99999, "whatever") == "whatever"  # unknown to pg_type: text
-    reg.forget(90003)
+    reg.named(90003, "posint")
     reg.convert(90003, "1")
     assert calls.count(90003) == 2
+
+
+def test_type_names_are_pg_type_names_for_builtins_arrays_and_the_rest() -> None:
+    infos = {90001: TypeInfo(90001, "mood", "e", 0, 0)}
+    reg = TypeRegistry(infos.get)
+    assert reg.name(23) == "int4"
+    assert reg.name(1187) == "_interval"  # once labelled "1187" (issue 15)
+    assert reg.name(1270) == "_timetz"
+    assert reg.name(869) == "inet"
+    assert reg.name(90001) == "mood"
+    assert reg.name(99999) == "99999"  # unknown to the server too
+    reg.named(90001, "feeling")  # a Type message renames it
+    assert reg.name(90001) == "feeling"
 
 
 def test_parse_array_rejects_garbage() -> None:

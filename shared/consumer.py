@@ -1,0 +1,588 @@
+"""One Kafka consumer loop for every sink of change events.
+
+The loop, per consumer-group member:
+
+1. take records (``consume``); decode each through the event contract
+   (:func:`shared.contract.event.decode`): poison goes to the dead-letter topic, a data
+   event is folded into the sink's batch (:meth:`BatchSink.add`);
+2. when the batch reaches ``batch.max_docs`` / ``max_bytes`` / ``max_wait_s`` — or a
+   truncate / DDL event arrives, or partitions are revoked — *flush*: hand the batch to a
+   writer thread (:meth:`BatchSink.write`) while this thread goes on reading the next
+   batch. Up to ``batch.concurrency`` writes run at once;
+3. when the oldest write is done: send what the sink refused to the dead-letter topic,
+   wait for Kafka's acknowledgement of those, and only then commit the offsets of every
+   record the write covered (checkpoint last). Writes are collected strictly in the
+   order they were handed over, so a commit never covers a write that has not finished.
+
+A truncate or DDL event is a barrier: every write before it completes and is committed,
+then the sink applies it (:meth:`BatchSink.control`), then it is committed itself, and
+only then is the data after it read. While a write or the sink backs off, the partitions
+are paused and the consumer is still polled, so the member stays in the group and nothing
+more is fetched (a record fetched before the pause is held, never dropped). Memory:
+``batch.concurrency`` + 1 batch budgets plus librdkafka's prefetch budget
+(``consumer.max_queue_bytes``).
+
+A failure anywhere raises out of :meth:`ConsumerLoop.run_once`; :meth:`ConsumerLoop.run`
+reconnects with the configured backoff and what was not committed is read again — which
+is why every sink must write idempotently (the contract's ``lsn`` is the version).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import wait as wait_for
+from dataclasses import dataclass
+from typing import Any, Generic, Protocol, TypeVar
+
+import msgspec
+from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
+from prometheus_client import CollectorRegistry, Counter, Gauge
+
+from shared.contract.event import CONTROL_OPS, EventDecodeError, EventView, decode
+from shared.errors import PermanentError, RetriableError
+from shared.kafka import KafkaOffsetCheckpointer, KafkaSink, Outgoing, ensure_topic
+from shared.retry import BackoffPolicy, call_with_retry
+from shared.settings import BatchSettings, ConsumerSettings, KafkaSettings
+
+log = logging.getLogger(__name__)
+
+
+class Origin(msgspec.Struct, frozen=True, gc=False):
+    """Where a record came from; a dead letter carries it. (A struct: one is made per
+    record, and its constructor runs in C.)"""
+
+    topic: str
+    partition: int
+    offset: int
+    key: bytes | None
+    value: bytes
+
+
+Rejection = tuple[Origin, str]
+"""A record the sink refused for good, and the sink's reason."""
+
+Wait = Callable[[float], object]
+"""Sleep this long without leaving the group (partitions paused, consumer polled)."""
+
+
+class SinkBatch(Protocol):
+    """What the loop needs of a sink's batch: its size, to decide when to flush."""
+
+    records: int  # records folded in (including those reduced away)
+    bytes: int  # bytes of those records: the memory budget is on what was consumed
+
+    def __len__(self) -> int:
+        """Items the write will carry (after the sink's reduction)."""
+        ...
+
+    def clear(self) -> None: ...
+
+
+B = TypeVar("B", bound=SinkBatch)
+
+
+class BatchSink(Protocol[B]):
+    """The sink side of the loop.
+
+    Ordering: ``add`` and ``control`` are called on the loop's thread, in partition order.
+    ``write`` runs on a writer thread; up to ``batch.concurrency`` writes overlap, handed
+    over in order, and ``before`` holds the futures of the writes handed over earlier
+    (still running or done) for a sink that must not overtake them.
+
+    Idempotency: after a failure or a crash the uncommitted records are read again, so a
+    batch or a control event may be applied twice, and an older change may arrive after a
+    newer one was written. Sinks version by the event's ``lsn``.
+
+    Failure: ``add`` returns a reason for an event that can never be written (the loop
+    dead-letters it and goes on); ``write`` returns the records it refused for good and
+    raises for anything else (nothing of that batch is committed; the loop reconnects and
+    re-reads). ``control`` raises likewise. Offsets move only after ``write`` returned
+    and its refusals reached the dead-letter topic.
+    """
+
+    def new_batch(self) -> B: ...
+
+    def add(self, batch: B, event: EventView, origin: Origin) -> str | None: ...
+
+    def write(self, batch: B, sleep: Wait, before: tuple[Future[list[Rejection]], ...]) -> (
+        list[Rejection]
+    ): ...
+
+    def control(self, event: EventView) -> None:
+        """A truncate or DDL event, with nothing in flight and everything before it
+        committed."""
+        ...
+
+
+class ConsumerMetrics:
+    """The loop's own metrics, under the service's prefix."""
+
+    def __init__(self, registry: CollectorRegistry, prefix: str) -> None:
+        self.records = Counter(f"{prefix}_records", "Kafka records consumed", registry=registry)
+        self.dlq = Counter(
+            f"{prefix}_dead_letters", "records sent to the dead-letter topic", ["kind"],
+            registry=registry,
+        )  # fmt: skip
+        self.lag = Gauge(
+            f"{prefix}_lag_records", "high watermark minus position", ["topic", "partition"],
+            registry=registry,
+        )  # fmt: skip
+
+
+@dataclass
+class _InFlight:
+    """A batch handed to a writer and the offsets to commit once it is written."""
+
+    future: Future[list[Rejection]]
+    positions: dict[tuple[str, int], int]
+
+
+class DeadLetters:
+    """The original bytes, the reason and the source position, to the dead-letter topic."""
+
+    def __init__(self, sink: KafkaSink, topic: str, metrics: ConsumerMetrics) -> None:
+        self.sink = sink
+        self.topic = topic
+        self.metrics = metrics
+
+    def send(self, origin: Origin, reason: str, kind: str) -> None:
+        headers = [
+            ("walcast-error", reason.encode()[:4000]),
+            ("walcast-error-kind", kind.encode()),
+            ("walcast-source-topic", origin.topic.encode()),
+            ("walcast-source-partition", str(origin.partition).encode()),
+            ("walcast-source-offset", str(origin.offset).encode()),
+        ]
+        self.sink.write(Outgoing(self.topic, origin.key, origin.value, headers), 0)
+        self.metrics.dlq.labels(kind).inc()
+        log.warning(
+            "dead letter from %s[%d]@%d: %s", origin.topic, origin.partition, origin.offset, reason
+        )
+
+    def flush(self, timeout_s: float) -> None:
+        self.sink.flush(timeout_s)
+
+    def close(self) -> None:
+        self.sink.close()
+
+
+ConsumerFactory = Callable[[dict[str, Any]], Consumer]
+
+
+class ConsumerLoop(Generic[B]):
+    """One consumer-group member feeding one sink (see the module doc).
+
+    ``make_sink`` receives the loop's :meth:`wait` (a sink backs off with it on the loop
+    thread). ``make_consumer`` builds the Kafka consumer from its configuration (tests
+    pass fakes). A replay passes ``start`` (position the partitions instead of using the
+    group's offsets; nothing is committed) and ``until`` (stop once every partition
+    reached this offset).
+    """
+
+    def __init__(
+        self,
+        *,
+        name: str,
+        kafka: KafkaSettings,
+        consumer: ConsumerSettings,
+        batch: BatchSettings,
+        retry: BackoffPolicy,
+        metrics: ConsumerMetrics,
+        make_sink: Callable[[Wait], BatchSink[B]],
+        stop_event: threading.Event,
+        group_id: str | None = None,
+        start: Callable[[Consumer, list[TopicPartition]], None] | None = None,
+        until: dict[tuple[str, int], int] | None = None,
+        make_consumer: ConsumerFactory = Consumer,
+        dead_letters: DeadLetters | None = None,
+    ) -> None:
+        self.name = name
+        self.kafka = kafka
+        self.c = consumer
+        self.b = batch
+        self.retry = retry
+        self.metrics = metrics
+        self.stop_event = stop_event
+        self.group_id = group_id or consumer.group_id
+        self.start = start
+        self.until = until
+        self.make_consumer = make_consumer
+        self.last_loop = time.monotonic()
+        self.dead_letters = dead_letters or DeadLetters(
+            KafkaSink(
+                {**kafka.client_config(), "linger.ms": 5},
+                max_inflight_bytes=16 * 1024 * 1024,
+                while_waiting=self.tick,
+            ),
+            consumer.dlq_topic,
+            metrics,
+        )
+        self.sink = make_sink(self.wait)
+        self.batch: B = self.sink.new_batch()
+        self.positions: dict[tuple[str, int], int] = {}
+        self.batch_started = 0.0
+        self.flushing = False
+        self.consumer: Consumer | None = None
+        self.checkpointer: KafkaOffsetCheckpointer | None = None
+        self.assigned: list[TopicPartition] = []
+        self.held: list[Message] = []
+        self.paused = False
+        self.in_callback = False
+        self.inflight: deque[_InFlight] = deque()
+        self.unconfirmed: dict[tuple[str, int], int] = {}  # committed without waiting
+        self.writer: ThreadPoolExecutor | None = None
+        self.next_lag = 0.0
+
+    def tick(self) -> None:
+        """The loop is alive (liveness: ``/health``)."""
+        self.last_loop = time.monotonic()
+
+    def consumer_config(self) -> dict[str, Any]:
+        c = self.c
+        return {
+            **self.kafka.client_config(),
+            "group.id": self.group_id,
+            "enable.auto.commit": False,
+            "enable.auto.offset.store": False,
+            "auto.offset.reset": c.auto_offset_reset,
+            "queued.max.messages.kbytes": max(c.max_queue_bytes // 1024, 1024),
+            "fetch.max.bytes": min(c.max_queue_bytes, 50 * 1024 * 1024),
+            "session.timeout.ms": c.session_timeout_ms,
+            "max.poll.interval.ms": c.max_poll_interval_ms,
+            "partition.assignment.strategy": "cooperative-sticky",
+        }
+
+    # -- the loop ----------------------------------------------------------------------
+
+    def run(self) -> None:
+        """Run until stopped; transient failures reconnect with the configured backoff
+        (what was not committed is read again)."""
+        call_with_retry(self.run_once, policy=self.retry, what=self.name, sleep=self.stop_event.wait)
+
+    def run_once(self) -> None:
+        ensure_topic(
+            self.kafka.client_config(),
+            self.c.dlq_topic,
+            self.c.dlq_partitions,
+            self.c.dlq_replication_factor,
+        )
+        # A reconnect starts clean: whatever the failed attempt held is read again (and a
+        # position it had not written must never be committed by this one).
+        self.batch = self.sink.new_batch()
+        self.positions = {}
+        self.held = []
+        self.unconfirmed = {}
+        self.paused = False
+        self.checkpointer = KafkaOffsetCheckpointer()
+        consumer = self.make_consumer(
+            {**self.consumer_config(), "on_commit": self.checkpointer.on_commit}
+        )
+        self.consumer = consumer
+        self.checkpointer.consumer = consumer
+        writer = self.writer = ThreadPoolExecutor(
+            self.b.concurrency, thread_name_prefix=f"{self.name}-write"
+        )
+        try:
+            if self.start is not None:
+                self.start(consumer, self._partitions(consumer))
+            else:
+                consumer.subscribe(
+                    list(self.c.topics),
+                    on_assign=self._on_assign,
+                    on_revoke=self._on_revoke,
+                    on_lost=self._on_lost,
+                )
+            b = self.b
+            while not self.stop_event.is_set():
+                self.tick()
+                if self.held:
+                    records, self.held = self.held, []
+                else:
+                    timeout = 0.2
+                    if self.batch.records:  # never past the batch's deadline
+                        left = b.max_wait_s - (time.monotonic() - self.batch_started)
+                        timeout = min(timeout, max(left, 0.0))
+                    records = consumer.consume(min(b.max_docs, 10_000), timeout=timeout)
+                if records:
+                    self.metrics.records.inc(len(records))
+                for msg in records:
+                    self.handle(msg)
+                if self.batch.records and (
+                    len(self.batch) >= b.max_docs
+                    or self.batch.bytes >= b.max_bytes
+                    or time.monotonic() - self.batch_started >= b.max_wait_s
+                ):
+                    self.flush(drain=False)
+                elif not self.batch.records and self.positions:
+                    self.flush(drain=False)  # only skipped records: commit them
+                elif self.inflight and self.inflight[0].future.done():
+                    self.collect(block=False)  # commit as soon as writes are done
+                self.update_lag()
+                if self.until is not None and self._reached_end():
+                    self.flush()
+                    return
+            self.flush()
+        finally:
+            self.consumer = None
+            self._abandon()
+            writer.shutdown(wait=True)
+            try:
+                consumer.close()
+            finally:
+                self.dead_letters.close()
+
+    def handle(self, msg: Message) -> None:
+        """One record: the hot path."""
+        err = msg.error()
+        if err is not None:
+            if err.code() == KafkaError._PARTITION_EOF:
+                return
+            raise KafkaException(err)
+        topic, partition, offset = msg.topic(), msg.partition(), msg.offset()
+        assert topic is not None
+        assert partition is not None
+        assert offset is not None
+        value = msg.value()
+        origin = Origin(topic, partition, offset, msg.key(), value or b"")
+        try:
+            ev = decode(value)
+        except EventDecodeError as exc:
+            self.dead_letters.send(origin, str(exc), "poison")
+            self._mark(topic, partition, offset)
+            return
+        if ev.op in CONTROL_OPS:
+            self.flush()  # the data before it is written and committed first
+            self.sink.control(ev)
+            self._mark(topic, partition, offset)
+            self.flush()  # commit the control event itself
+            return
+        if not self.batch.records:
+            self.batch_started = time.monotonic()
+        reason = self.sink.add(self.batch, ev, origin)
+        if reason is not None:
+            self.dead_letters.send(origin, reason, "rejected")
+        key = (topic, partition)  # _mark, inline: once per record
+        if offset > self.positions.get(key, -1):
+            self.positions[key] = offset
+
+    def _mark(self, topic: str, partition: int, offset: int) -> None:
+        key = (topic, partition)
+        if offset > self.positions.get(key, -1):
+            self.positions[key] = offset
+
+    def flush(self, *, drain: bool = True) -> None:
+        """Hand the batch to a writer and commit what finished writes covered. With
+        ``drain`` (control events, revocation, stop) also wait for every write and commit
+        it, so nothing is in flight when this returns."""
+        if self.flushing:
+            return
+        self.flushing = True
+        try:
+            self.collect(block=False)
+            self.resume()  # partitions paused by a backoff on this thread
+            if self.batch.records:
+                assert self.writer is not None
+                while len(self.inflight) >= self.b.concurrency:
+                    self._collect_oldest()
+                before = tuple(f.future for f in self.inflight)
+                batch, self.batch = self.batch, self.sink.new_batch()
+                future = self.writer.submit(self.sink.write, batch, self._writer_sleep, before)
+                self.inflight.append(_InFlight(future, self.positions))
+            elif self.positions:  # only skipped records (dead letters, control events)
+                done: Future[list[Rejection]] = Future()
+                done.set_result([])
+                self.inflight.append(_InFlight(done, self.positions))  # committed in turn
+            self.positions = {}
+            if drain:
+                self.collect(block=True)
+                self._commit({}, wait=True)  # the partitions may change owner next
+        finally:
+            self.flushing = False
+
+    def collect(self, *, block: bool) -> None:
+        """Settle finished writes, oldest first (with ``block``: all of them, waiting)."""
+        while self.inflight and (block or self.inflight[0].future.done()):
+            self._collect_oldest(wait=block)
+        self.resume()
+
+    def _collect_oldest(self, *, wait: bool = False) -> None:
+        """Wait for the oldest write; dead-letter what it refused; commit its offsets
+        (without waiting for the broker's answer unless ``wait``: see
+        KafkaOffsetCheckpointer). Its failure is raised here (the uncommitted records are
+        read again after the reconnect)."""
+        flight = self.inflight[0]
+        self._await(flight.future)
+        if not self.inflight or self.inflight[0] is not flight:
+            return  # abandoned meanwhile (partitions lost): nothing of it is committed
+        self.inflight.popleft()
+        for origin, reason in flight.future.result():
+            self.dead_letters.send(origin, reason, "rejected")
+        self.dead_letters.flush(60)
+        self._commit(flight.positions, wait)
+
+    def _commit(self, positions: dict[tuple[str, int], int], wait: bool) -> None:
+        """Commit ``positions``; with ``wait``, also what was committed without waiting
+        before (sent again, in order after it: once this answer is in, so is theirs)."""
+        if self.checkpointer is None or self.start is not None:
+            return
+        if wait:
+            positions = {**self.unconfirmed, **positions}
+            self.unconfirmed = {}
+        elif positions:
+            self.unconfirmed.update(positions)
+        self.checkpointer.commit(positions, wait=wait)
+
+    def _await(self, future: Future[list[Rejection]]) -> None:
+        """Block until the write is done. A write that takes long (the sink is slow or
+        down) pauses the partitions and keeps polling, so the member stays in the group
+        and nothing more is fetched; inside a rebalance callback it just blocks."""
+        done, _ = wait_for([future], timeout=1.0)
+        if done or self.consumer is None or self.in_callback:
+            future.exception()  # wait
+            return
+        self._pause()
+        while not future.done():
+            self.tick()
+            msg = self.consumer.poll(0.2)
+            if msg is not None:
+                self.held.append(msg)
+
+    def _pause(self) -> None:
+        if not self.paused and self.consumer is not None:
+            assignment = self.consumer.assignment()
+            if assignment:
+                self.consumer.pause(assignment)
+            self.paused = True
+
+    def _abandon(self) -> None:
+        """Leaving without committing: let the writes in flight end (their records are
+        uncommitted, so they are read again; idempotent sinks make that harmless)."""
+        flights, self.inflight = self.inflight, deque()
+        for flight in flights:
+            flight.future.exception()  # wait; a failure is moot now
+
+    def _writer_sleep(self, seconds: float) -> None:
+        if self.stop_event.wait(seconds):
+            raise RetriableError("stopping while waiting to retry")
+
+    def wait(self, seconds: float) -> None:
+        """Back off without leaving the group: the partitions stay paused until the write
+        that failed went through (``resume``), so nothing is fetched meanwhile; the
+        consumer is polled to keep its membership (a record fetched before the pause is
+        held for later, never dropped)."""
+        consumer = self.consumer
+        deadline = time.monotonic() + seconds
+        if consumer is None:
+            self.stop_event.wait(seconds)
+            return
+        self._pause()
+        while time.monotonic() < deadline and not self.stop_event.is_set():
+            self.tick()
+            msg = consumer.poll(min(0.2, max(0.0, deadline - time.monotonic())))
+            if msg is not None:
+                self.held.append(msg)
+        if self.stop_event.is_set():
+            raise RetriableError("stopping while waiting to retry")
+
+    def resume(self) -> None:
+        if self.paused and self.consumer is not None:
+            assignment = self.consumer.assignment()
+            if assignment:
+                self.consumer.resume(assignment)
+        self.paused = False
+
+    # -- group membership --------------------------------------------------------------
+
+    def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        if self.paused and partitions:
+            consumer.pause(partitions)  # newly assigned during a backoff: paused as well
+        self.assigned = list(consumer.assignment())
+        log.info("assigned %s", _names(partitions))
+
+    def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        """Flush what is in hand before the partitions go to another member."""
+        self.held = [m for m in self.held if not _in(m, partitions)]
+        if self.flushing:
+            # Served by the poll of a flush waiting for a write: that flush goes on with
+            # the batch in hand and commits it once written. Dropping the batch here would
+            # lose the records of the partitions this member keeps; those of the revoked
+            # ones are written (harmless) and committed after them (never past a record
+            # not written).
+            log.info("revoked %s while flushing: the batch in hand is written", _names(partitions))
+            return
+        log.info("revoked %s: flushing", _names(partitions))
+        self.in_callback = True
+        try:
+            self.flush()
+        except Exception as exc:  # noqa: BLE001 - the new owner re-reads the uncommitted
+            log.warning("flush on revoke failed: %s", exc)
+            self._abandon()
+        finally:
+            self.in_callback = False
+        self.batch.clear()
+        self.positions = {}
+        self.held = [m for m in self.held if not _in(m, partitions)]
+        gone = {(tp.topic, tp.partition) for tp in partitions}
+        self.unconfirmed = {k: o for k, o in self.unconfirmed.items() if k not in gone}
+
+    def _on_lost(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        log.warning(
+            "lost %s (session expired): uncommitted records will be re-read", _names(partitions)
+        )
+        self._abandon()
+        self.batch.clear()
+        self.positions = {}
+        self.held = []
+        self.unconfirmed = {}
+
+    def _partitions(self, consumer: Consumer) -> list[TopicPartition]:
+        parts: list[TopicPartition] = []
+        for topic in self.c.topics:
+            md = consumer.list_topics(topic, timeout=10).topics.get(topic)
+            if md is None or md.error is not None:
+                raise PermanentError(
+                    f"Kafka topic {topic!r} does not exist", hint="check consumer.topics"
+                )
+            parts.extend(TopicPartition(topic, p) for p in sorted(md.partitions))
+        return parts
+
+    def _reached_end(self) -> bool:
+        assert self.until is not None
+        assert self.consumer is not None
+        if self.batch.records or self.held or self.inflight:
+            return False
+        for tp in self.consumer.position(list(self.consumer.assignment())):
+            end = self.until.get((tp.topic, tp.partition), 0)
+            if tp.offset < end:
+                return False
+        return True
+
+    def update_lag(self) -> None:
+        now = time.monotonic()
+        consumer = self.consumer
+        if now < self.next_lag or consumer is None:
+            return
+        self.next_lag = now + 10
+        try:
+            for tp in consumer.position(list(consumer.assignment())):
+                # From the last fetch response: no broker round trip on the hot path.
+                _low, high = consumer.get_watermark_offsets(tp, cached=True)
+                if high < 0:
+                    continue
+                pos = tp.offset if tp.offset >= 0 else high
+                self.metrics.lag.labels(tp.topic, str(tp.partition)).set(max(0, high - pos))
+        except KafkaException as exc:
+            log.debug("lag not updated: %s", exc)
+
+
+def _names(partitions: list[TopicPartition]) -> str:
+    return ", ".join(f"{tp.topic}[{tp.partition}]" for tp in partitions) or "nothing"
+
+
+def _in(msg: Message, partitions: list[TopicPartition]) -> bool:
+    return any(msg.topic() == tp.topic and msg.partition() == tp.partition for tp in partitions)

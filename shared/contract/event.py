@@ -1,0 +1,248 @@
+"""The walcast change event, version 1: its fields, operations, ordering key and the
+one decoder every consumer reads it through.
+
+The human-readable contract is ``docs/events.md``; the JSON Schema
+``shared/schemas/change_event.v1.json`` is checked against this module
+(``tests/unit/test_event_contract.py``), and every example in the docs is run through the
+producer's schema, :func:`decode` and kafka2spark's envelope.
+
+Producer side: pg2kafka builds a :class:`ChangeEvent` (a plain dict, built in
+:data:`FIELDS` order so that a redelivered change encodes byte-identical) and
+:func:`encode` s it.
+
+Consumer side: :func:`decode` validates a record and returns an :class:`EventView`
+without decoding the row: ``new`` and ``types`` stay raw JSON (a view into the record's
+bytes) because a search sink writes the row on as it came, and a table's ``types`` repeat
+in each of its events. Every rule a record can break raises :class:`EventDecodeError`
+with a reason an operator can act on; consumers send such records to their dead-letter
+topic or quarantine. This is a hot path (every record of every consumer passes through
+it): checks are ``type(x) is ...`` identity tests and the view is a ``msgspec.Struct``
+whose constructor runs in C.
+
+Version rules: a field may be added to version 1 (consumers ignore fields they do not
+read); removing or retyping a field, or changing what a value means, is version 2.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from enum import StrEnum
+from functools import lru_cache
+from types import MappingProxyType
+from typing import Any, NamedTuple, TypedDict
+
+import msgspec
+import orjson
+
+from shared.interfaces import Serializer
+
+EVENT_VERSION = 1
+MAX_LSN = 2**63 - 1
+"""The largest LSN a consumer accepts: the search engines' external version is a Java long."""
+
+
+class Op(StrEnum):
+    """What happened. Data operations carry a row; control operations change a table."""
+
+    INSERT = "insert"
+    UPDATE = "update"
+    DELETE = "delete"
+    TRUNCATE = "truncate"
+    DDL = "ddl"
+
+
+DATA_OPS: tuple[str, ...] = (Op.INSERT, Op.UPDATE, Op.DELETE)
+CONTROL_OPS: tuple[str, ...] = (Op.TRUNCATE, Op.DDL)
+OPS: frozenset[str] = frozenset(Op)
+
+FIELDS: tuple[str, ...] = (
+    "v", "op", "db", "schema", "table", "lsn", "seq", "commit_lsn", "xid", "commit_ts",
+    "key", "new", "old", "unchanged_toast", "types", "ddl",
+)  # fmt: skip
+"""The envelope's fields, in the order the producer writes them."""
+REQUIRED: tuple[str, ...] = ("v", "op", "db", "lsn", "seq", "commit_lsn", "xid", "commit_ts")
+
+
+class DdlColumn(TypedDict):
+    name: str
+    type: str  # pg_type.typname, as in ``types``
+    sql_type: str  # format_type(), e.g. numeric(8,2)
+    nullable: bool
+
+
+class DdlChange(TypedDict, total=False):
+    """``ddl`` of an ``op: ddl`` event: the table after the statement, or ``dropped``."""
+
+    tag: str
+    statement: str | None
+    columns: list[DdlColumn]
+    primary_key: list[str]
+    dropped: bool
+
+
+class ChangeEvent(TypedDict, total=False):
+    """One change as the producer builds it (see docs/events.md for each field)."""
+
+    v: int
+    op: str
+    db: str
+    schema: str
+    table: str
+    lsn: int
+    seq: int
+    commit_lsn: int
+    xid: int
+    commit_ts: str
+    key: dict[str, Any]
+    new: dict[str, Any] | None
+    old: dict[str, Any] | None
+    unchanged_toast: list[str]
+    types: dict[str, str]
+    ddl: DdlChange
+
+
+class Position(NamedTuple):
+    """Where a change sits in the source's history: unique per change and the same on
+    every redelivery, so consumers recognise duplicates by it. Orders changes of one
+    transaction; ``lsn`` (not this) is the version a row's sinks compare."""
+
+    commit_lsn: int
+    seq: int
+
+
+def encode(event: ChangeEvent) -> bytes:
+    """UTF-8 JSON, no whitespace, keys in the order built."""
+    return orjson.dumps(event)
+
+
+class JsonEventSerializer(Serializer[ChangeEvent]):
+    """The producer's serializer: :func:`encode`; ``decode`` validates with :func:`decode`
+    and returns the whole event as a dict (tools and tests; consumers use the view)."""
+
+    def encode(self, item: ChangeEvent) -> bytes:
+        return orjson.dumps(item)
+
+    def decode(self, data: bytes) -> ChangeEvent:
+        decode(data)
+        event: ChangeEvent = orjson.loads(data)
+        return event
+
+
+class EventDecodeError(ValueError):
+    """A record that is not a change event this code understands; the message is the
+    reason a dead letter carries."""
+
+
+_ABSENT = msgspec.Raw(b"")
+_NO_TYPES: Mapping[str, str] = MappingProxyType({})
+
+
+class EventView(msgspec.Struct, gc=False):
+    """The envelope as consumers read it. Scalars are untyped here so that
+    :func:`decode` can say which rule a record broke; ``new`` and ``types`` are raw JSON
+    (empty when absent). Not tracked by the garbage collector: it holds no cycles, and
+    one is made per record."""
+
+    v: Any = None
+    op: Any = None
+    db: Any = None
+    schema: Any = None
+    table: Any = None
+    lsn: Any = None
+    key: Any = None
+    new: msgspec.Raw = _ABSENT
+    types: msgspec.Raw = _ABSENT
+    unchanged_toast: Any = None
+    ddl: Any = None
+
+    def column_types(self) -> Mapping[str, str]:
+        """Column → Postgres type name; shared between events, never to be mutated."""
+        if not self.types:
+            return _NO_TYPES
+        last = _last_types  # (raw, decoded) of the previous call: most often the same
+        if self.types == last[0]:  # compares the JSON text, without copying it
+            return last[1]
+        return _remember_types(self.types)
+
+    def row(self) -> dict[str, Any] | None:
+        """``new`` decoded (a copy: the view keeps the raw text)."""
+        if not self.new:
+            return None
+        row: dict[str, Any] | None = orjson.loads(bytes(self.new))
+        return row
+
+
+_decode_view = msgspec.json.Decoder(EventView).decode
+_decode_types = msgspec.json.Decoder(dict[str, str]).decode
+
+
+@lru_cache(maxsize=1024)
+def _column_types(raw: bytes) -> Mapping[str, str]:
+    try:
+        return _decode_types(raw)
+    except msgspec.ValidationError as exc:
+        raise EventDecodeError(f"field 'types' is not an object of type names: {exc}") from exc
+
+
+def _remember_types(raw: msgspec.Raw) -> Mapping[str, str]:
+    global _last_types
+    types = _column_types(bytes(raw))
+    # One tuple: a reader on another thread sees a whole pair. A copy of the text: the
+    # event's Raw would keep its whole record alive.
+    _last_types = (raw.copy(), types)
+    return types
+
+
+_last_types: tuple[msgspec.Raw, Mapping[str, str]] = (_ABSENT, _NO_TYPES)
+
+
+def decode(value: bytes | None) -> EventView:
+    """A record's value as an event, validated, or :class:`EventDecodeError`."""
+    if value is None:
+        raise EventDecodeError("empty record (no value)")
+    try:
+        ev = _decode_view(value)
+    except msgspec.ValidationError:  # every field takes any JSON value but the record
+        raise EventDecodeError("not a JSON object") from None
+    except msgspec.DecodeError as exc:
+        raise EventDecodeError(f"not JSON: {exc}") from exc
+    except RecursionError:
+        raise EventDecodeError("not JSON: nested too deeply") from None
+    if ev.v != EVENT_VERSION:
+        raise EventDecodeError(f"unknown event version {ev.v!r} (supported: 1)")
+    op = ev.op
+    if type(op) is not str or op not in OPS:
+        raise EventDecodeError(f"unknown op {op!r}")
+    if type(ev.schema) is not str or type(ev.table) is not str or type(ev.db) is not str:
+        for name in ("schema", "table", "db"):
+            if type(getattr(ev, name)) is not str:
+                raise EventDecodeError(f"field {name!r} missing or not a string")
+    if type(ev.lsn) is not int or not 0 <= ev.lsn <= MAX_LSN:
+        raise EventDecodeError("field 'lsn' missing or not an integer from 0 to 2^63-1")
+    if op in DATA_OPS:
+        if type(ev.key) is not dict:
+            raise EventDecodeError("field 'key' missing or not an object")
+        # 123: "{" (a view, not a copy of the row; an absent row is empty)
+        if op != "delete" and (not ev.new or memoryview(ev.new)[0] != 123):
+            raise EventDecodeError(f"{op} without a 'new' row")
+        if ev.types:
+            ev.column_types()  # validated (once per distinct value)
+        toast = ev.unchanged_toast
+        if toast is not None and (
+            type(toast) is not list or not all(type(c) is str for c in toast)
+        ):
+            raise EventDecodeError("field 'unchanged_toast' is not a list of column names")
+    elif op == "ddl":
+        ddl = ev.ddl
+        if type(ddl) is not dict:
+            raise EventDecodeError("ddl event without a 'ddl' object")
+        columns = ddl.get("columns")
+        if columns is not None and not (
+            isinstance(columns, list)
+            and all(
+                isinstance(c, dict) and type(c.get("name")) is str and type(c.get("type")) is str
+                for c in columns
+            )
+        ):
+            raise EventDecodeError("ddl 'columns' is not a list of {name, type} objects")
+    return ev
