@@ -37,86 +37,19 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import wait as wait_for
 from dataclasses import dataclass
-from typing import Any, Generic, Protocol, TypeVar
+from typing import Any, Generic
 
-import msgspec
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
-from shared.contract.event import CONTROL_OPS, EventDecodeError, EventView, decode
+from shared.contract.event import CONTROL_OPS, EventDecodeError, decode
 from shared.errors import PermanentError, RetriableError
+from shared.interfaces import B, BatchSink, Origin, Rejection, Wait
 from shared.kafka import KafkaOffsetCheckpointer, KafkaSink, Outgoing, ensure_topic
 from shared.retry import BackoffPolicy, call_with_retry
 from shared.settings import BatchSettings, ConsumerSettings, KafkaSettings
 
 log = logging.getLogger(__name__)
-
-
-class Origin(msgspec.Struct, frozen=True, gc=False):
-    """Where a record came from; a dead letter carries it. (A struct: one is made per
-    record, and its constructor runs in C.)"""
-
-    topic: str
-    partition: int
-    offset: int
-    key: bytes | None
-    value: bytes
-
-
-Rejection = tuple[Origin, str]
-"""A record the sink refused for good, and the sink's reason."""
-
-Wait = Callable[[float], object]
-"""Sleep this long without leaving the group (partitions paused, consumer polled)."""
-
-
-class SinkBatch(Protocol):
-    """What the loop needs of a sink's batch: its size, to decide when to flush."""
-
-    records: int  # records folded in (including those reduced away)
-    bytes: int  # bytes of those records: the memory budget is on what was consumed
-
-    def __len__(self) -> int:
-        """Items the write will carry (after the sink's reduction)."""
-        ...
-
-    def clear(self) -> None: ...
-
-
-B = TypeVar("B", bound=SinkBatch)
-
-
-class BatchSink(Protocol[B]):
-    """The sink side of the loop.
-
-    Ordering: ``add`` and ``control`` are called on the loop's thread, in partition order.
-    ``write`` runs on a writer thread; up to ``batch.concurrency`` writes overlap, handed
-    over in order, and ``before`` holds the futures of the writes handed over earlier
-    (still running or done) for a sink that must not overtake them.
-
-    Idempotency: after a failure or a crash the uncommitted records are read again, so a
-    batch or a control event may be applied twice, and an older change may arrive after a
-    newer one was written. Sinks version by the event's ``lsn``.
-
-    Failure: ``add`` returns a reason for an event that can never be written (the loop
-    dead-letters it and goes on); ``write`` returns the records it refused for good and
-    raises for anything else (nothing of that batch is committed; the loop reconnects and
-    re-reads). ``control`` raises likewise. Offsets move only after ``write`` returned
-    and its refusals reached the dead-letter topic.
-    """
-
-    def new_batch(self) -> B: ...
-
-    def add(self, batch: B, event: EventView, origin: Origin) -> str | None: ...
-
-    def write(self, batch: B, sleep: Wait, before: tuple[Future[list[Rejection]], ...]) -> (
-        list[Rejection]
-    ): ...
-
-    def control(self, event: EventView) -> None:
-        """A truncate or DDL event, with nothing in flight and everything before it
-        committed."""
-        ...
 
 
 class ConsumerMetrics:
@@ -262,7 +195,9 @@ class ConsumerLoop(Generic[B]):
     def run(self) -> None:
         """Run until stopped; transient failures reconnect with the configured backoff
         (what was not committed is read again)."""
-        call_with_retry(self.run_once, policy=self.retry, what=self.name, sleep=self.stop_event.wait)
+        call_with_retry(
+            self.run_once, policy=self.retry, what=self.name, sleep=self.stop_event.wait
+        )
 
     def run_once(self) -> None:
         ensure_topic(

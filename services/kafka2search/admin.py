@@ -10,7 +10,7 @@ from typing import Any
 from confluent_kafka import Consumer, TopicPartition
 from prometheus_client import CollectorRegistry
 
-from services.kafka2search.app import Metrics, SearchPipeline
+from services.kafka2search.app import consumer_loop
 from services.kafka2search.engines import SearchEngine, engine_for
 from services.kafka2search.settings import Kafka2SearchSettings
 from shared.errors import ConfigError, PermanentError
@@ -107,20 +107,18 @@ def replay(
     log.info("replay: %d records from %d partitions", total, len(start))
     if not start:
         return 0
-    registry = CollectorRegistry()
-    metrics = Metrics(registry)
     engine = engine_for(settings.engine)
-    pipeline = SearchPipeline(
+    loop, _indexer = consumer_loop(
         settings,
         engine,
-        metrics,
+        CollectorRegistry(),
         threading.Event(),
         group_id=f"{settings.consumer.group_id}-replay",
         start=lambda consumer, _parts: consumer.assign(start),
         until=until,
     )
     try:
-        pipeline.run_once()
+        loop.run_once()
     finally:
         engine.close()
     return total

@@ -28,17 +28,7 @@ import orjson
 
 from services.kafka2search.mapping import document_id
 from shared.contract.event import EventView
-
-
-class Origin(msgspec.Struct, frozen=True, gc=False):
-    """Where a record came from; a dead letter carries it. (A struct: one is made per
-    record, and its constructor runs in C.)"""
-
-    topic: str
-    partition: int
-    offset: int
-    key: bytes | None
-    value: bytes
+from shared.interfaces import Origin
 
 
 def _as_dict(source: msgspec.Raw | dict[str, Any]) -> dict[str, Any]:

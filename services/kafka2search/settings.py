@@ -11,6 +11,8 @@ from pydantic_settings import SettingsConfigDict
 
 from shared.retry import BackoffPolicy
 from shared.settings import (
+    BatchSettings,
+    ConsumerSettings,
     HttpSettings,
     KafkaSettings,
     Section,
@@ -19,36 +21,8 @@ from shared.settings import (
 )
 
 
-class ConsumerSettings(Section):
-    """The CDC topic(s) and the consumer group sharing their partitions."""
-
-    topics: list[str] = Field(default_factory=lambda: ["walcast.cdc"], min_length=1)
+class Kafka2SearchConsumer(ConsumerSettings):
     group_id: str = Field(default="walcast-kafka2search", min_length=1)
-    # Poison messages and documents the engine refuses for good go here, with the reason.
-    dlq_topic: str = Field(default="walcast.cdc.dlq", min_length=1)
-    # The dead-letter topic is created with these when missing.
-    dlq_partitions: int = Field(default=1, ge=1)
-    dlq_replication_factor: int = Field(default=1, ge=1)
-    # Where a group without committed offsets starts.
-    auto_offset_reset: Literal["earliest", "latest"] = "earliest"
-    # librdkafka's prefetch budget: the bytes of fetched messages held before the service
-    # takes them. With the batch budget below it bounds the consumer's memory.
-    max_queue_bytes: int = Field(default=32 * 1024 * 1024, ge=1024 * 1024)
-    session_timeout_ms: int = Field(default=30_000, ge=1000)
-    # A bulk write retried longer than this makes the group think the member died.
-    max_poll_interval_ms: int = Field(default=600_000, ge=10_000)
-
-
-class BatchSettings(Section):
-    """When the documents in hand are written: whichever limit comes first."""
-
-    max_docs: int = Field(default=2000, ge=1)
-    max_bytes: int = Field(default=8 * 1024 * 1024, ge=1024)
-    max_wait_s: float = Field(default=0.25, gt=0)
-    # Bulk requests in flight at once: while some are indexed, the next batch is read.
-    # More than the engine indexes at once (its write pool: one per core), so that it
-    # never waits for the next request. Memory: (concurrency + 1) batch budgets.
-    concurrency: int = Field(default=4, ge=1, le=8)
 
 
 class EngineSettings(Section):
@@ -126,7 +100,7 @@ class Kafka2SearchSettings(ServiceSettings):
     model_config = SettingsConfigDict(env_prefix="KAFKA2SEARCH_")
 
     kafka: KafkaSettings = KafkaSettings()
-    consumer: ConsumerSettings = ConsumerSettings()
+    consumer: Kafka2SearchConsumer = Kafka2SearchConsumer()
     batch: BatchSettings = BatchSettings()
     engine: EngineSettings = EngineSettings()
     index: IndexSettings = IndexSettings()

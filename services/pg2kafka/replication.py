@@ -32,6 +32,7 @@ from psycopg import pq
 from services.pg2kafka import pgoutput
 from services.pg2kafka.pgoutput import format_lsn
 from shared.errors import PermanentError, RetriableError
+from shared.interfaces import Source
 
 log = logging.getLogger(__name__)
 
@@ -55,7 +56,7 @@ def _pg_now_us() -> int:
     return int(time.time() * 1_000_000) - pgoutput.PG_EPOCH_OFFSET_US
 
 
-class PostgresReplicationSource:
+class PostgresReplicationSource(Source[pgoutput.Decoded, int]):
     """One replication connection streaming ``slot`` with pgoutput v1."""
 
     def __init__(

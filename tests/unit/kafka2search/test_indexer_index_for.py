@@ -16,7 +16,6 @@ from services.kafka2search.app import Indexer, Metrics
 from services.kafka2search.engines import SearchEngine
 from services.kafka2search.settings import IndexSettings
 from shared.contract.event import EventView, decode
-from shared.kafka import KafkaSink, Outgoing
 from tests.unit.kafka2search.conftest import SettingsFactory
 
 TYPES = {"id": "int4", "name": "text"}
@@ -63,16 +62,6 @@ class IndexEngine(SearchEngine):
         del self.mappings[index]
 
 
-class NoDeadLetters(KafkaSink):
-    """Nothing here is dead-lettered; no producer."""
-
-    def __init__(self) -> None:
-        pass
-
-    def write(self, item: Outgoing, position: int) -> None:
-        raise AssertionError(f"dead-lettered: {item}")
-
-
 def data(table: str = "users", types: dict[str, str] = TYPES, schema: str = "public") -> EventView:
     value = {"v": 1, "op": "insert", "db": "app", "schema": schema, "table": table, "lsn": 1}
     return decode(orjson.dumps({**value, "key": {"id": 1}, "new": {"id": 1}, "types": types}))
@@ -86,9 +75,7 @@ def ddl(table: str, **fields: Any) -> EventView:
 def make(settings_with: SettingsFactory, **index: Any) -> tuple[Indexer, IndexEngine]:
     engine = IndexEngine()
     settings = settings_with(index={"name_template": "w-{schema}.{table}", **index})
-    indexer = Indexer(
-        settings, engine, NoDeadLetters(), Metrics(CollectorRegistry()), lambda _: None
-    )
+    indexer = Indexer(settings, engine, Metrics(CollectorRegistry()), lambda _: None)
     return indexer, engine
 
 

@@ -13,13 +13,13 @@ import orjson
 import pytest
 from prometheus_client import CollectorRegistry
 
-from services.kafka2search.app import Indexer, IndexState, Metrics, Rejection
+from services.kafka2search.app import Indexer, IndexState, Metrics
 from services.kafka2search.documents import Batch, Doc, Origin
 from services.kafka2search.engines import SearchEngine
 from services.kafka2search.settings import Kafka2SearchSettings
 from shared.contract.event import decode
 from shared.errors import RetriableError
-from shared.kafka import KafkaSink, Outgoing
+from shared.interfaces import Rejection
 from tests.unit.kafka2search.conftest import SettingsFactory
 
 ALIAS = "walcast-public.users"
@@ -98,16 +98,6 @@ class FakeEngine(SearchEngine):
         return next(s for _, m, s in self.bulks[n] if m["_id"] == doc_id)
 
 
-class FakeDeadLetters(KafkaSink):
-    """Records dead letters; no producer (Indexer.write must not dead-letter itself)."""
-
-    def __init__(self) -> None:  # no Kafka producer
-        self.written: list[Outgoing] = []
-
-    def write(self, item: Outgoing, position: int) -> None:
-        self.written.append(item)
-
-
 @pytest.fixture
 def settings(settings_with: SettingsFactory) -> Kafka2SearchSettings:
     return settings_with(retry={"initial_s": 0.01, "max_s": 0.04, "multiplier": 2.0, "jitter": 0.0})
@@ -118,7 +108,6 @@ class Harness:
     indexer: Indexer
     engine: FakeEngine
     registry: CollectorRegistry
-    dlq: FakeDeadLetters
     log: list[str]
     sleeps: list[float] = field(default_factory=list)
     waits: list[float] = field(default_factory=list)
@@ -150,14 +139,13 @@ def make(settings: Kafka2SearchSettings) -> MakeHarness:
         log: list[str] = []
         engine = FakeEngine(answers, stored, log)
         registry = CollectorRegistry()
-        dlq = FakeDeadLetters()
         waits: list[float] = []
-        indexer = Indexer(settings, engine, dlq, Metrics(registry), waits.append)
+        indexer = Indexer(settings, engine, Metrics(registry), waits.append)
         for alias in (ALIAS, OTHER):
             indexer.states[alias] = IndexState(
                 alias, f"{alias}-v1", {"id": "int4", "name": "text", "bio": "text"}, truncated_lsn
             )
-        return Harness(indexer, engine, registry, dlq, log, waits=waits)
+        return Harness(indexer, engine, registry, log, waits=waits)
 
     return factory
 
@@ -219,7 +207,6 @@ def test_all_written_returns_no_rejections_and_counts_documents(make: MakeHarnes
     assert h.sleeps == []
     assert h.waits == []  # the writer's own sleep is used, never the consumer's wait
     assert h.engine.mgets == []
-    assert h.dlq.written == []
 
 
 def test_bulk_sends_only_the_newest_change_of_each_document(make: MakeHarness) -> None:
@@ -267,7 +254,6 @@ def test_mapper_error_is_returned_as_a_rejection_with_status_and_reason(make: Ma
     assert "failed to parse field [age]" in reason
     assert h.metric("documents_total", action="index") == 1
     assert len(h.engine.bulks) == 1  # a 4xx is not retried
-    assert h.dlq.written == []  # the caller dead-letters, not write
 
 
 @pytest.mark.parametrize("status", [429, 500, 503])

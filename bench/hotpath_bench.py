@@ -1,0 +1,314 @@
+"""Per-record cost of the hot paths, in process, no stack needed.
+
+What every record pays, measured on this machine against a baseline in the same run:
+
+* **pg2kafka**: a pgoutput Insert message (raw bytes) → decoded → change event → encoded
+  JSON. Baseline: the least any producer does with the same row — zip the column texts
+  into a dict and ``orjson.dumps`` it.
+* **kafka2search**: a CDC record → the consumer loop's ``handle`` (the contract's
+  decoder, the index lookup, folding into the batch, the offset) → its bulk-body lines.
+  Baseline: ``orjson.loads`` of the same record.
+
+Each case runs ``--rounds`` times over ``--records`` records and keeps the best round
+(the least disturbed by the rest of the machine). ``--ref GIT_REF`` also measures the
+code of another commit (a temporary worktree, same records, rounds interleaved with this
+tree's) so a change can be compared with its parent in one run: ``--ref HEAD~1``.
+
+Prints a table; writes ``bench/results/hotpath.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+RESULTS = REPO / "bench" / "results"
+
+COLUMNS = [("id", 23), ("email", 25), ("name", 1043), ("score", 1700), ("active", 16),
+           ("created", 1184), ("tags", 1009), ("payload", 3802)]  # fmt: skip
+
+
+def _texts(i: int) -> list[str]:
+    return [
+        str(i), f"user{i}@example.com", f"User Number {i}", f"{i % 1000}.{i % 100:02d}",
+        "t" if i % 2 else "f", "2026-11-23 10:11:12.123456+00", '{a,"b c",NULL}',
+        f'{{"n": {i}, "k": ["x", "y"]}}',
+    ]  # fmt: skip
+
+
+def _insert_bytes(oid: int, texts: list[str]) -> bytes:
+    out = [b"I", struct.pack("!I", oid), b"N", struct.pack("!h", len(texts))]
+    for t in texts:
+        data = t.encode()
+        out += [b"t", struct.pack("!i", len(data)), data]
+    return b"".join(out)
+
+
+def _relation_bytes(oid: int) -> bytes:
+    out = [b"R", struct.pack("!I", oid), b"public\0", b"users\0", b"d",
+           struct.pack("!h", len(COLUMNS))]  # fmt: skip
+    for i, (name, type_oid) in enumerate(COLUMNS):
+        out += [struct.pack("!b", 1 if i == 0 else 0), name.encode() + b"\0",
+                struct.pack("!Ii", type_oid, -1)]  # fmt: skip
+    return b"".join(out)
+
+
+def pg2kafka_case(n: int) -> tuple[Callable[[], None], Callable[[], None]]:
+    """(walcast, baseline) over ``n`` Insert messages."""
+    import orjson
+
+    from services.pg2kafka import pgoutput as pg
+    from services.pg2kafka.changes import EventBuilder
+    from services.pg2kafka.types import TypeRegistry
+
+    try:
+        from shared.contract.event import encode
+    except ImportError:  # before the contract package
+        from shared.events import JsonEventSerializer
+
+        encode = JsonEventSerializer().encode
+
+    oid = 16400
+    messages = [_insert_bytes(oid, _texts(i)) for i in range(n)]
+    rows = [_texts(i) for i in range(n)]
+    names = [c for c, _ in COLUMNS]
+    builder = EventBuilder("bench", TypeRegistry())
+    relation = pg.decode(_relation_bytes(oid))
+    assert isinstance(relation, pg.Relation)
+    builder.relation(relation)
+    begin = pg.Begin(1 << 32, 0, 1)
+
+    def walcast() -> None:
+        builder.begin(begin)
+        decode, change = pg.decode, builder.change
+        for lsn, m in enumerate(messages):
+            msg = decode(m)
+            assert isinstance(msg, pg.Insert)
+            for ev in change(msg, lsn):
+                encode(ev)
+        builder.txn = None
+
+    def baseline() -> None:
+        dumps = orjson.dumps
+        for texts in rows:
+            dumps(dict(zip(names, texts, strict=True)))
+
+    return walcast, baseline
+
+
+class _Msg:
+    """The parts of a confluent_kafka Message the consumer loop reads."""
+
+    __slots__ = ("_o", "_v")
+
+    def __init__(self, offset: int, value: bytes) -> None:
+        self._o, self._v = offset, value
+
+    def error(self) -> None:
+        return None
+
+    def topic(self) -> str:
+        return "bench.cdc"
+
+    def partition(self) -> int:
+        return 0
+
+    def offset(self) -> int:
+        return self._o
+
+    def key(self) -> bytes | None:
+        return None
+
+    def value(self) -> bytes:
+        return self._v
+
+
+def _loop_handle() -> tuple[Callable[[Any], None], Callable[[], Any], Callable[[], None]]:
+    """(handle one message, the batch in hand, start a new batch) of kafka2search's
+    consumer loop, whichever shape this tree's code has; the engine is a fake that knows
+    the bench's index, so nothing leaves the process."""
+    import threading
+
+    from prometheus_client import CollectorRegistry
+
+    from services.kafka2search.engines import SearchEngine
+    from services.kafka2search.settings import Kafka2SearchSettings
+    from shared.settings import load_settings
+
+    class Engine(SearchEngine):
+        def resolve_alias(self, alias: str) -> str | None:
+            return None
+
+        def create_index(self, *args: Any, **kwargs: Any) -> bool:
+            return True
+
+    settings = load_settings(
+        Kafka2SearchSettings, env_file=None, http={"enabled": False},
+        kafka={"bootstrap_servers": "127.0.0.1:1"}, batch={"max_docs": 10**9},
+    )  # fmt: skip
+    engine = Engine(client=None)
+    try:
+        from services.kafka2search.app import consumer_loop
+
+        loop, _ = consumer_loop(settings, engine, CollectorRegistry(), threading.Event())
+
+        def reset() -> None:
+            loop.batch = loop.sink.new_batch()
+
+        return loop.handle, lambda: loop.batch, reset
+    except ImportError:  # before the shared consumer loop
+        from services.kafka2search.app import Metrics, SearchPipeline
+        from services.kafka2search.documents import Batch
+
+        p = SearchPipeline(settings, engine, Metrics(CollectorRegistry()), threading.Event())
+
+        def reset_old() -> None:
+            p.batch = Batch()
+
+        return p.handle, lambda: p.batch, reset_old
+
+
+def kafka2search_case(n: int) -> tuple[Callable[[], None], Callable[[], None]]:
+    import orjson
+
+    from services.kafka2search.documents import bulk_body
+
+    records = [
+        orjson.dumps(
+            {"v": 1, "op": "insert", "db": "bench", "schema": "public", "table": "users",
+             "lsn": 1000 + i, "seq": 0, "commit_lsn": 1000 + i, "xid": 7,
+             "commit_ts": "2026-11-23T10:11:12.123456Z", "key": {"id": i},
+             "new": {"id": i, "email": f"user{i}@example.com", "name": f"User {i}",
+                     "score": "12.50", "active": True, "tags": ["a", "b c", None]},
+             "old": None,
+             "types": {"id": "int4", "email": "text", "name": "varchar", "score": "numeric",
+                       "active": "bool", "tags": "_text"}}
+        )
+        for i in range(n)
+    ]  # fmt: skip
+    messages = [_Msg(offset, value) for offset, value in enumerate(records)]
+    handle, batch, reset = _loop_handle()
+
+    def walcast() -> None:
+        reset()
+        for msg in messages:
+            handle(msg)
+            if len(batch()) >= 1000:
+                bulk_body(list(batch().docs.values()))
+                reset()
+        if batch().records:
+            bulk_body(list(batch().docs.values()))
+
+    def baseline() -> None:
+        loads = orjson.loads
+        for value in records:
+            loads(value)
+
+    return walcast, baseline
+
+
+CASES = {"pg2kafka": pg2kafka_case, "kafka2search": kafka2search_case}
+
+
+def _time(fn: Callable[[], None]) -> float:
+    gc.collect()
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def measure(records: int) -> dict[str, dict[str, float]]:
+    """One round of every case: seconds for walcast and for the baseline."""
+    out: dict[str, dict[str, float]] = {}
+    for name, make in CASES.items():
+        walcast, baseline = make(records)
+        walcast()  # warm: caches, first-call costs
+        out[name] = {"walcast": _time(walcast), "baseline": _time(baseline)}
+    return out
+
+
+def _worktree(ref: str) -> Path:
+    path = Path(tempfile.mkdtemp(prefix="walcast-hotpath-"))
+    subprocess.run(["git", "-C", str(REPO), "worktree", "add", "--detach", str(path), ref],
+                   check=True, capture_output=True)  # fmt: skip
+    return path
+
+
+def _round_in(tree: Path, records: int) -> dict[str, dict[str, float]]:
+    """One round measured by the code in ``tree`` (a subprocess importing from it)."""
+    env = {**os.environ, "PYTHONPATH": str(tree)}
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "bench" / "hotpath_bench.py"), "--one-round",
+         "--records", str(records)],
+        cwd=tree, env=env, check=True, capture_output=True, text=True,
+    )  # fmt: skip
+    result: dict[str, dict[str, float]] = json.loads(proc.stdout)
+    return result
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--records", type=int, default=50_000)
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--ref", help="also measure this git ref's code, in the same run")
+    ap.add_argument("--one-round", action="store_true", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.one_round:
+        print(json.dumps(measure(args.records)))
+        return
+
+    trees: dict[str, Path] = {"this tree": REPO}
+    if args.ref:
+        trees[args.ref] = _worktree(args.ref)
+    best: dict[str, dict[str, dict[str, float]]] = {label: {} for label in trees}
+    try:
+        for r in range(args.rounds):
+            for label, tree in trees.items():
+                got = _round_in(tree, args.records)
+                for case, times in got.items():
+                    mine = best[label].setdefault(case, dict(times))
+                    for k, v in times.items():
+                        mine[k] = min(mine[k], v)
+            print(f"round {r + 1}/{args.rounds} done", file=sys.stderr)
+    finally:
+        if args.ref:
+            subprocess.run(["git", "-C", str(REPO), "worktree", "remove", "--force",
+                            str(trees[args.ref])], check=False)  # fmt: skip
+
+    n = args.records
+    rows: list[dict[str, Any]] = []
+    print(f"\nper-record cost, best of {args.rounds} rounds of {n:,} records")
+    print(f"{'case':<14} {'code':<12} {'walcast µs':>11} {'baseline µs':>12} {'ratio':>7}")
+    for case in CASES:
+        for label in trees:
+            t = best[label][case]
+            w, b = t["walcast"] / n * 1e6, t["baseline"] / n * 1e6
+            rows.append({"case": case, "code": label, "walcast_us": w, "baseline_us": b,
+                         "ratio": w / b})  # fmt: skip
+            print(f"{case:<14} {label:<12} {w:>11.2f} {b:>12.2f} {w / b:>7.2f}")
+    if args.ref:
+        print(f"\nthis tree vs {args.ref} (walcast cost / its cost, each over its own baseline)")
+        for case in CASES:
+            mine = best["this tree"][case]
+            theirs = best[args.ref][case]
+            ratio = (mine["walcast"] / mine["baseline"]) / (theirs["walcast"] / theirs["baseline"])
+            print(f"{case:<14} {ratio:.3f}")
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    out = RESULTS / "hotpath.json"
+    out.write_text(json.dumps({"records": n, "rounds": args.rounds, "rows": rows}, indent=2))
+    print(f"\nwritten: {out.relative_to(REPO)}")
+
+
+if __name__ == "__main__":
+    main()

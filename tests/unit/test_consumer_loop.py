@@ -1,0 +1,251 @@
+"""The shared consumer loop with a fake sink (implementing the BatchSink protocol) and a
+fake consumer: commits only after the write that covers them, in hand-over order; a
+control event is a barrier; poison and refused records become dead letters; a
+rebalance in the middle of a flush drops nothing the member keeps."""
+
+from __future__ import annotations
+
+import threading
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+from confluent_kafka import Consumer, TopicPartition
+from prometheus_client import CollectorRegistry
+
+from shared.consumer import ConsumerLoop, ConsumerMetrics, DeadLetters
+from shared.contract.event import EventView
+from shared.interfaces import BatchSink, Origin, Wait
+from shared.kafka import KafkaOffsetCheckpointer
+from shared.retry import BackoffPolicy
+from shared.settings import BatchSettings, ConsumerSettings, KafkaSettings
+
+TOPIC = "walcast.cdc"
+
+
+@dataclass
+class ListBatch:
+    """A batch that keeps every event's (partition, offset, id)."""
+
+    items: list[tuple[int, int, Any]] = field(default_factory=list)
+    records: int = 0
+    bytes: int = 0
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def clear(self) -> None:
+        self.items.clear()
+        self.records = self.bytes = 0
+
+
+class RecordingSink:
+    """Writes batches to a list, refuses ids it is told to, logs every call in order."""
+
+    def __init__(self, wait: Wait, refuse: frozenset[Any] = frozenset()) -> None:
+        self.wait = wait
+        self.refuse = refuse
+        self.log: list[tuple[str, Any]] = []
+        self.release = threading.Event()
+        self.release.set()
+
+    def new_batch(self) -> ListBatch:
+        return ListBatch()
+
+    def add(self, batch: ListBatch, event: EventView, origin: Origin) -> str | None:
+        batch.records += 1
+        batch.bytes += len(origin.value)
+        if event.key["id"] == "no-id":
+            return "cannot address this row"
+        batch.items.append((origin.partition, origin.offset, event.key["id"]))
+        return None
+
+    def write(
+        self, batch: ListBatch, sleep: Wait, before: tuple[Future[Any], ...]
+    ) -> list[tuple[Origin, str]]:
+        self.release.wait(10)
+        self.log.append(("write", [i for _, _, i in batch.items]))
+        return []
+
+    def control(self, event: EventView) -> None:
+        self.log.append(("control", event.op))
+
+
+class FakeConsumer(Consumer):  # type: ignore[misc]
+    """Serves a script of records once, owns partitions 0 and 1, records commits; its
+    first ``poll`` (a flush waiting for a write) may serve a revocation of partition 1."""
+
+    def __init__(self, loop: ConsumerLoop[ListBatch] | None = None) -> None:
+        self.loop = loop
+        self.owned = [TopicPartition(TOPIC, 0), TopicPartition(TOPIC, 1)]
+        self.commits: list[dict[tuple[str, int], int]] = []
+        self.revoke_on_poll: threading.Event | None = None
+
+    def assignment(self) -> list[TopicPartition]:
+        return list(self.owned)
+
+    def pause(self, partitions: list[TopicPartition]) -> None:
+        pass
+
+    def resume(self, partitions: list[TopicPartition]) -> None:
+        pass
+
+    def poll(self, timeout: float | None = None) -> None:
+        if self.revoke_on_poll is not None and not self.revoke_on_poll.is_set():
+            revoked = [self.owned.pop()]
+            assert self.loop is not None
+            self.loop._on_revoke(self, revoked)
+            self.revoke_on_poll.set()
+
+    def commit(self, *, offsets: list[TopicPartition], asynchronous: bool) -> Any:
+        self.commits.append({(t.topic, t.partition): t.offset for t in offsets})
+        return None if asynchronous else offsets
+
+
+class ListDeadLetters(DeadLetters):
+    def __init__(self) -> None:
+        self.sent: list[tuple[int, str, str]] = []
+
+    def send(self, origin: Origin, reason: str, kind: str) -> None:
+        self.sent.append((origin.offset, kind, reason))
+
+    def flush(self, timeout_s: float) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+class Msg:
+    """The parts of a confluent_kafka Message the loop reads."""
+
+    def __init__(self, partition: int, offset: int, value: bytes) -> None:
+        self._p, self._o, self._v = partition, offset, value
+
+    def error(self) -> None:
+        return None
+
+    def topic(self) -> str:
+        return TOPIC
+
+    def partition(self) -> int:
+        return self._p
+
+    def offset(self) -> int:
+        return self._o
+
+    def key(self) -> bytes | None:
+        return None
+
+    def value(self) -> bytes:
+        return self._v
+
+
+def event(op: str = "insert", doc_id: Any = 1, lsn: int = 100) -> bytes:
+    ev: dict[str, Any] = {"v": 1, "op": op, "db": "app", "schema": "public", "table": "t",
+                          "lsn": lsn, "key": {"id": doc_id}, "new": {"id": doc_id}}  # fmt: skip
+    if op == "ddl":
+        ev |= {"key": {}, "new": None, "ddl": {"tag": "ALTER TABLE", "columns": []}}
+    return orjson.dumps(ev)
+
+
+def make_loop(
+    concurrency: int = 1, refuse: frozenset[Any] = frozenset()
+) -> tuple[ConsumerLoop[ListBatch], RecordingSink, FakeConsumer, ListDeadLetters]:
+    sinks: list[RecordingSink] = []
+
+    def make_sink(wait: Wait) -> BatchSink[ListBatch]:
+        sinks.append(RecordingSink(wait, refuse))
+        return sinks[0]
+
+    dead = ListDeadLetters()
+    loop = ConsumerLoop[ListBatch](
+        name="test loop",
+        kafka=KafkaSettings(bootstrap_servers="127.0.0.1:1"),
+        consumer=ConsumerSettings(),
+        batch=BatchSettings(concurrency=concurrency),
+        retry=BackoffPolicy(),
+        metrics=ConsumerMetrics(CollectorRegistry(), "test"),
+        make_sink=make_sink,
+        stop_event=threading.Event(),
+        dead_letters=dead,
+    )
+    consumer = FakeConsumer(loop)
+    loop.consumer = consumer
+    loop.checkpointer = KafkaOffsetCheckpointer(consumer)
+    loop.writer = ThreadPoolExecutor(concurrency)
+    return loop, sinks[0], consumer, dead
+
+
+def committed(consumer: FakeConsumer) -> dict[tuple[str, int], int]:
+    out: dict[tuple[str, int], int] = {}
+    for commit in consumer.commits:
+        out.update(commit)
+    return out
+
+
+def test_offsets_move_only_after_the_write_that_covers_them() -> None:
+    loop, sink, consumer, _ = make_loop(concurrency=2)
+    sink.release.clear()  # the sink is slow
+    try:
+        loop.handle(Msg(0, 5, event(doc_id=1)))
+        loop.flush(drain=False)
+        assert consumer.commits == []  # handed over, not written: nothing committed
+        sink.release.set()
+        loop.flush(drain=True)
+    finally:
+        assert loop.writer is not None
+        loop.writer.shutdown(wait=True)
+    assert sink.log == [("write", [1])]
+    assert committed(consumer) == {(TOPIC, 0): 6}
+
+
+def test_a_control_event_is_a_barrier() -> None:
+    loop, sink, consumer, _ = make_loop()
+    try:
+        loop.handle(Msg(0, 1, event(doc_id=1)))
+        loop.handle(Msg(0, 2, event("ddl", lsn=101)))
+        loop.handle(Msg(0, 3, event(doc_id=2, lsn=102)))
+        loop.flush(drain=True)
+    finally:
+        assert loop.writer is not None
+        loop.writer.shutdown(wait=True)
+    # The data before the DDL was written (and committed) before it was applied.
+    assert sink.log == [("write", [1]), ("control", "ddl"), ("write", [2])]
+    assert consumer.commits[0] == {(TOPIC, 0): 2}
+    assert committed(consumer) == {(TOPIC, 0): 4}
+
+
+def test_poison_and_refused_records_become_dead_letters_and_are_committed() -> None:
+    loop, sink, consumer, dead = make_loop()
+    try:
+        loop.handle(Msg(0, 1, b"not json"))
+        loop.handle(Msg(0, 2, event(doc_id="no-id")))
+        loop.handle(Msg(0, 3, event("heartbeat")))
+        loop.flush(drain=True)
+    finally:
+        assert loop.writer is not None
+        loop.writer.shutdown(wait=True)
+    assert [ids for _, ids in sink.log] in ([], [[]])  # nothing written
+    assert [(o, k) for o, k, _ in dead.sent] == [(1, "poison"), (2, "rejected"), (3, "poison")]
+    assert "unknown op" in dead.sent[2][2]
+    assert committed(consumer) == {(TOPIC, 0): 4}  # dead letters do not block the stream
+
+
+def test_a_revocation_served_while_a_flush_waits_keeps_the_batch_in_hand() -> None:
+    loop, sink, consumer, _ = make_loop()
+    sink.release.clear()
+    consumer.revoke_on_poll = sink.release  # the revocation lets the slow write finish
+    try:
+        loop.handle(Msg(0, 5, event(doc_id=1)))
+        loop.flush(drain=False)  # in flight, slow
+        loop.handle(Msg(0, 6, event(doc_id=2)))
+        loop.handle(Msg(1, 3, event(doc_id=3)))
+        loop.flush(drain=False)  # waits for the first write; partition 1 is revoked
+        loop.flush(drain=True)
+    finally:
+        assert loop.writer is not None
+        loop.writer.shutdown(wait=True)
+    assert sink.log == [("write", [1]), ("write", [2, 3])]  # written, not dropped
+    assert committed(consumer)[(TOPIC, 0)] == 7  # past offset 6 only because it was written
