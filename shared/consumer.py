@@ -1,5 +1,9 @@
 """One Kafka consumer loop for every sink of change events.
 
+(Over 500 lines on purpose: one class whose methods share the member's state — the batch
+in hand, the writes in flight, the positions, the pause — and whose rebalance callbacks
+interleave with a flush; its pieces are only correct together.)
+
 The loop, per consumer-group member:
 
 1. take records (``consume``); decode each through the event contract

@@ -16,12 +16,11 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
-from typing import TYPE_CHECKING, Protocol, TypeVar
+from typing import Protocol, TypeVar
 
 import msgspec
 
-if TYPE_CHECKING:  # shared.contract.event implements Serializer: no import cycle at runtime
-    from shared.contract.event import EventView
+from shared.contract.event import EventView
 
 Item = TypeVar("Item")
 Item_co = TypeVar("Item_co", covariant=True)
@@ -93,9 +92,7 @@ class Source(Protocol[Item_co, Position_contra]):
 
     def start(self) -> None: ...
 
-    def poll_batch(
-        self, max_items: int, timeout_s: float, /
-    ) -> Sequence[tuple[int, Item_co]]: ...
+    def poll_batch(self, max_items: int, timeout_s: float, /) -> Sequence[tuple[int, Item_co]]: ...
 
     def confirm(self, position: Position_contra, /) -> None: ...
 

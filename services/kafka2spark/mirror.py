@@ -1,5 +1,9 @@
 """One micro-batch of change events into Delta: quarantine, changelog, per-table mirrors.
 
+(Over 500 lines on purpose: every step below works on the same batch's persisted
+DataFrames and the tables' Delta properties, in an order that is the correctness
+argument; split, the order would have to be re-assembled by the reader.)
+
 :class:`DeltaMirror` is the ``foreachBatch`` function of the streaming query. For each
 batch of Kafka records it
 

@@ -13,7 +13,7 @@ from psycopg.types.json import Jsonb
 
 from services.pg2kafka import admin
 from services.pg2kafka.app import build
-from services.pg2kafka.subscriptions import SubscriptionPipeline
+from services.pg2kafka.subscriptions import SubscriptionStream
 from tests.integration.conftest import HarnessFactory
 
 
@@ -131,13 +131,13 @@ def test_a_second_failure_keeps_the_first_checkpoint(
         },
     )
     try:
-        pipeline = build(h.settings).events
-        assert isinstance(pipeline, SubscriptionPipeline)
-        assert pipeline.checkpoint() is None
-        pipeline.set_checkpoint("first outage")
-        first = pipeline.checkpoint()
-        pipeline.set_checkpoint("second outage, during the replay")
-        assert pipeline.checkpoint() == first
+        events = build(h.settings).events
+        assert isinstance(events, SubscriptionStream)
+        assert events.checkpoint() is None
+        events.set_checkpoint("first outage")
+        first = events.checkpoint()
+        events.set_checkpoint("second outage, during the replay")
+        assert events.checkpoint() == first
         assert first["reason"] == "first outage"
         assert first["slot_lsn"]  # the slot position when the first failure happened
     finally:

@@ -1,0 +1,127 @@
+"""The CDC stream: every change of the published tables as a change event, keyed and
+routed (``producer.partition_key``, ``producer.topic_template``), DDL in-stream.
+
+:class:`CdcHandler` turns a session's messages into events (the builder in
+:mod:`services.pg2kafka.changes`, the table filter, keys, topics); :class:`CdcStream`
+runs sessions of it until stopped, reconnecting with the configured backoff.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+import orjson
+
+from services.pg2kafka import pgoutput as pg
+from services.pg2kafka.filters import TableFilter
+from services.pg2kafka.metrics import Metrics
+from services.pg2kafka.session import ReplicationSession, SlotStream, StreamTarget
+from services.pg2kafka.settings import Pg2KafkaSettings
+from shared.contract.event import ChangeEvent, JsonEventSerializer
+from shared.interfaces import Serializer
+from shared.kafka import Outgoing
+
+log = logging.getLogger(__name__)
+
+DDL_PREFIX = "walcast.ddl"
+
+
+class CdcHandler:
+    """Change events of the tables the filter lets through. One per session: it caches
+    keys and topics the session's Kafka sink was told about."""
+
+    def __init__(self, settings: Pg2KafkaSettings, target: StreamTarget) -> None:
+        self.settings = settings
+        self.target = target
+        self.filter = TableFilter(settings.filters.include, settings.filters.exclude)
+        self.mode = settings.producer.partition_key
+        self.serializer: Serializer[ChangeEvent] = JsonEventSerializer()
+        self._schema_keys: dict[str, bytes] = {}
+        self._topics: dict[tuple[str, str], str] = {}  # (schema, table) -> topic
+
+    def handle(self, session: ReplicationSession, lsn: int, msg: pg.Decoded) -> None:
+        b = session.builder
+        if isinstance(msg, (pg.Insert, pg.Update, pg.Delete)):
+            for ev in b.change(msg, lsn):
+                if self.filter.matches(ev["schema"], ev["table"]):
+                    self.send(session, ev)
+        elif isinstance(msg, pg.Truncate):
+            for ev in b.truncate(msg, lsn):
+                if self.filter.matches(ev["schema"], ev["table"]):
+                    self.send(session, ev)
+        elif isinstance(msg, pg.Message) and msg.prefix == DDL_PREFIX:
+            if not msg.transactional or b.txn is None:
+                log.warning("ignoring a non-transactional DDL message at %s", pg.format_lsn(lsn))
+                return
+            for ev in b.ddl(msg, lsn):
+                if self.filter.matches(ev["schema"], ev["table"]):
+                    self.send_ddl(session, ev)
+        # Commits, heartbeats, other logical messages and Origin only move the position.
+
+    def housekeeping(self, session: ReplicationSession) -> bool:
+        return False
+
+    def while_waiting(self, session: ReplicationSession) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+    def key_for(self, ev: ChangeEvent) -> bytes:
+        if self.mode == "schema":
+            schema = ev["schema"]
+            key = self._schema_keys.get(schema)
+            if key is None:
+                key = self._schema_keys[schema] = schema.encode()
+            return key
+        if self.mode == "table" or not ev.get("key"):
+            return f"{ev['schema']}.{ev['table']}".encode()
+        return orjson.dumps({"t": f"{ev['schema']}.{ev['table']}", "k": ev["key"]})
+
+    def topic_for(self, session: ReplicationSession, ev: ChangeEvent) -> str:
+        template = self.target.topic_template
+        if template is None:
+            return self.target.topic
+        where = (ev["schema"], ev["table"])
+        topic = self._topics.get(where)
+        if topic is None:
+            topic = template.format(db=ev["db"], schema=ev["schema"], table=ev["table"])
+            session.ensure_topic(topic)
+            self._topics[where] = topic
+        return topic
+
+    def send(self, session: ReplicationSession, ev: ChangeEvent) -> None:
+        value = self.serializer.encode(ev)
+        session.send(Outgoing(self.topic_for(session, ev), self.key_for(ev), value), ev["op"])
+
+    def send_ddl(self, session: ReplicationSession, ev: ChangeEvent) -> None:
+        """Under primary-key keys a table's rows spread over every partition, so its
+        schema change goes to every partition: each sees it before dependent rows."""
+        if self.mode != "primary_key":
+            self.send(session, ev)
+            return
+        value = self.serializer.encode(ev)
+        key = f"{ev['schema']}.{ev['table']}".encode()
+        topic = self.topic_for(session, ev)
+        partitions = session.refresh_partitions(topic)  # DDL is rare: ask again
+        for partition in range(partitions):
+            session.write(Outgoing(topic, key, value, partition=partition))
+        session.count("ddl", len(value) * partitions)
+
+
+class CdcStream(SlotStream):
+    """Sessions of the CDC slot, one after another, until stopped."""
+
+    def __init__(
+        self,
+        settings: Pg2KafkaSettings,
+        metrics: Metrics,
+        stop: threading.Event,
+        target: StreamTarget | None = None,
+    ) -> None:
+        super().__init__(settings, metrics, stop, target or StreamTarget.cdc(settings))
+
+    def run_once(self) -> None:
+        """One session, until stopped or a failure (raised)."""
+        self.session().run(CdcHandler(self.settings, self.target))

@@ -1,0 +1,248 @@
+"""REPLAYING and RECOVERING of a subscription stream (states: :mod:`.subscriptions`).
+
+**Replay**: the queue (``_walcast.replay_queue``) is read with COPY in seq order, batch
+by batch, and sent; once Kafka acknowledged a batch, ``replay_position`` is stored and
+the batch leaves the queue in one transaction, so a restart resumes where the replay
+stopped. An empty queue clears the failover checkpoint: the stream is live again.
+
+**Recovery of an invalidated slot** (``max_slot_wal_keep_size``): the WAL after the
+slot's position is gone, so the table must say what is undelivered. Under the leader
+lock, the checkpoint is marked ``recovering`` before the slot is dropped (a crash midway
+redoes the recovery), the slot is created again exporting a snapshot, and in that
+snapshot the queue becomes the queued events plus every event whose ``xid`` the stored
+delivered snapshot does not see, in event id order; the new slot streams exactly what
+that snapshot does not see. Id order is commit order for events of one row: the
+generated triggers are deferred, so they draw ids while committing, and a second writer
+of the row waits on the first one's row lock until it committed.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import orjson
+import psycopg
+from psycopg import sql
+
+from services.pg2kafka.event_records import KafkaUnavailableError, event_message
+from services.pg2kafka.metrics import Metrics
+from services.pg2kafka.postgres import LeaderLock
+from services.pg2kafka.replication import created_slot_snapshot
+from services.pg2kafka.session import StreamTarget
+from services.pg2kafka.settings import Pg2KafkaSettings
+from shared.errors import RetriableError
+from shared.kafka import KafkaSink
+
+log = logging.getLogger(__name__)
+
+
+def replay_queue(
+    settings: Pg2KafkaSettings,
+    target: StreamTarget,
+    metrics: Metrics,
+    stop: threading.Event,
+    tick: Callable[[], None],
+) -> bool:
+    """Send the queue in seq order, batch by batch; progress survives a restart. True: the
+    queue is empty and the checkpoint cleared (live again); False: stopped. Kafka failing
+    midway raises ``KafkaUnavailableError``."""
+    sub = settings.subscriptions
+    s = settings
+    sink = KafkaSink(
+        {
+            **s.kafka.client_config(),
+            "linger.ms": s.producer.linger_ms,
+            "compression.type": s.producer.compression,
+            "message.timeout.ms": int(sub.failover_after_s * 1000),
+            "message.max.bytes": s.producer.max_message_bytes,
+        },
+        max_inflight_bytes=s.producer.max_inflight_bytes,
+        while_waiting=tick,
+    )
+    sink.set_listener(lambda _seq: None)
+    total = 0
+    started = time.monotonic()
+
+    def one_batch(conn: psycopg.Connection[Any]) -> int:
+        rows: list[tuple[int, dict[str, Any]]] = []
+        copy_sql = (
+            "COPY (SELECT q.seq, e.id, e.payload::text, e.metadata::text, e.stream_id,"
+            " e.created_at::text FROM _walcast.replay_queue q JOIN _walcast.events e"
+            " ON e.created_at = q.event_created_at AND e.id = q.event_id"
+            f" WHERE q.stream_id = {int(sub.stream_id)} ORDER BY q.seq"
+            f" LIMIT {int(sub.replay_batch)}) TO STDOUT"
+        )
+        with conn.cursor() as cur, cur.copy(copy_sql) as copy:
+            copy.set_types(["int8", "int8", "text", "text", "int8", "text"])
+            for seq, eid, payload, metadata, stream_id, created in copy.rows():
+                row = {"id": eid, "payload": payload, "metadata": metadata,
+                       "stream_id": stream_id, "created_at": created}  # fmt: skip
+                rows.append((seq, row))
+        last = conn.execute(
+            "SELECT max(seq) FROM (SELECT seq FROM _walcast.replay_queue WHERE stream_id = %s"
+            " ORDER BY seq LIMIT %s) q",
+            [sub.stream_id, sub.replay_batch],
+        ).fetchone()
+        if not rows and (last is None or last[0] is None):
+            return 0
+        for _seq, row in rows:
+            out = event_message(target.topic, row, sub.key_field, None)
+            if out is not None:
+                sink.write(out, 0)
+        try:
+            sink.flush(sub.failover_after_s)
+        except RetriableError as exc:
+            raise KafkaUnavailableError(f"replay interrupted: {exc}") from exc
+        upto = int(last[0]) if last and last[0] is not None else rows[-1][0]
+        # Acknowledged: remember the position, then let the batch go (one transaction).
+        with conn.transaction():
+            conn.execute(
+                "UPDATE _walcast.streams SET replay_position = %s WHERE id = %s",
+                [orjson.dumps({"seq": upto}).decode(), sub.stream_id],
+            )
+            conn.execute(
+                "DELETE FROM _walcast.replay_queue WHERE stream_id = %s AND seq <= %s",
+                [sub.stream_id, upto],
+            )
+        return max(len(rows), 1)
+
+    try:
+        with psycopg.connect(s.postgres.conninfo(), autocommit=True) as conn:
+            remaining = conn.execute(
+                "SELECT count(*) FROM _walcast.replay_queue WHERE stream_id = %s",
+                [sub.stream_id],
+            ).fetchone()
+            metrics.replay_remaining.set(int(str(remaining[0])) if remaining else 0)
+            while not stop.is_set():
+                batch = one_batch(conn)
+                if batch == 0:
+                    break
+                total += batch
+                metrics.replayed.inc(batch)
+                metrics.replay_remaining.dec(batch)
+                log.info(
+                    "replayed %d events (%.0f/s)",
+                    total,
+                    total / max(time.monotonic() - started, 1e-6),
+                )
+            if stop.is_set():
+                return False
+            # Queue empty: back to live from the slot, which continues after it.
+            conn.execute(
+                "UPDATE _walcast.streams SET failover_checkpoint = NULL,"
+                " replay_position = NULL WHERE id = %s",
+                [sub.stream_id],
+            )
+            log.warning(
+                "subscription stream %s: replay done (%d events), live again",
+                sub.stream_id,
+                total,
+            )
+            return True
+    finally:
+        sink.close()
+
+
+def recover_slot(
+    settings: Pg2KafkaSettings,
+    target: StreamTarget,
+    metrics: Metrics,
+    stop: threading.Event,
+    tick: Callable[[], None],
+    reason: str,
+) -> None:
+    """Recreate an invalidated slot and queue every event it can no longer deliver.
+
+    Crash-safe: the checkpoint is marked ``recovering`` before the slot is dropped and
+    unmarked in the transaction that rebuilds the queue, so a recovery cut short is
+    redone from the start at the next attempt. Runs as the slot's leader.
+    """
+    sub = settings.subscriptions
+    conninfo = settings.postgres.conninfo()
+    slot = target.slot
+    lock = LeaderLock(conninfo, slot)
+    if not lock.acquire(stop, settings.replication.standby_poll_s, tick):
+        return
+    try:
+        with psycopg.connect(conninfo, autocommit=True) as conn:
+            state = conn.execute(
+                "SELECT wal_status, active_pid FROM pg_catalog.pg_replication_slots"
+                " WHERE slot_name = %s",
+                [slot],
+            ).fetchone()
+            row = conn.execute(
+                "SELECT failover_checkpoint FROM _walcast.streams WHERE id = %s",
+                [sub.stream_id],
+            ).fetchone()
+            checkpoint = row[0] if row else None
+            pending = isinstance(checkpoint, dict) and checkpoint.get("recovering")
+            if not pending and state is not None and state[0] != "lost":
+                return  # another pg2kafka recovered it meanwhile
+            if state is not None and state[1] is not None:
+                raise RetriableError(f"slot {slot!r} is still streamed by pid {state[1]}")
+            log.warning(
+                "subscription stream %s: slot %s unusable (%s); recreating it and"
+                " queueing undelivered events from the events table",
+                sub.stream_id,
+                slot,
+                reason,
+            )
+            conn.execute(
+                "UPDATE _walcast.streams SET failover_checkpoint = coalesce("
+                " failover_checkpoint, jsonb_build_object('at', now(), 'reason', %s::text))"
+                " || '{\"recovering\": true}'::jsonb WHERE id = %s",
+                [f"slot invalidated: {reason}", sub.stream_id],
+            )
+            if state is not None:
+                conn.execute("SELECT pg_catalog.pg_drop_replication_slot(%s)", [slot])
+        with (
+            created_slot_snapshot(conninfo, slot) as (point, snapshot),
+            psycopg.connect(conninfo) as conn,
+        ):
+            conn.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
+            with conn.transaction():
+                conn.execute(sql.SQL("SET TRANSACTION SNAPSHOT {}").format(sql.Literal(snapshot)))
+                queued = _rebuild_queue(conn, sub.stream_id, point)
+        metrics.slot_recoveries.inc()
+        log.warning(
+            "subscription stream %s: slot %s recreated at %s; %d events queued for replay",
+            sub.stream_id,
+            slot,
+            point,
+            queued,
+        )
+    finally:
+        lock.release()
+
+
+def _rebuild_queue(conn: psycopg.Connection[Any], stream: int, point: str) -> int:
+    """In the new slot's snapshot: the queue becomes the queued events plus every event the
+    delivered snapshot does not see, in id order; that snapshot is delivered now."""
+    cur = conn.execute(
+        "WITH queued AS ("
+        "  DELETE FROM _walcast.replay_queue WHERE stream_id = %(s)s"
+        "  RETURNING event_created_at AS created_at, event_id AS id"
+        "), missed AS ("
+        "  SELECT e.created_at, e.id FROM _walcast.events e"
+        "  JOIN _walcast.streams st ON st.id = e.stream_id"
+        "  WHERE e.stream_id = %(s)s AND (st.delivered_snapshot IS NULL"
+        "    OR NOT pg_catalog.pg_visible_in_snapshot(e.xid, st.delivered_snapshot))"
+        ")"
+        " INSERT INTO _walcast.replay_queue (stream_id, event_created_at, event_id)"
+        " SELECT %(s)s, created_at, id FROM (SELECT * FROM queued UNION SELECT * FROM missed) u"
+        " ORDER BY id, created_at",
+        {"s": stream},
+    )
+    queued = cur.rowcount
+    conn.execute(
+        "UPDATE _walcast.streams SET failover_checkpoint = (failover_checkpoint - 'recovering')"
+        " || jsonb_build_object('slot_lsn', %s::text), replay_position = NULL,"
+        " delivered_snapshot = pg_catalog.pg_current_snapshot(), delivered_snapshot_at = now()"
+        " WHERE id = %s",
+        [point, stream],
+    )
+    return queued

@@ -1,0 +1,359 @@
+"""One replication session: a slot streamed into Kafka by a handler, checkpoint last.
+
+:class:`ReplicationSession` owns everything one connected run needs — the replication
+source, the Kafka sink with its memory guard, the :class:`AckTracker`, the leader lock,
+the catalog connection, heartbeats and the event builder — and knows nothing of who runs
+it: the caller passes settings, the slot to stream (:class:`StreamTarget`), its metrics,
+the stop event, a :class:`Liveness` to keep current and a :class:`Handler` that decides
+what each message becomes.
+
+The loop, on one thread:
+
+1. poll the replication stream (unless the memory guard is full: then only serve Kafka
+   acks and standby status updates — backpressure);
+2. keep the transaction bookkeeping (Begin / Commit, relations, types) and hand every
+   other message to the handler, which sends what it produces through :meth:`send`,
+   tagged with its transaction;
+3. serve delivery callbacks; the :class:`AckTracker` moves the confirmable LSN only past
+   transactions Kafka fully acknowledged, in commit order;
+4. report that LSN to Postgres as flushed (checkpoint last).
+
+A crash at any point leaves the slot at a transaction boundary whose messages are all in
+Kafka; the restart redelivers the unconfirmed tail (same LSNs, detectable duplicates).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from services.pg2kafka import pgoutput as pg
+from services.pg2kafka.changes import AckTracker, EventBuilder
+from services.pg2kafka.metrics import Metrics
+from services.pg2kafka.postgres import Catalog, Heartbeat, LeaderLock, wait_for_slot
+from services.pg2kafka.replication import PostgresReplicationSource
+from services.pg2kafka.settings import Pg2KafkaSettings
+from services.pg2kafka.types import TypeRegistry
+from shared.kafka import KafkaSink, Outgoing, ensure_topic
+from shared.retry import call_with_retry
+
+log = logging.getLogger(__name__)
+
+BATCH_MAX = 2000  # replication messages handled between two housekeeping rounds
+
+
+@dataclass(frozen=True)
+class StreamTarget:
+    """Which slot a session streams and where its messages go."""
+
+    slot: str
+    publication: str
+    topic: str
+    topic_template: str | None = None
+
+    @classmethod
+    def cdc(cls, settings: Pg2KafkaSettings) -> StreamTarget:
+        return cls(
+            settings.replication.slot,
+            settings.replication.publication,
+            settings.producer.topic,
+            settings.producer.topic_template,
+        )
+
+    @classmethod
+    def subscription_events(cls, settings: Pg2KafkaSettings) -> StreamTarget:
+        sub = settings.subscriptions
+        return cls(sub.slot, sub.publication, sub.topic)
+
+
+@dataclass
+class Liveness:
+    """What the ops endpoint reads of a stream: the loop's last round (``/health``),
+    whether it streams (``/ready``), and whether it confirmed something since the last
+    failure (a retry that progressed starts its backoff over)."""
+
+    last_loop: float = field(default_factory=time.monotonic)
+    streaming: bool = False
+    progressed: bool = False
+
+    def tick(self) -> None:
+        self.last_loop = time.monotonic()
+
+    def take_progress(self) -> bool:
+        made, self.progressed = self.progressed, False
+        return made
+
+
+class Handler(Protocol):
+    """What a session's messages become.
+
+    ``handle`` gets every message but Relation and Type (the session caches those), in
+    stream order: a Commit after its transaction's changes and *before* the session
+    closes the transaction, so a handler can make the transaction's work durable before
+    its end may be confirmed. ``housekeeping`` runs once per batch and returns True to
+    end the session (its work is done); ``while_waiting`` runs while a send waits for
+    Kafka. Any of them may raise: the session ends, nothing unacknowledged is confirmed.
+    """
+
+    def handle(self, session: ReplicationSession, lsn: int, msg: pg.Decoded) -> None: ...
+
+    def housekeeping(self, session: ReplicationSession) -> bool: ...
+
+    def while_waiting(self, session: ReplicationSession) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class ReplicationSession:
+    """Everything one connected run creates; :meth:`run` streams until stopped, until the
+    handler ends it, or until a failure (raised). Resources are released either way."""
+
+    def __init__(
+        self,
+        settings: Pg2KafkaSettings,
+        target: StreamTarget,
+        metrics: Metrics,
+        stop: threading.Event,
+        live: Liveness,
+    ) -> None:
+        s = self.settings = settings
+        conninfo = s.postgres.conninfo()
+        self.target = target
+        self.metrics = metrics
+        self.stop = stop
+        self.live = live
+        self.handler: Handler | None = None
+        self.source = PostgresReplicationSource(
+            conninfo,
+            target.slot,
+            target.publication,
+            status_interval_s=s.replication.status_interval_s,
+            wal_sender_timeout_s=s.replication.wal_sender_timeout_s,
+        )
+        self.sink = KafkaSink(
+            {
+                **s.kafka.client_config(),
+                "linger.ms": s.producer.linger_ms,
+                "batch.size": s.producer.batch_bytes,
+                "batch.num.messages": s.producer.batch_messages,
+                "compression.type": s.producer.compression,
+                "message.timeout.ms": s.producer.delivery_timeout_ms,
+                "message.max.bytes": s.producer.max_message_bytes,
+            },
+            max_inflight_bytes=s.producer.max_inflight_bytes,
+            while_waiting=self.while_waiting,
+        )
+        self.tracker = AckTracker()
+        self.sink.set_listener(self.tracker.acked)
+        self.leader = LeaderLock(conninfo, target.slot)
+        self.catalog = Catalog(conninfo)
+        self.heartbeat = Heartbeat(self.catalog, s.replication.heartbeat_interval_s)
+        self.builder = EventBuilder(
+            s.postgres.database,
+            TypeRegistry(self.catalog.type_info),
+            no_identity=s.replication.no_identity,
+            primary_key=self.catalog.primary_key,
+            scrub_secrets=s.ddl.scrub_secrets,
+        )
+        self.partitions: dict[str, int] = {}  # topic -> partition count, learnt once
+        self.seq = 0  # the open transaction's tracker sequence
+        self.commit_times: deque[tuple[int, float]] = deque()
+        self.op_counts: dict[str, int] = {}
+        self.bytes_out = 0
+
+    # -- running -----------------------------------------------------------------------
+
+    def run(self, handler: Handler, *, needs_kafka: bool = True) -> bool:
+        """Stream into ``handler``. True: the handler ended the session; False: stopped
+        (or stopped while waiting to lead). ``needs_kafka``: check the topic first (fail
+        fast on a missing one); a session that must run while Kafka is away passes False."""
+        self.handler = handler
+        s = self.settings
+        try:
+            if needs_kafka and self.target.topic_template is None:
+                self.ensure_topic(self.target.topic)
+            if not self.leader.acquire(self.stop, s.replication.standby_poll_s, self.live.tick):
+                return False
+            wait_for_slot(self.catalog, self.target.slot, s.replication, self.stop, self.live.tick)
+            self.source.start()
+            self.live.streaming = True
+            ended = False
+            while not self.stop.is_set():
+                self.live.tick()
+                self.housekeeping()
+                if handler.housekeeping(self):
+                    ended = True
+                    break
+                batch = self.source.poll_batch(BATCH_MAX, 0.2)
+                for lsn, msg in batch:
+                    self.dispatch(handler, lsn, msg)
+                if batch:
+                    self.metrics.batch.observe(len(batch))
+            # Orderly end: what is in flight gets its acks, then the final position.
+            self.sink.flush(30)
+            self.housekeeping()
+            self.source.send_status()
+            return ended
+        finally:
+            self.live.streaming = False
+            self.close()
+
+    def dispatch(self, handler: Handler, lsn: int, msg: pg.Decoded) -> None:
+        """The transaction bookkeeping around the handler (see :class:`Handler`)."""
+        if isinstance(msg, pg.Begin):
+            self.seq = self.builder.begin(msg).seq
+            self.tracker.open(self.seq)
+        elif isinstance(msg, pg.Commit):
+            handler.handle(self, lsn, msg)
+            self.builder.commit(msg)
+            self.commit_times.append((self.seq, msg.commit_ts_us / 1e6))
+            self.tracker.close(self.seq, msg.end_lsn)
+        elif isinstance(msg, pg.Relation):
+            self.builder.relation(msg)
+        elif isinstance(msg, pg.TypeMessage):
+            self.builder.type_message(msg)
+        else:
+            handler.handle(self, lsn, msg)
+
+    def send(self, out: Outgoing, op: str) -> None:
+        """Hand one record to Kafka as part of the open transaction, counted as ``op``."""
+        self.write(out)
+        self.count(op, len(out.value))
+
+    def write(self, out: Outgoing) -> None:
+        """Hand a record to Kafka as part of the open transaction, uncounted (a record
+        written to several partitions counts once: :meth:`count`)."""
+        self.tracker.sent(self.seq)
+        self.sink.write(out, self.seq)
+
+    def count(self, op: str, nbytes: int) -> None:
+        self.op_counts[op] = self.op_counts.get(op, 0) + 1
+        self.bytes_out += nbytes
+
+    def ensure_topic(self, topic: str) -> int:
+        """The topic's partition count; creates the topic first when configured to."""
+        count = self.partitions.get(topic)
+        if count is None:
+            prod = self.settings.producer
+            if prod.create_topic:
+                ensure_topic(
+                    self.settings.kafka.client_config(),
+                    topic,
+                    prod.topic_partitions,
+                    prod.topic_replication_factor,
+                )
+            count = self.partitions[topic] = self.sink.partitions(topic)
+        return count
+
+    def refresh_partitions(self, topic: str) -> int:
+        """Ask Kafka again (partitions may have been added since start)."""
+        count = self.partitions[topic] = self.sink.partitions(topic)
+        return count
+
+    def while_waiting(self) -> None:
+        """Runs while a write waits for Kafka (memory guard full, or librdkafka's queue):
+        acks that arrive still confirm, the status keeps Postgres' connection alive, the
+        liveness check sees a waiting loop, not a dead one."""
+        self.live.tick()
+        self.source.confirm(self.tracker.confirmed)
+        self.source.maybe_send_status()
+        self.leader.check(self.settings.replication.standby_poll_s * 5)
+        if self.handler is not None:
+            self.handler.while_waiting(self)
+
+    def housekeeping(self) -> None:
+        """Once per batch: serve acks, confirm what is safe, heartbeat, export metrics."""
+        tracker, source = self.tracker, self.source
+        before = source.confirmed_lsn
+        self.sink.poll(0)  # delivery callbacks move tracker.confirmed
+        if tracker.idle():
+            # Nothing in flight: everything the server sent is in Kafka, including what it
+            # skipped (other databases, filtered or empty transactions).
+            tracker.advance_idle(max(source.received_lsn, source.keepalive_lsn))
+            self.heartbeat.maybe_beat()
+        if tracker.confirmed > before:
+            source.confirm(tracker.confirmed)
+            self.live.progressed = True
+            now = time.time()
+            while self.commit_times and tracker.is_done(self.commit_times[0][0]):
+                _, committed = self.commit_times.popleft()
+                self.metrics.commit_to_ack.observe(max(0.0, now - committed))
+                self.metrics.transactions.inc()
+        source.maybe_send_status()
+        self.leader.check(self.settings.replication.standby_poll_s * 5)
+        self._export_metrics()
+
+    def _export_metrics(self) -> None:
+        m, b, source = self.metrics, self.builder, self.source
+        for op, n in self.op_counts.items():
+            m.events.labels(op).inc(n)
+        self.op_counts.clear()
+        if self.bytes_out:
+            m.bytes.inc(self.bytes_out)
+            self.bytes_out = 0
+        if self.sink.waits:
+            m.backpressure.inc(self.sink.waits)
+            self.sink.waits = 0
+        if b.unconverted:
+            m.unconverted.inc(b.unconverted)
+            b.unconverted = 0
+        if b.malformed_ddl:
+            m.malformed.inc(b.malformed_ddl)
+            b.malformed_ddl = 0
+        if b.skipped_no_identity:
+            m.skipped.inc(b.skipped_no_identity)
+            b.skipped_no_identity = 0
+        m.inflight.set(self.sink.inflight_bytes)
+        m.confirmed.set(source.confirmed_lsn)
+        m.lag.set(max(0, source.server_wal_end - source.confirmed_lsn))
+
+    def close(self) -> None:
+        try:
+            if self.handler is not None:
+                self.handler.close()
+        finally:
+            self.source.close()
+            self.sink.close()
+            self.catalog.close()
+            self.leader.release()
+
+
+class SlotStream:
+    """Sessions of one slot, one after another, until stopped: what the CDC stream and
+    the subscription events stream share. ``run_once`` (the subclass's) runs until
+    stopped or raises; ``run`` reconnects with the configured backoff, starting it over
+    when the failed attempt had confirmed something."""
+
+    what = "stream the replication slot"
+
+    def __init__(
+        self,
+        settings: Pg2KafkaSettings,
+        metrics: Metrics,
+        stop: threading.Event,
+        target: StreamTarget,
+    ) -> None:
+        self.settings = settings
+        self.metrics = metrics
+        self.stop = stop
+        self.target = target
+        self.live = Liveness()
+
+    def session(self) -> ReplicationSession:
+        return ReplicationSession(self.settings, self.target, self.metrics, self.stop, self.live)
+
+    def run_once(self) -> None:
+        raise NotImplementedError
+
+    def run(self) -> None:
+        call_with_retry(
+            self.run_once,
+            policy=self.settings.retry,
+            what=self.what,
+            sleep=self.stop.wait,
+            progressed=self.live.take_progress,
+        )

@@ -1,0 +1,96 @@
+"""The subscription stream's state machine: the transition table, and the walk through
+states a run takes (steps replaced by scripted fakes; the real steps are covered by the
+integration and failover e2e tests)."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from services.pg2kafka.metrics import Metrics
+from services.pg2kafka.replication import SlotInvalidatedError
+from services.pg2kafka.settings import Pg2KafkaSettings
+from services.pg2kafka.subscriptions import StreamState, SubscriptionStream, next_state
+from shared.settings import load_settings
+
+LIVE, QUEUEING, REPLAYING, RECOVERING = (
+    StreamState.LIVE, StreamState.QUEUEING, StreamState.REPLAYING, StreamState.RECOVERING,
+)  # fmt: skip
+
+
+def never() -> bool:
+    raise AssertionError("Kafka was asked, but the checkpoint alone decides")
+
+
+@pytest.mark.parametrize(
+    ("checkpoint", "kafka", "state"),
+    [
+        (None, never, LIVE),
+        ({"recovering": True, "at": "t"}, never, RECOVERING),
+        ({"slot_lsn": "0/1", "at": "t"}, lambda: True, REPLAYING),
+        ({"slot_lsn": "0/1", "at": "t"}, lambda: False, QUEUEING),
+        ({"recovering": False}, lambda: False, QUEUEING),
+    ],
+)
+def test_the_transition_table(
+    checkpoint: Any, kafka: Callable[[], bool], state: StreamState
+) -> None:
+    assert next_state(checkpoint, kafka) is state
+
+
+class Scripted(SubscriptionStream):
+    """Each step pops its scripted outcome: a next state, None (stopped) or an exception."""
+
+    def __init__(self, start: StreamState, script: dict[StreamState, list[Any]]) -> None:
+        settings = load_settings(Pg2KafkaSettings, env_file=None, http={"enabled": False})
+        super().__init__(settings, Metrics(CollectorRegistry()), threading.Event())
+        self.start = start
+        self.script = script
+        self.walk: list[StreamState] = []
+
+    def where(self) -> StreamState:
+        return self.start
+
+    def _step(self, state: StreamState) -> StreamState | None:
+        self.walk.append(state)
+        outcome = self.script[state].pop(0)
+        if isinstance(outcome, Exception):
+            raise outcome
+        return outcome  # type: ignore[no-any-return]
+
+    STEPS = {s: (lambda self, s=s: self._step(s)) for s in StreamState}  # noqa: RUF012
+
+
+def test_an_outage_walks_live_queueing_replaying_live() -> None:
+    stream = Scripted(LIVE, {LIVE: [QUEUEING, None], QUEUEING: [REPLAYING], REPLAYING: [LIVE]})
+    stream.run_once()
+    assert stream.walk == [LIVE, QUEUEING, REPLAYING, LIVE]
+
+
+def test_an_invalidated_slot_in_any_streaming_state_leads_to_recovering() -> None:
+    stream = Scripted(
+        QUEUEING,
+        {QUEUEING: [SlotInvalidatedError("slot lost")], RECOVERING: [REPLAYING],
+         REPLAYING: [LIVE], LIVE: [None]},
+    )  # fmt: skip
+    stream.run_once()
+    assert stream.walk == [QUEUEING, RECOVERING, REPLAYING, LIVE]
+    assert stream.reason == "slot lost"
+
+
+def test_a_failure_other_than_an_invalidated_slot_ends_the_run_for_the_retry() -> None:
+    stream = Scripted(REPLAYING, {REPLAYING: [RuntimeError("Kafka went away mid-replay")]})
+    with pytest.raises(RuntimeError):
+        stream.run_once()
+    assert stream.walk == [REPLAYING]
+
+
+def test_a_stopped_stream_takes_no_step() -> None:
+    stream = Scripted(LIVE, {})
+    stream.stop.set()
+    stream.run_once()
+    assert stream.walk == []
