@@ -5,6 +5,9 @@ What every record pays, measured on this machine against a baseline in the same 
 * **pg2kafka**: a pgoutput Insert message (raw bytes) → decoded → change event → encoded
   JSON. Baseline: the least any producer does with the same row — zip the column texts
   into a dict and ``orjson.dumps`` it.
+* **pg2kafka-stream**: the same messages, decoded, through the CDC stream's whole
+  per-message path (transaction bookkeeping, event, filter, key, topic, encoding, ack
+  tracker; the Kafka sink a null one). Same baseline.
 * **kafka2search**: a CDC record → the consumer loop's ``handle`` (the contract's
   decoder, the index lookup, folding into the batch, the offset) → its bulk-body lines.
   Baseline: ``orjson.loads`` of the same record.
@@ -98,6 +101,98 @@ def pg2kafka_case(n: int) -> tuple[Callable[[], None], Callable[[], None]]:
             for ev in change(msg, lsn):
                 encode(ev)
         builder.txn = None
+
+    def baseline() -> None:
+        dumps = orjson.dumps
+        for texts in rows:
+            dumps(dict(zip(names, texts, strict=True)))
+
+    return walcast, baseline
+
+
+class _NullSink:
+    """Stands in for the Kafka sink: takes records, keeps nothing."""
+
+    inflight_bytes = 0
+    waits = 0
+
+    def write(self, item: Any, position: int) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def _stream_dispatch() -> tuple[Callable[[int, Any], None], Any]:
+    """(handle one decoded message, the session) of pg2kafka's CDC stream, whichever
+    shape this tree's code has; the Kafka sink is a null one."""
+    import threading
+
+    from prometheus_client import CollectorRegistry
+
+    from services.pg2kafka.settings import Pg2KafkaSettings
+    from shared.settings import load_settings
+
+    settings = load_settings(
+        Pg2KafkaSettings, env_file=None, http={"enabled": False},
+        kafka={"bootstrap_servers": "127.0.0.1:1"},
+    )  # fmt: skip
+    try:
+        from services.pg2kafka.cdc import CdcHandler
+        from services.pg2kafka.metrics import Metrics
+        from services.pg2kafka.session import Liveness, ReplicationSession, StreamTarget
+
+        target = StreamTarget.cdc(settings)
+        session = ReplicationSession(
+            settings, target, Metrics(CollectorRegistry()), threading.Event(), Liveness()
+        )
+        handler = CdcHandler(settings, target)
+        session.sink.close()
+        session.sink = _NullSink()  # type: ignore[assignment]
+
+        def dispatch(lsn: int, msg: Any) -> None:
+            session.dispatch(handler, lsn, msg)
+
+        return dispatch, session
+    except ImportError:  # before the split: Pipeline and _Stream
+        from services.pg2kafka.app import Metrics as OldMetrics
+        from services.pg2kafka.app import Pipeline, _Stream
+        from services.pg2kafka.app import StreamTarget as OldTarget
+
+        pipeline = Pipeline(
+            settings, OldMetrics(CollectorRegistry()), threading.Event(), OldTarget.cdc(settings)
+        )
+        st = _Stream(pipeline, settings.postgres.conninfo())
+        st.sink.close()
+        st.sink = _NullSink()
+        return st.handle, st
+
+
+def pg2kafka_stream_case(n: int) -> tuple[Callable[[], None], Callable[[], None]]:
+    """Decoded Insert messages through the CDC stream's whole per-message path: the
+    transaction bookkeeping, the event, the filter, key and topic, the encoding, the
+    tracker and the (null) sink."""
+    import orjson
+
+    from services.pg2kafka import pgoutput as pg
+
+    oid = 16400
+    raw = [_insert_bytes(oid, _texts(i)) for i in range(n)]
+    rows = [_texts(i) for i in range(n)]
+    names = [c for c, _ in COLUMNS]
+    dispatch, holder = _stream_dispatch()
+    dispatch(0, pg.decode(_relation_bytes(oid)))
+    txn = [0]
+
+    def walcast() -> None:
+        txn[0] += 1
+        base = txn[0] << 32
+        dispatch(base, pg.Begin(base + n + 1, 0, txn[0]))
+        decode = pg.decode
+        for i, m in enumerate(raw):
+            dispatch(base + i, decode(m))
+        dispatch(base + n, pg.Commit(base + n, base + n + 1, 0))
+        holder.tracker = type(holder.tracker)()  # no acks come: start each round afresh
 
     def baseline() -> None:
         dumps = orjson.dumps
@@ -218,7 +313,11 @@ def kafka2search_case(n: int) -> tuple[Callable[[], None], Callable[[], None]]:
     return walcast, baseline
 
 
-CASES = {"pg2kafka": pg2kafka_case, "kafka2search": kafka2search_case}
+CASES = {
+    "pg2kafka": pg2kafka_case,
+    "pg2kafka-stream": pg2kafka_stream_case,
+    "kafka2search": kafka2search_case,
+}
 
 
 def _time(fn: Callable[[], None]) -> float:

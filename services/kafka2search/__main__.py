@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 import sys
 from datetime import datetime
 
@@ -12,8 +11,7 @@ from services.kafka2search import admin
 from services.kafka2search.app import build
 from services.kafka2search.settings import Kafka2SearchSettings
 from shared.cli import base_parser, run_command
-
-log = logging.getLogger("kafka2search")
+from shared.service import serve
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -59,10 +57,7 @@ def main(argv: list[str] | None = None) -> int:
             )
             print(f"replayed {n} records")
         else:
-            log.info("starting", extra={"config": settings.effective()})
-            service = build(settings)
-            service.install_signal_handlers()
-            service.run()
+            serve("kafka2search", settings, lambda: build(settings))
 
     return run_command("kafka2search", Kafka2SearchSettings, args, command)
 

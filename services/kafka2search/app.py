@@ -36,13 +36,13 @@ from services.kafka2search.documents import Batch, Doc, bulk_body
 from services.kafka2search.engines import SearchEngine, engine_for
 from services.kafka2search.mapping import alias_name, index_name, properties
 from services.kafka2search.settings import Kafka2SearchSettings
-from shared.cli import stop_on_signals, tune_gc_for_records
+from shared.cli import tune_gc_for_records
 from shared.consumer import ConsumerLoop, ConsumerMetrics
 from shared.contract.event import EventView
 from shared.errors import RetriableError, Verdict, http_status_verdict
-from shared.http import OpsServer
 from shared.interfaces import BatchSink, Origin, Rejection, Wait
 from shared.retry import call_with_retry
+from shared.service import Runner
 
 log = logging.getLogger(__name__)
 
@@ -396,29 +396,24 @@ class Indexer(BatchSink[Batch]):
 @dataclass
 class Service:
     settings: Kafka2SearchSettings
-    registry: CollectorRegistry
+    runner: Runner
     loop: ConsumerLoop[Batch]
     indexer: Indexer
     engine: SearchEngine
-    ops: OpsServer | None
-    stop_event: threading.Event
+
+    @property
+    def registry(self) -> CollectorRegistry:
+        return self.runner.registry
 
     def run(self) -> None:
         tune_gc_for_records()
-        if self.ops is not None:
-            self.ops.start()
-        try:
-            self.loop.run()
-        finally:
-            if self.ops is not None:
-                self.ops.stop()
-            self.engine.close()
+        self.runner.run(self.loop.run, cleanup=self.engine.close)
 
     def stop(self, *_: object) -> None:
-        self.stop_event.set()
+        self.runner.stop()
 
     def install_signal_handlers(self) -> None:
-        stop_on_signals(self.stop, "after the batch in hand")
+        self.runner.install_signal_handlers("after the batch in hand")
 
 
 def consumer_loop(
@@ -459,24 +454,20 @@ def consumer_loop(
 def build(settings: Kafka2SearchSettings) -> Service:
     """Wire the service: engine adapter, the consumer loop and its indexer, metrics and
     the ops endpoint."""
-    registry = CollectorRegistry()
-    stop_event = threading.Event()
+    runner = Runner(settings.http)
     engine = engine_for(settings.engine)
-    loop, indexer = consumer_loop(settings, engine, registry, stop_event)
-    ops = None
-    if settings.http.enabled:
-        ops = OpsServer(registry, settings.http.host, settings.http.port)
-        stall = max(120.0, settings.consumer.max_poll_interval_ms / 1000)
-        ops.add_health_check(
-            "loop",
-            lambda: (
-                time.monotonic() - loop.last_loop < stall,
-                f"last loop {time.monotonic() - loop.last_loop:.1f}s ago",
-            ),
-        )
-        ops.add_ready_check("engine", lambda: (engine.ping(), engine.name))
-        ops.add_ready_check("assigned", lambda: (loop.consumer is not None, "consumer running"))
-    return Service(settings, registry, loop, indexer, engine, ops, stop_event)
+    loop, indexer = consumer_loop(settings, engine, runner.registry, runner.stop_event)
+    stall = max(120.0, settings.consumer.max_poll_interval_ms / 1000)
+    runner.health(
+        "loop",
+        lambda: (
+            time.monotonic() - loop.last_loop < stall,
+            f"last loop {time.monotonic() - loop.last_loop:.1f}s ago",
+        ),
+    )
+    runner.ready("engine", lambda: (engine.ping(), engine.name))
+    runner.ready("assigned", lambda: (loop.consumer is not None, "consumer running"))
+    return Service(settings, runner, loop, indexer, engine)
 
 
 __all__ = ["Indexer", "Service", "build", "consumer_loop"]

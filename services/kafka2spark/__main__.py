@@ -4,15 +4,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 import sys
 
 from services.kafka2spark import admin
 from services.kafka2spark.app import build
 from services.kafka2spark.settings import Kafka2SparkSettings
 from shared.cli import base_parser, run_command
-
-log = logging.getLogger("kafka2spark")
+from shared.service import serve
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -30,10 +28,7 @@ def main(argv: list[str] | None = None) -> int:
 
     def command(settings: Kafka2SparkSettings) -> None:
         if args.command == "run":
-            log.info("starting", extra={"config": settings.effective()})
-            service = build(settings)
-            service.install_signal_handlers()
-            service.run()
+            serve("kafka2spark", settings, lambda: build(settings))
         elif args.command == "status":
             info = admin.status(settings)
             if args.json:

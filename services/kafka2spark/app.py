@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import logging
 import os
-import threading
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -25,10 +24,9 @@ from pyspark.sql.streaming.query import StreamingQuery
 
 from services.kafka2spark.mirror import BatchResult, DeltaMirror
 from services.kafka2spark.settings import Kafka2SparkSettings
-from shared.cli import stop_on_signals
-from shared.http import OpsServer
 from shared.kafka import KafkaOffsetCheckpointer
 from shared.secrets import SENSITIVE_KEY_PATTERN
+from shared.service import Runner
 from shared.settings import KafkaSettings
 
 log = logging.getLogger(__name__)
@@ -175,12 +173,14 @@ class Service:
     settings: Kafka2SparkSettings
     spark: SparkSession
     mirror: DeltaMirror
-    registry: CollectorRegistry
     metrics: Metrics
     committer: GroupCommitter
-    ops: OpsServer | None
-    stop_event: threading.Event
+    runner: Runner
     query: StreamingQuery | None = None
+
+    @property
+    def registry(self) -> CollectorRegistry:
+        return self.runner.registry
 
     def start(self) -> StreamingQuery:
         s = self.settings
@@ -211,36 +211,32 @@ class Service:
 
     def run(self) -> None:
         """Run until stopped (or, with ``trigger.mode = available_now``, caught up)."""
-        if self.ops is not None:
-            self.ops.start()
-        try:
-            query = self.start()
-            while query.isActive and not self.stop_event.is_set():
-                try:
-                    query.awaitTermination(1)
-                except Exception:  # noqa: BLE001 - the failure is read below
-                    break
-            if query.isActive:
-                query.stop()
-            failure = query.exception()
-            if failure is not None:
-                raise RuntimeError(f"the mirror query failed: {failure}")
-        finally:
-            if self.ops is not None:
-                self.ops.stop()
-            self.committer.close()
+        self.runner.run(self._mirror, cleanup=self.committer.close)
+
+    def _mirror(self) -> None:
+        query = self.start()
+        while query.isActive and not self.runner.stop_event.is_set():
+            try:
+                query.awaitTermination(1)
+            except Exception:  # noqa: BLE001 - the failure is read below
+                break
+        if query.isActive:
+            query.stop()
+        failure = query.exception()
+        if failure is not None:
+            raise RuntimeError(f"the mirror query failed: {failure}")
 
     def stop(self, *_: object) -> None:
-        self.stop_event.set()
+        self.runner.stop()
 
     def install_signal_handlers(self) -> None:
-        stop_on_signals(self.stop, "the query")
+        self.runner.install_signal_handlers("the query")
 
 
 def build(settings: Kafka2SparkSettings, spark: SparkSession | None = None) -> Service:
     """Wire the job: Spark session, mirror, group commits, metrics, ops endpoint."""
-    registry = CollectorRegistry()
-    metrics = Metrics(registry)
+    runner = Runner(settings.http)
+    metrics = Metrics(runner.registry)
     committer = GroupCommitter(settings, metrics)
     session = spark or spark_session(settings)
 
@@ -263,23 +259,19 @@ def build(settings: Kafka2SparkSettings, spark: SparkSession | None = None) -> S
         )  # fmt: skip
 
     mirror = DeltaMirror(session, settings, on_batch)
-    stop_event = threading.Event()
-    service = Service(settings, session, mirror, registry, metrics, committer, None, stop_event)
-    if settings.http.enabled:
-        ops = OpsServer(registry, settings.http.host, settings.http.port)
+    service = Service(settings, session, mirror, metrics, committer, runner)
 
-        def active() -> tuple[bool, str]:
-            q = service.query
-            return (q is not None and q.isActive, "query running" if q else "not started")
+    def active() -> tuple[bool, str]:
+        q = service.query
+        return (q is not None and q.isActive, "query running" if q else "not started")
 
-        def failed() -> tuple[bool, str]:
-            q = service.query
-            exc: Any = q.exception() if q is not None and not q.isActive else None
-            return (exc is None, str(exc) if exc else "no failure")
+    def failed() -> tuple[bool, str]:
+        q = service.query
+        exc: Any = q.exception() if q is not None and not q.isActive else None
+        return (exc is None, str(exc) if exc else "no failure")
 
-        ops.add_health_check("query", failed)
-        ops.add_ready_check("query", active)
-        service.ops = ops
+    runner.health("query", failed)
+    runner.ready("query", active)
     return service
 
 

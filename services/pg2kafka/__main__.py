@@ -4,15 +4,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 import sys
 
 from services.pg2kafka import admin
 from services.pg2kafka.app import build
 from services.pg2kafka.settings import Pg2KafkaSettings
 from shared.cli import base_parser, run_command
-
-log = logging.getLogger("pg2kafka")
+from shared.service import serve
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -52,10 +50,7 @@ def main(argv: list[str] | None = None) -> int:
                 for key, value in info.items():
                     print(f"{key:<20}{value}")
         else:
-            log.info("starting", extra={"config": settings.effective()})
-            service = build(settings)
-            service.install_signal_handlers()
-            service.run()
+            serve("pg2kafka", settings, lambda: build(settings))
 
     return run_command("pg2kafka", Pg2KafkaSettings, args, command)
 

@@ -24,8 +24,7 @@ from services.pg2kafka.cdc import CdcStream
 from services.pg2kafka.metrics import Metrics
 from services.pg2kafka.settings import Pg2KafkaSettings
 from services.pg2kafka.subscriptions import SubscriptionStream
-from shared.cli import stop_on_signals
-from shared.http import OpsServer
+from shared.service import Runner
 
 log = logging.getLogger(__name__)
 
@@ -70,81 +69,50 @@ class Maintenance:
 @dataclass
 class Service:
     settings: Pg2KafkaSettings
-    registry: CollectorRegistry
+    runner: Runner
     cdc: CdcStream
-    ops: OpsServer | None
-    stop_event: threading.Event
-
     events: SubscriptionStream | None = None
+
+    @property
+    def registry(self) -> CollectorRegistry:
+        return self.runner.registry
 
     def run(self) -> None:
         """Run the CDC stream here and, with subscriptions enabled, the events stream and
         the partition maintenance beside it. The first to fail stops the others."""
-        if self.ops is not None:
-            self.ops.start()
-        threads: list[threading.Thread] = []
-        errors: list[BaseException] = []
-
-        def guarded(target: Callable[[], None]) -> Callable[[], None]:
-            def run() -> None:
-                try:
-                    target()
-                except BaseException as exc:  # noqa: BLE001 - re-raised by run()
-                    errors.append(exc)
-                    self.stop_event.set()
-
-            return run
-
+        beside: list[tuple[str, Callable[[], None]]] = []
         if self.events is not None:
-            maintenance = Maintenance(self.settings, self.stop_event, self.events.metrics)
-            for name, target in (("events", self.events.run), ("maintenance", maintenance.run)):
-                thread = threading.Thread(target=guarded(target), name=name, daemon=True)
-                thread.start()
-                threads.append(thread)
-        try:
-            guarded(self.cdc.run)()
-        finally:
-            self.stop_event.set()
-            for thread in threads:
-                thread.join(60)
-            if self.ops is not None:
-                self.ops.stop()
-        if errors:
-            raise errors[0]
+            maintenance = Maintenance(self.settings, self.runner.stop_event, self.events.metrics)
+            beside = [("events", self.events.run), ("maintenance", maintenance.run)]
+        self.runner.run(self.cdc.run, beside=beside)
 
     def stop(self, *_: object) -> None:
-        self.stop_event.set()
+        self.runner.stop()
 
     def install_signal_handlers(self) -> None:
-        stop_on_signals(self.stop, "after in-flight messages are acknowledged")
+        self.runner.install_signal_handlers("after in-flight messages are acknowledged")
 
 
 def build(settings: Pg2KafkaSettings) -> Service:
     """Compose pg2kafka from its settings; nothing connects until ``run``."""
-    registry = CollectorRegistry()
-    stop_event = threading.Event()
-    cdc = CdcStream(settings, Metrics(registry), stop_event)
+    runner = Runner(settings.http)
+    stop = runner.stop_event
+    cdc = CdcStream(settings, Metrics(runner.registry), stop)
     events: SubscriptionStream | None = None
     if settings.subscriptions.enabled:
         events = SubscriptionStream(
-            settings, Metrics(registry, prefix="walcast_pg2kafka_subscription"), stop_event
+            settings, Metrics(runner.registry, prefix="walcast_pg2kafka_subscription"), stop
         )
-    ops: OpsServer | None = None
-    if settings.http.enabled:
-        ops = OpsServer(registry, settings.http.host, settings.http.port)
-        live = cdc.live
-        ops.add_health_check(
-            "loop", lambda: (time.monotonic() - live.last_loop < 120, "main loop ticking")
+    live = cdc.live
+    runner.health("loop", lambda: (time.monotonic() - live.last_loop < 120, "main loop ticking"))
+    runner.ready("streaming", lambda: (live.streaming, "replication streaming"))
+    if events is not None:
+        ev = events.live
+        runner.health(
+            "events_loop", lambda: (time.monotonic() - ev.last_loop < 120, "events loop ticking")
         )
-        ops.add_ready_check("streaming", lambda: (live.streaming, "replication streaming"))
-        if events is not None:
-            ev = events.live
-            ops.add_health_check(
-                "events_loop",
-                lambda: (time.monotonic() - ev.last_loop < 120, "events loop ticking"),
-            )
-            ops.add_ready_check("events_streaming", lambda: (ev.streaming, "events streaming"))
-    return Service(settings, registry, cdc, ops, stop_event, events)
+        runner.ready("events_streaming", lambda: (ev.streaming, "events streaming"))
+    return Service(settings, runner, cdc, events)
 
 
 __all__ = ["Maintenance", "Metrics", "Service", "build"]

@@ -37,6 +37,7 @@ class CdcHandler:
         self.filter = TableFilter(settings.filters.include, settings.filters.exclude)
         self.mode = settings.producer.partition_key
         self.serializer: Serializer[ChangeEvent] = JsonEventSerializer()
+        self._encode = self.serializer.encode  # bound once: called per event
         self._schema_keys: dict[str, bytes] = {}
         self._topics: dict[tuple[str, str], str] = {}  # (schema, table) -> topic
 
@@ -92,7 +93,7 @@ class CdcHandler:
         return topic
 
     def send(self, session: ReplicationSession, ev: ChangeEvent) -> None:
-        value = self.serializer.encode(ev)
+        value = self._encode(ev)
         session.send(Outgoing(self.topic_for(session, ev), self.key_for(ev), value), ev["op"])
 
     def send_ddl(self, session: ReplicationSession, ev: ChangeEvent) -> None:

@@ -203,26 +203,39 @@ class ReplicationSession:
             self.close()
 
     def dispatch(self, handler: Handler, lsn: int, msg: pg.Decoded) -> None:
-        """The transaction bookkeeping around the handler (see :class:`Handler`)."""
-        if isinstance(msg, pg.Begin):
+        """The transaction bookkeeping around the handler (see :class:`Handler`). Row
+        changes, nearly every message, are tested for first: this runs per message."""
+        cls = msg.__class__
+        if cls is pg.Insert or cls is pg.Update or cls is pg.Delete:
+            handler.handle(self, lsn, msg)
+        elif cls is pg.Begin:
+            assert isinstance(msg, pg.Begin)
             self.seq = self.builder.begin(msg).seq
             self.tracker.open(self.seq)
-        elif isinstance(msg, pg.Commit):
+        elif cls is pg.Commit:
+            assert isinstance(msg, pg.Commit)
             handler.handle(self, lsn, msg)
             self.builder.commit(msg)
             self.commit_times.append((self.seq, msg.commit_ts_us / 1e6))
             self.tracker.close(self.seq, msg.end_lsn)
-        elif isinstance(msg, pg.Relation):
+        elif cls is pg.Relation:
+            assert isinstance(msg, pg.Relation)
             self.builder.relation(msg)
-        elif isinstance(msg, pg.TypeMessage):
+        elif cls is pg.TypeMessage:
+            assert isinstance(msg, pg.TypeMessage)
             self.builder.type_message(msg)
         else:
             handler.handle(self, lsn, msg)
 
     def send(self, out: Outgoing, op: str) -> None:
-        """Hand one record to Kafka as part of the open transaction, counted as ``op``."""
-        self.write(out)
-        self.count(op, len(out.value))
+        """Hand one record to Kafka as part of the open transaction, counted as ``op``.
+        (Per event: :meth:`write` and :meth:`count` inlined.)"""
+        seq = self.seq
+        self.tracker.sent(seq)
+        self.sink.write(out, seq)
+        counts = self.op_counts
+        counts[op] = counts.get(op, 0) + 1
+        self.bytes_out += len(out.value)
 
     def write(self, out: Outgoing) -> None:
         """Hand a record to Kafka as part of the open transaction, uncounted (a record
