@@ -98,6 +98,20 @@ class IndexState:
         }
 
 
+class _LastRun:
+    """The table and column types of the previous data event, and its alias: a run of
+    one table's events with the same columns (the common case) is recognised by
+    comparing with it, without hashing anything (:meth:`Indexer.index_for`; slots: read
+    once per record)."""
+
+    __slots__ = ("alias", "db", "schema", "table", "types")
+
+    def __init__(
+        self, db: str, schema: str, table: str, types: Mapping[str, str], alias: str
+    ) -> None:
+        self.db, self.schema, self.table, self.types, self.alias = db, schema, table, types, alias
+
+
 _RENAME = re.compile(r"\bRENAME\b", re.IGNORECASE)
 _MOVE_FIELD = "ctx._source[params.to] = ctx._source.remove(params.from)"
 _DROP_FIELD = "ctx._source.remove(params.from)"
@@ -125,7 +139,7 @@ class Indexer(BatchSink[Batch]):
         # types value (EventView.column_types), so a repeat is an identity check.
         self.prepared: dict[str, Mapping[str, str]] = {}
         # (db, schema, table, types, alias) of the last data event: see index_for.
-        self.last: tuple[str, str, str, Mapping[str, str], str] | None = None
+        self.last: _LastRun | None = None
 
     # -- the BatchSink side ------------------------------------------------------------
 
@@ -172,17 +186,17 @@ class Indexer(BatchSink[Batch]):
         last = self.last
         if (
             last is not None
-            and types is last[3]
-            and ev.table == last[2]
-            and ev.schema == last[1]
-            and ev.db == last[0]
+            and types is last.types
+            and ev.table == last.table
+            and ev.schema == last.schema
+            and ev.db == last.db
         ):
-            return last[4]
+            return last.alias
         alias = self.alias_for(ev)
         if self.prepared.get(alias) is not types:
             self.state(alias, ev, types)
             self.prepared[alias] = types
-        self.last = (ev.db, ev.schema, ev.table, types, alias)
+        self.last = _LastRun(ev.db, ev.schema, ev.table, types, alias)
         return alias
 
     def state(self, alias: str, ev: EventView, types: Mapping[str, str]) -> IndexState:

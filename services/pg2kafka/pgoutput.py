@@ -235,6 +235,10 @@ def to_unix_us(pg_us: int) -> int:
     return pg_us + PG_EPOCH_OFFSET_US
 
 
+_TAG_INSERT = ord("I")
+_NEW_TUPLE = ord("N")
+
+
 def decode(payload: bytes | memoryview) -> Decoded:
     """Decode one pgoutput message (the data part of an XLogData message)."""
     if not payload:
@@ -242,7 +246,7 @@ def decode(payload: bytes | memoryview) -> Decoded:
     if isinstance(payload, memoryview):
         payload = payload.tobytes()
     first = payload[0]
-    if first == 0x49 and len(payload) >= 6 and payload[5] == 0x4E:  # Insert, the common case
+    if first == _TAG_INSERT and len(payload) >= 6 and payload[5] == _NEW_TUPLE:  # most messages
         (oid,) = _U32.unpack_from(payload, 1)
         values, _ = _tuple_data(payload, 6)
         return Insert(oid, values)

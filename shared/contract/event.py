@@ -133,6 +133,7 @@ class EventDecodeError(ValueError):
 
 
 _ABSENT = msgspec.Raw(b"")
+_OPEN_BRACE = ord("{")
 _NO_TYPES: Mapping[str, str] = MappingProxyType({})
 
 
@@ -221,8 +222,8 @@ def decode(value: bytes | None) -> EventView:
     if op in DATA_OPS:
         if type(ev.key) is not dict:
             raise EventDecodeError("field 'key' missing or not an object")
-        # 123: "{" (a view, not a copy of the row; an absent row is empty)
-        if op != "delete" and (not ev.new or memoryview(ev.new)[0] != 123):
+        # The first byte of a view, not a copy of the row (an absent row is empty).
+        if op != "delete" and (not ev.new or memoryview(ev.new)[0] != _OPEN_BRACE):
             raise EventDecodeError(f"{op} without a 'new' row")
         if ev.types:
             ev.column_types()  # validated (once per distinct value)
