@@ -242,6 +242,11 @@ def _loop_handle() -> tuple[Callable[[Any], None], Callable[[], Any], Callable[[
     from shared.settings import load_settings
 
     class Engine(SearchEngine):
+        name = "bench engine"
+
+        def __init__(self, client: Any = None) -> None:
+            pass
+
         def resolve_alias(self, alias: str) -> str | None:
             return None
 

@@ -1,9 +1,11 @@
 """The search engine adapters: :class:`OpenSearchEngine` (opensearch-py) and
 :class:`ElasticsearchEngine` (elasticsearch-py, major version matching the server).
 
-Both speak the same REST API for what walcast needs, so one :class:`SearchEngine` sends
-the requests through the client's transport (connection pool, TLS, auth, sniffing come
-from the client) and the subclasses only build their client. The clients' own retries
+:class:`SearchEngine` is the role (a protocol: what the indexer, the admin commands and
+the tests' fakes agree on). Both engines speak the same REST API for what walcast needs,
+so one :class:`HttpSearchEngine` sends the requests through the client's transport
+(connection pool, TLS, auth, sniffing come from the client) and the subclasses only build
+their client. The clients' own retries
 are off: retries wrap this adapter (``shared.retry``), and ``shared.errors.classify``
 decides what is worth retrying (429, 5xx, connection errors).
 """
@@ -11,7 +13,7 @@ decides what is worth retrying (429, 5xx, connection errors).
 from __future__ import annotations
 
 import base64
-from typing import Any
+from typing import Any, Protocol
 
 import orjson
 
@@ -19,9 +21,71 @@ from services.kafka2search.settings import EngineSettings, IndexSettings
 from shared.errors import PermanentError
 
 
-class SearchEngine:
-    """REST calls against one engine. Every method raises the client's exception on an
-    HTTP error (classified by ``shared.errors.classify``), except where noted."""
+class SearchEngine(Protocol):
+    """One search engine, as walcast uses it. Every method raises on an HTTP error (the
+    client's exception, classified by ``shared.errors.classify``), except where noted."""
+
+    name: str
+
+    def request(
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        params: dict[str, Any] | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> Any: ...
+
+    def bulk(self, ndjson: bytes) -> list[dict[str, Any]] | None:
+        """The items' results, or None when every action succeeded."""
+        ...
+
+    def mget(self, index: str, ids: list[str]) -> dict[str, dict[str, Any]]: ...
+
+    def count(self, index: str) -> int: ...
+
+    def refresh(self, index: str) -> None: ...
+
+    def delete_all(self, index: str) -> int: ...
+
+    def update_all(self, index: str, field: str, script: str, params: dict[str, Any]) -> int: ...
+
+    def resolve_alias(self, alias: str) -> str | None:
+        """The index behind ``alias`` (None when the alias does not exist)."""
+        ...
+
+    def exists(self, path: str) -> bool: ...
+
+    def create_index(
+        self,
+        index: str,
+        alias: str,
+        settings: IndexSettings,
+        properties: dict[str, Any],
+        meta: dict[str, Any],
+    ) -> bool:
+        """Create ``index`` behind ``alias``; False when it already existed."""
+        ...
+
+    def mapping(self, index: str) -> tuple[dict[str, Any], dict[str, Any]]: ...
+
+    def put_mapping(
+        self, index: str, properties: dict[str, Any], meta: dict[str, Any] | None = None
+    ) -> None: ...
+
+    def delete_index(self, index: str) -> None: ...
+
+    def aliases(self, pattern: str) -> dict[str, str]: ...
+
+    def ping(self) -> bool:
+        """Readiness: True or False, never raises."""
+        ...
+
+    def close(self) -> None: ...
+
+
+class HttpSearchEngine(SearchEngine):
+    """REST calls against one engine through its client's transport."""
 
     name = "search engine"
 
@@ -209,7 +273,7 @@ def _orjson_serializer(base: type[Any], error: type[Exception]) -> Any:
     return OrjsonSerializer()
 
 
-class OpenSearchEngine(SearchEngine):
+class OpenSearchEngine(HttpSearchEngine):
     name = "OpenSearch"
 
     def __init__(self, settings: EngineSettings) -> None:
@@ -224,7 +288,7 @@ class OpenSearchEngine(SearchEngine):
         super().__init__(client)
 
 
-class ElasticsearchEngine(SearchEngine):
+class ElasticsearchEngine(HttpSearchEngine):
     name = "Elasticsearch"
 
     def __init__(self, settings: EngineSettings) -> None:

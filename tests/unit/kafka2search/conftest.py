@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from services.kafka2search.engines import SearchEngine
 from services.kafka2search.settings import Kafka2SearchSettings
 from shared.settings import load_settings
 
@@ -28,3 +29,21 @@ def settings_with(monkeypatch: pytest.MonkeyPatch) -> SettingsFactory:
         )
 
     return make
+
+
+class StrictEngine(SearchEngine):
+    """A fake engine's base: every call not overridden fails the test, by name (a fake
+    that answered None would hide a call the test did not expect)."""
+
+    name = "fake engine"
+
+    def __getattribute__(self, attr: str) -> Any:
+        value = object.__getattribute__(self, attr)
+        if attr in _ENGINE_CALLS and getattr(type(self), attr) is getattr(SearchEngine, attr):
+            raise AssertionError(f"unexpected engine call: {attr}")
+        return value
+
+
+_ENGINE_CALLS = frozenset(
+    n for n, v in vars(SearchEngine).items() if callable(v) and not n.startswith("_")
+)

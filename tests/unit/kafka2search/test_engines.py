@@ -1,4 +1,4 @@
-"""SearchEngine.bulk's reading of a bulk answer (the request goes through a stub
+"""HttpSearchEngine.bulk's reading of a bulk answer (the request goes through a stub
 transport; tests/integration/kafka2search/test_engine_bulk.py sends it to the engines)."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from services.kafka2search.engines import SearchEngine
+from services.kafka2search.engines import HttpSearchEngine
 
 
 class StubTransport:
@@ -29,7 +29,7 @@ class StubClient:
 
 def bulk(answer: dict[str, Any]) -> tuple[list[dict[str, Any]] | None, StubTransport]:
     client = StubClient(answer)
-    return SearchEngine(client).bulk(b'{"delete":{"_id":"1"}}\n'), client.transport
+    return HttpSearchEngine(client).bulk(b'{"delete":{"_id":"1"}}\n'), client.transport
 
 
 def test_no_errors_means_no_per_item_results() -> None:

@@ -13,19 +13,17 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from services.kafka2search.app import Indexer, Metrics
-from services.kafka2search.engines import SearchEngine
 from services.kafka2search.settings import IndexSettings
 from shared.contract.event import EventView, decode
-from tests.unit.kafka2search.conftest import SettingsFactory
+from tests.unit.kafka2search.conftest import SettingsFactory, StrictEngine
 
 TYPES = {"id": "int4", "name": "text"}
 
 
-class IndexEngine(SearchEngine):
+class IndexEngine(StrictEngine):
     """Indices, aliases and mappings in memory; every call recorded."""
 
     def __init__(self) -> None:
-        super().__init__(client=None)
         self.aliases_: dict[str, str] = {}
         self.mappings: dict[str, dict[str, Any]] = {}
         self.calls: list[str] = []

@@ -15,12 +15,11 @@ from prometheus_client import CollectorRegistry
 
 from services.kafka2search.app import Indexer, IndexState, Metrics
 from services.kafka2search.documents import Batch, Doc, Origin
-from services.kafka2search.engines import SearchEngine
 from services.kafka2search.settings import Kafka2SearchSettings
 from shared.contract.event import decode
 from shared.errors import RetriableError
 from shared.interfaces import Rejection
-from tests.unit.kafka2search.conftest import SettingsFactory
+from tests.unit.kafka2search.conftest import SettingsFactory, StrictEngine
 
 ALIAS = "walcast-public.users"
 OTHER = "walcast-public.orders"
@@ -31,7 +30,7 @@ ERROR_400 = {"type": "mapper_parsing_exception", "reason": "failed to parse fiel
 Answer = dict[str, int | dict[str, Any]] | Exception
 
 
-class FakeEngine(SearchEngine):
+class FakeEngine(StrictEngine):
     """The two calls Indexer.write makes, answered from a script and recorded."""
 
     def __init__(
@@ -40,7 +39,6 @@ class FakeEngine(SearchEngine):
         stored: dict[str, dict[str, dict[str, Any]]] | None = None,
         log: list[str] | None = None,
     ) -> None:
-        super().__init__(client=None)
         self.answers: deque[Answer] = deque(answers)
         self.stored = stored or {}
         self.mget_failures: deque[Exception] = deque()
