@@ -27,6 +27,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from abc import ABC, abstractmethod
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -335,7 +336,7 @@ class ReplicationSession:
             self.leader.release()
 
 
-class SlotStream:
+class SlotStream(ABC):
     """Sessions of one slot, one after another, until stopped: what the CDC stream and
     the subscription events stream share. ``run_once`` (the subclass's) runs until
     stopped or raises; ``run`` reconnects with the configured backoff, starting it over
@@ -359,8 +360,9 @@ class SlotStream:
     def session(self) -> ReplicationSession:
         return ReplicationSession(self.settings, self.target, self.metrics, self.stop, self.live)
 
+    @abstractmethod
     def run_once(self) -> None:
-        raise NotImplementedError
+        """Run until stopped; raise on a failure (``run`` decides whether to retry)."""
 
     def run(self) -> None:
         call_with_retry(
