@@ -50,6 +50,7 @@ from shared.contract.event import CONTROL_OPS, EventDecodeError, decode
 from shared.errors import PermanentError, RetriableError
 from shared.interfaces import B, BatchSink, Origin, Rejection, Wait
 from shared.kafka import KafkaOffsetCheckpointer, KafkaSink, Outgoing, ensure_topic
+from shared.logs import SampledLog
 from shared.retry import BackoffPolicy, call_with_retry
 from shared.settings import BatchSettings, ConsumerSettings, KafkaSettings
 
@@ -79,6 +80,12 @@ class _InFlight:
     positions: dict[tuple[str, int], int]
 
 
+def _reason_kind(reason: str) -> str:
+    """A reason without what varies per record (offsets, values after the first colon),
+    to group the ones not logged."""
+    return reason.split(":", 1)[0]
+
+
 class DeadLetters:
     """The original bytes, the reason and the source position, to the dead-letter topic."""
 
@@ -86,6 +93,8 @@ class DeadLetters:
         self.sink = sink
         self.topic = topic
         self.metrics = metrics
+        # counted per record (walcast_..._dead_letters), logged as a sample and a rate
+        self.log = SampledLog(log, "dead letters")
 
     def send(self, origin: Origin, reason: str, kind: str) -> None:
         headers = [
@@ -97,12 +106,18 @@ class DeadLetters:
         ]
         self.sink.write(Outgoing(self.topic, origin.key, origin.value, headers), 0)
         self.metrics.dlq.labels(kind).inc()
-        log.warning(
-            "dead letter from %s[%d]@%d: %s", origin.topic, origin.partition, origin.offset, reason
+        self.log.warning(
+            _reason_kind(reason),
+            "dead letter from %s[%d]@%d: %s",
+            origin.topic,
+            origin.partition,
+            origin.offset,
+            reason,
         )
 
     def flush(self, timeout_s: float) -> None:
         self.sink.flush(timeout_s)
+        self.log.tick()
 
     def close(self) -> None:
         self.sink.close()

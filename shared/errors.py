@@ -80,22 +80,41 @@ def _kafka_verdict(exc: BaseException) -> Verdict | None:
         return Verdict.PERMANENT
     if retriable():
         return Verdict.RETRIABLE
-    # Transport and timeout errors (_TRANSPORT, _ALL_BROKERS_DOWN, _TIMED_OUT, _MSG_TIMED_OUT)
-    # are not flagged retriable by librdkafka but are exactly what a broker restart produces.
+    # librdkafka flags an error retriable only where it raised it itself; the same codes
+    # reach us unflagged (e.g. NOT_COORDINATOR from committed() while a brand-new broker's
+    # group coordinator is still loading: the demo's first run failed on it). Transport
+    # and timeout errors are what a broker restart produces.
     name = getattr(err, "name", lambda: "")()
-    if name in (
+    if name in _KAFKA_TRANSIENT:
+        return Verdict.RETRIABLE
+    return Verdict.PERMANENT
+
+
+_KAFKA_TRANSIENT = frozenset(
+    {
         "_TRANSPORT",
         "_ALL_BROKERS_DOWN",
         "_TIMED_OUT",
+        "_TIMED_OUT_QUEUE",
         "_MSG_TIMED_OUT",
         "_RESOLVE",
+        "_WAIT_COORD",
+        "NETWORK_EXCEPTION",
         "NOT_ENOUGH_REPLICAS",
+        "NOT_ENOUGH_REPLICAS_AFTER_APPEND",
         "LEADER_NOT_AVAILABLE",
         "NOT_LEADER_FOR_PARTITION",
         "REQUEST_TIMED_OUT",
-    ):
-        return Verdict.RETRIABLE
-    return Verdict.PERMANENT
+        "NOT_COORDINATOR",
+        "COORDINATOR_LOAD_IN_PROGRESS",
+        "COORDINATOR_NOT_AVAILABLE",
+        "NOT_CONTROLLER",
+        "REBALANCE_IN_PROGRESS",
+        "KAFKA_STORAGE_ERROR",
+        "FETCH_SESSION_ID_NOT_FOUND",
+        "UNSTABLE_OFFSET_COMMIT",
+    }
+)
 
 
 # libpq reports connection failures as text, without SQLSTATE: these say the

@@ -151,3 +151,71 @@ class bind(logging.LoggerAdapter[logging.Logger]):  # noqa: N801 - reads like a 
     def process(self, msg: Any, kwargs: Any) -> tuple[Any, Any]:
         kwargs["extra"] = {**(self.extra or {}), **kwargs.get("extra", {})}
         return msg, kwargs
+
+
+class SampledLog:
+    """Warnings about records that may repeat millions of times (dead letters, values
+    kept as text): the first ``sample`` of each ``every_s`` window are logged in full, the
+    rest only counted; when the window ends, one line gives how many were not shown, the
+    rate and the most frequent reasons. A flood of bad records costs a line per window,
+    not a line per record (one run wrote 779,071 dead-letter lines, ~151 MB, in five
+    minutes). Counting for metrics is the caller's business.
+
+    Thread-safe. ``tick()`` closes a finished window without a new record (callers with a
+    loop call it there), so the summary of a burst is not held back until the next one.
+    """
+
+    def __init__(
+        self,
+        logger: logging.Logger,
+        what: str,
+        *,
+        sample: int = 5,
+        every_s: float = 30.0,
+        clock: Any = time.monotonic,
+    ) -> None:
+        self.logger, self.what = logger, what
+        self.sample, self.every_s, self.clock = sample, every_s, clock
+        self._lock = threading.Lock()
+        self._start = clock()
+        self._shown = 0
+        self._hidden = 0
+        self._reasons: dict[str, int] = {}
+
+    def warning(self, reason: str, msg: str, *args: Any) -> None:
+        """One occurrence: ``reason`` is its kind (grouped in the summary), ``msg`` and
+        ``args`` the full line when it is shown."""
+        with self._lock:
+            self._roll(self.clock())
+            if self._shown < self.sample:
+                self._shown += 1
+                show = True
+            else:
+                self._hidden += 1
+                self._reasons[reason] = self._reasons.get(reason, 0) + 1
+                show = False
+        if show:
+            self.logger.warning(msg, *args)
+            if self._shown == self.sample:
+                self.logger.warning(
+                    "more %s in the next %.0fs are counted, not logged each", self.what,
+                    self.every_s,
+                )  # fmt: skip
+
+    def tick(self) -> None:
+        with self._lock:
+            self._roll(self.clock())
+
+    def _roll(self, now: float) -> None:
+        elapsed = now - self._start
+        if elapsed < self.every_s:
+            return
+        if self._hidden:
+            top = sorted(self._reasons.items(), key=lambda kv: -kv[1])[:3]
+            self.logger.warning(
+                "%d more %s in the last %.0fs (%.1f/s), not logged each; most: %s",
+                self._hidden, self.what, elapsed, self._hidden / elapsed,
+                "; ".join(f"{n} x {r[:200]}" for r, n in top),
+            )  # fmt: skip
+        self._start, self._shown, self._hidden = now, 0, 0
+        self._reasons.clear()

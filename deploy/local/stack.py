@@ -712,10 +712,18 @@ def _ensure_traversable(path: Path) -> None:
 
 
 class Kafka(Component):
-    """Apache Kafka 4.x, one KRaft node acting as broker and controller."""
+    """Apache Kafka 4.x, one KRaft node acting as broker and controller. ``name`` and
+    ``port`` (the controller listens on the next one) let a test start a second, brand-new
+    broker beside the stack's, its state in ``home``)."""
 
-    def __init__(self) -> None:
-        super().__init__("kafka", KAFKA_PORT)
+    def __init__(
+        self, name: str = "kafka", port: int = KAFKA_PORT, home: Path | None = None
+    ) -> None:
+        super().__init__(name, port)
+        if home is not None:
+            self.dir = home
+        self.bootstrap = f"{HOST}:{port}"
+        self.controller = f"{HOST}:{port + 1}"
         self.data = self.dir / "data"
         self.props = self.dir / "server.properties"
         self.log4j = self.dir / "log4j2.properties"
@@ -726,9 +734,9 @@ class Kafka(Component):
         self.props.write_text(
             "process.roles=broker,controller\n"
             "node.id=1\n"
-            f"controller.quorum.voters=1@{HOST}:{KAFKA_CONTROLLER_PORT}\n"
-            f"listeners=PLAINTEXT://{HOST}:{KAFKA_PORT},CONTROLLER://{HOST}:{KAFKA_CONTROLLER_PORT}\n"
-            f"advertised.listeners=PLAINTEXT://{HOST}:{KAFKA_PORT}\n"
+            f"controller.quorum.voters=1@{self.controller}\n"
+            f"listeners=PLAINTEXT://{self.bootstrap},CONTROLLER://{self.controller}\n"
+            f"advertised.listeners=PLAINTEXT://{self.bootstrap}\n"
             "controller.listener.names=CONTROLLER\n"
             "inter.broker.listener.name=PLAINTEXT\n"
             "listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT\n"
@@ -762,7 +770,7 @@ class Kafka(Component):
             "logger.started.name = kafka.server.KafkaRaftServer\nlogger.started.level = info\n"
         )
         if not (self.data / "meta.properties").exists():
-            say("kafka: formatting KRaft storage")
+            say(f"{self.name}: formatting KRaft storage")
             cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
             run(
                 [
@@ -783,7 +791,7 @@ class Kafka(Component):
             )
 
     def start(self) -> None:
-        say(f"kafka: starting on {HOST}:{KAFKA_PORT}")
+        say(f"{self.name}: starting on {self.bootstrap}")
         spawn(
             [
                 java_bin(),
@@ -810,7 +818,7 @@ class Kafka(Component):
         except ImportError:
             return False, "confluent-kafka missing: run through deploy/local/walcast"
         admin = AdminClient(
-            {"bootstrap.servers": f"{HOST}:{KAFKA_PORT}", "socket.timeout.ms": 3000, "log_level": 0}
+            {"bootstrap.servers": self.bootstrap, "socket.timeout.ms": 3000, "log_level": 0}
         )
         topic = "__walcast_stack_health"
         try:
@@ -831,10 +839,10 @@ class Kafka(Component):
 
     def env(self) -> dict[str, str]:
         return {
-            "WALCAST_KAFKA_BOOTSTRAP": f"{HOST}:{KAFKA_PORT}",
-            "PG2KAFKA_KAFKA__BOOTSTRAP_SERVERS": f"{HOST}:{KAFKA_PORT}",
-            "KAFKA2SEARCH_KAFKA__BOOTSTRAP_SERVERS": f"{HOST}:{KAFKA_PORT}",
-            "KAFKA2SPARK_KAFKA__BOOTSTRAP_SERVERS": f"{HOST}:{KAFKA_PORT}",
+            "WALCAST_KAFKA_BOOTSTRAP": self.bootstrap,
+            "PG2KAFKA_KAFKA__BOOTSTRAP_SERVERS": self.bootstrap,
+            "KAFKA2SEARCH_KAFKA__BOOTSTRAP_SERVERS": self.bootstrap,
+            "KAFKA2SPARK_KAFKA__BOOTSTRAP_SERVERS": self.bootstrap,
         }
 
 

@@ -15,6 +15,7 @@ from services.kafka2search.engines import SearchEngine, engine_for
 from services.kafka2search.settings import Kafka2SearchSettings
 from shared.errors import ConfigError, PermanentError
 from shared.kafka import group_lag, topic_partitions, topic_records
+from shared.retry import call_with_retry
 
 log = logging.getLogger(__name__)
 
@@ -38,8 +39,17 @@ def status(settings: Kafka2SearchSettings) -> dict[str, Any]:
     """Consumer lag per partition, documents per index, dead letters."""
     consumer = Consumer({**settings.kafka.client_config(), "group.id": settings.consumer.group_id})
     try:
-        lag = group_lag(consumer, list(settings.consumer.topics))
-        dlq = topic_records(consumer, settings.consumer.dlq_topic)
+        # A brand-new broker answers NOT_COORDINATOR until its group coordinator loaded.
+        lag = call_with_retry(
+            lambda: group_lag(consumer, list(settings.consumer.topics)),
+            policy=settings.retry,
+            what="read the group's offsets",
+        )
+        dlq = call_with_retry(
+            lambda: topic_records(consumer, settings.consumer.dlq_topic),
+            policy=settings.retry,
+            what="read the dead-letter topic's size",
+        )
     finally:
         consumer.close()
     engine = engine_for(settings.engine)
@@ -74,6 +84,42 @@ def replay(
     number of records read."""
     if (from_offset is None) == (from_timestamp is None):
         raise ConfigError("give exactly one of --from-offset and --from-timestamp")
+    start, until = call_with_retry(
+        lambda: _replay_range(settings, from_offset, from_timestamp, partitions),
+        policy=settings.retry,
+        what="find the replay's offsets",
+    )
+    # Only partitions with something to read: an empty one would never report a position.
+    start = [tp for tp in start if tp.offset < until[(tp.topic, tp.partition)]]
+    until = {(tp.topic, tp.partition): until[(tp.topic, tp.partition)] for tp in start}
+    total = sum(until[(tp.topic, tp.partition)] - tp.offset for tp in start)
+    log.info("replay: %d records from %d partitions", total, len(start))
+    if not start:
+        return 0
+    engine = engine_for(settings.engine)
+    loop, _indexer = consumer_loop(
+        settings,
+        engine,
+        CollectorRegistry(),
+        threading.Event(),
+        group_id=f"{settings.consumer.group_id}-replay",
+        start=lambda consumer, _parts: consumer.assign(start),
+        until=until,
+    )
+    try:
+        loop.run()  # a transient failure reads again from the start: writes are versioned
+    finally:
+        engine.close()
+    return total
+
+
+def _replay_range(
+    settings: Kafka2SearchSettings,
+    from_offset: int | None,
+    from_timestamp: datetime | None,
+    partitions: list[int] | None,
+) -> tuple[list[TopicPartition], dict[tuple[str, int], int]]:
+    """Where the replay starts in each partition, and where it ends (the end now)."""
     probe = Consumer({**settings.kafka.client_config(), "group.id": "walcast-replay-probe"})
     try:
         start: list[TopicPartition] = []
@@ -100,25 +146,4 @@ def replay(
                 until[(tp.topic, tp.partition)] = high
     finally:
         probe.close()
-    # Only partitions with something to read: an empty one would never report a position.
-    start = [tp for tp in start if tp.offset < until[(tp.topic, tp.partition)]]
-    until = {(tp.topic, tp.partition): until[(tp.topic, tp.partition)] for tp in start}
-    total = sum(until[(tp.topic, tp.partition)] - tp.offset for tp in start)
-    log.info("replay: %d records from %d partitions", total, len(start))
-    if not start:
-        return 0
-    engine = engine_for(settings.engine)
-    loop, _indexer = consumer_loop(
-        settings,
-        engine,
-        CollectorRegistry(),
-        threading.Event(),
-        group_id=f"{settings.consumer.group_id}-replay",
-        start=lambda consumer, _parts: consumer.assign(start),
-        until=until,
-    )
-    try:
-        loop.run_once()
-    finally:
-        engine.close()
-    return total
+    return start, until

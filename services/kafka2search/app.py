@@ -256,12 +256,17 @@ class Indexer(BatchSink[Batch]):
     # -- control events ----------------------------------------------------------------
 
     def truncate(self, ev: EventView) -> None:
-        """All documents of the table go; changes older than the truncate stay out."""
+        """Every document older than the truncate goes, and changes older than it stay
+        out. Newer documents stay: under primary-key partitioning the truncate reaches
+        each partition (pg2kafka sends it to all), and rows written after it may have
+        been indexed from another partition before this copy arrived."""
         alias = self.alias_for(ev)
         st = self.state(alias, ev, {})
         if ev.lsn <= st.truncated_lsn:
-            return  # a redelivered truncate
-        deleted = self.retry(lambda: self.engine.delete_all(st.index), f"truncate {alias}")
+            return  # a redelivered truncate, or its copy from another partition
+        deleted = self.retry(
+            lambda: self.engine.delete_older(st.index, ev.lsn), f"truncate {alias}"
+        )
         st.truncated_lsn = ev.lsn
         self.retry(lambda: self._save_meta(st), f"record the truncate of {alias}")
         self.metrics.schema_changes.labels("truncate").inc()

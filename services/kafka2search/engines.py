@@ -46,7 +46,12 @@ class SearchEngine(Protocol):
 
     def refresh(self, index: str) -> None: ...
 
-    def delete_all(self, index: str) -> int: ...
+    def delete_older(self, index: str, version: int) -> int:
+        """Remove every document whose version (the LSN of its change) is below
+        ``version``, as a delete versioned ``version``: newer documents stay, and an
+        older write arriving later is refused while the engine remembers the delete.
+        Waits until done and visible; returns how many documents were removed."""
+        ...
 
     def update_all(self, index: str, field: str, script: str, params: dict[str, Any]) -> int: ...
 
@@ -135,15 +140,58 @@ class HttpSearchEngine(SearchEngine):
     def refresh(self, index: str) -> None:
         self.request("POST", f"/{index}/_refresh")
 
-    def delete_all(self, index: str) -> int:
-        """Remove every document (a truncate); waits until done."""
+    def delete_older(self, index: str, version: int, page: int = 5000) -> int:
+        """A truncate: every document older than ``version`` is deleted with an external
+        version of ``version`` (``_delete_by_query`` cannot compare versions, and a
+        truncate that reached this consumer through one partition must not remove a
+        newer row another partition's consumer already wrote). Pages through the index
+        with a scroll, ``page`` documents at a time."""
+        self.refresh(index)  # the scroll sees only what was refreshed
         answer = self.request(
             "POST",
-            f"/{index}/_delete_by_query",
-            body={"query": {"match_all": {}}},
-            params={"conflicts": "proceed", "refresh": "true", "wait_for_completion": "true"},
+            f"/{index}/_search",
+            body={"size": page, "_source": False, "version": True, "sort": ["_doc"]},
+            params={"scroll": "2m"},
         )
-        return int(answer.get("deleted", 0))
+        scroll_id = answer.get("_scroll_id")
+        deleted = 0
+        try:
+            while hits := answer.get("hits", {}).get("hits", []):
+                ids = [h["_id"] for h in hits if int(h.get("_version", 0)) < version]
+                if ids:
+                    deleted += self._delete_versioned(index, ids, version)
+                answer = self.request(
+                    "POST", "/_search/scroll", body={"scroll": "2m", "scroll_id": scroll_id}
+                )
+                scroll_id = answer.get("_scroll_id", scroll_id)
+        finally:
+            if scroll_id:
+                self.request("DELETE", "/_search/scroll", body={"scroll_id": [scroll_id]})
+        self.refresh(index)
+        return deleted
+
+    def _delete_versioned(self, index: str, ids: list[str], version: int) -> int:
+        meta = b'"_index":%b,"version":%d,"version_type":"external"' % (
+            orjson.dumps(index),
+            version,
+        )
+        body = b"".join(
+            b'{"delete":{"_id":%b,%b}}\n' % (orjson.dumps(doc_id), meta) for doc_id in ids
+        )
+        results = self.bulk(body)
+        if results is None:
+            return len(ids)
+        done = 0
+        for res in results:
+            status = int(res.get("status", 0))
+            if 200 <= status < 300:
+                done += 1
+            elif status not in (404, 409):  # gone already / newer than the truncate
+                raise PermanentError(
+                    f"truncate of {index}: the engine refused a delete ({status}):"
+                    f" {res.get('error')}"
+                )
+        return done
 
     def update_all(self, index: str, field: str, script: str, params: dict[str, Any]) -> int:
         """Run a painless ``script`` on every document that has ``field``; waits until done.

@@ -18,6 +18,7 @@ from pyspark.sql import SparkSession
 
 from services.kafka2spark.settings import Kafka2SparkSettings
 from shared.kafka import group_lag
+from shared.retry import call_with_retry
 
 log = logging.getLogger(__name__)
 
@@ -46,7 +47,12 @@ def status(settings: Kafka2SparkSettings) -> dict[str, Any]:
 
     consumer = Consumer({**settings.kafka.client_config(), "group.id": settings.source.group_id})
     try:
-        lag = group_lag(consumer, list(settings.source.topics))
+        # A brand-new broker answers NOT_COORDINATOR until its group coordinator loaded.
+        lag = call_with_retry(
+            lambda: group_lag(consumer, list(settings.source.topics)),
+            policy=settings.retry,
+            what="read the group's offsets",
+        )
     finally:
         consumer.close()
     tables = []

@@ -25,6 +25,7 @@ from pyspark.sql.streaming.query import StreamingQuery
 from services.kafka2spark.mirror import BatchResult, DeltaMirror
 from services.kafka2spark.settings import Kafka2SparkSettings
 from shared.kafka import KafkaOffsetCheckpointer
+from shared.retry import call_with_retry
 from shared.secrets import SENSITIVE_KEY_PATTERN
 from shared.service import Runner
 from shared.settings import KafkaSettings
@@ -49,6 +50,11 @@ class Metrics:
         self.records = Counter(f"{prefix}_records", "Kafka records read", registry=registry)
         self.merged = Counter(
             f"{prefix}_rows_merged", "changes merged into mirrors (after reduction per key)",
+            ["table"], registry=registry,
+        )  # fmt: skip
+        self.keyless = Counter(
+            f"{prefix}_keyless_changes",
+            "changes without key values, not merged into a mirror (the table had no key)",
             ["table"], registry=registry,
         )  # fmt: skip
         self.quarantined = Counter(
@@ -150,11 +156,18 @@ class GroupCommitter:
             }
         )
         self.checkpointer = KafkaOffsetCheckpointer(self.consumer)
+        self.retry = settings.retry
 
     def __call__(self, result: BatchResult) -> None:
         if not result.offsets:
             return
-        self.checkpointer.commit(result.offsets)
+        # Transient broker errors (a coordinator loading or moving) are waited out here:
+        # failing the batch would redo all of its Delta work.
+        call_with_retry(
+            lambda: self.checkpointer.commit(result.offsets),
+            policy=self.retry,
+            what="commit the batch's offsets to the group",
+        )
         try:
             for (topic, partition), offset in result.offsets.items():
                 _low, high = self.consumer.get_watermark_offsets(
@@ -249,6 +262,8 @@ def build(settings: Kafka2SparkSettings, spark: SparkSession | None = None) -> S
         metrics.schema_changes.inc(len(result.schema_changes))
         for table, n in result.merged.items():
             metrics.merged.labels(table).inc(n)
+        for table, n in result.keyless.items():
+            metrics.keyless.labels(table).inc(n)
         metrics.last_batch.set(result.batch_id)
         metrics.last_batch_time.set(time.time())
         log.info(

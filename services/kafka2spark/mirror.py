@@ -90,6 +90,8 @@ class BatchResult:
     quarantined: int = 0
     events: int = 0
     merged: dict[str, int] = field(default_factory=dict)  # table -> source rows merged
+    # table -> changes without key values, never merged (a keyed mirror has no NULL keys)
+    keyless: dict[str, int] = field(default_factory=dict)
     schema_changes: list[str] = field(default_factory=list)
     offsets: dict[tuple[str, int], int] = field(default_factory=dict)  # last offset read
     seconds: float = 0.0
@@ -304,13 +306,16 @@ class DeltaMirror:
                 .agg(F.max_by("type", "lsn").alias("type"), F.max("lsn").alias("newest"))
                 .collect()
             )
+            names = F.map_keys(F.from_json("key", "map<string,string>"))
             keys = (
-                data.select(
-                    TKEY,
-                    "segment",
-                    F.explode(F.map_keys(F.from_json("key", "map<string,string>"))).alias("k"),
+                data.select(TKEY, "segment", names.alias("k"))
+                .groupBy(TKEY, "segment")
+                .agg(
+                    F.array_distinct(F.flatten(F.collect_set("k"))).alias("k"),
+                    F.sum(F.when(F.coalesce(F.size("k"), F.lit(0)) <= 0, 1).otherwise(0)).alias(
+                        "keyless"
+                    ),
                 )
-                .distinct()
                 .collect()
             )
             tables: dict[str, dict[str, Any]] = {}
@@ -322,8 +327,10 @@ class DeltaMirror:
                 if r["column"] is not None:
                     seg[r["column"]] = (r["type"], int(r["newest"]))
             key_cols: dict[tuple[str, int], list[str]] = {}
+            keyless: dict[tuple[str, int], int] = {}
             for r in keys:
-                key_cols.setdefault((r[TKEY], int(r["segment"])), []).append(r["k"])
+                key_cols[(r[TKEY], int(r["segment"]))] = list(r["k"] or [])
+                keyless[(r[TKEY], int(r["segment"]))] = int(r["keyless"] or 0)
 
             for name in sorted(set(tables) | set(by_table)):
                 ctl = by_table.get(name, [])
@@ -344,6 +351,15 @@ class DeltaMirror:
                             seg,
                         )
                         result.merged[label] = result.merged.get(label, 0) + merged
+                        skipped = keyless.get((name, seg), 0)
+                        if skipped:
+                            result.keyless[label] = result.keyless.get(label, 0) + skipped
+                            log.warning(
+                                "%s: %d changes without key values not mirrored (sent while"
+                                " the table had no primary key or replica identity)",
+                                label,
+                                skipped,
+                            )
                     if seg < len(ctl):
                         change = self._control(path, label, ctl[seg])
                         if change:
@@ -429,7 +445,10 @@ class DeltaMirror:
             + [T.StructField(CORRUPT, T.StringType())]
         )
         key_type = T.StructType([T.StructField(c, current[c]) for c in key])
-        src = rows.where(F.col("lsn") > truncated).select(
+        # A change without key values (sent before the table had its key) cannot be
+        # placed in a keyed mirror: merged, it would be a row with NULL keys.
+        has_key = F.coalesce(F.size(F.map_keys(F.from_json("key", "map<string,string>"))), F.lit(0))
+        src = rows.where((F.col("lsn") > truncated) & (has_key > 0)).select(
             F.col("lsn").alias(W_LSN),
             F.col("seq").alias(W_SEQ),
             F.col("op").alias(W_OP),
@@ -503,7 +522,9 @@ class DeltaMirror:
             src.withColumn(W_RANK, F.row_number().over(newest)).where(F.col(W_RANK) == 1)
         ).persist()
         try:
-            on = " AND ".join(f"t.{quote(k)} = s.{quote(k)}" for k in key)
+            # Null-safe: under REPLICA IDENTITY FULL without a primary key, the key is
+            # every column, and a NULL value must still match its row.
+            on = " AND ".join(f"t.{quote(k)} <=> s.{quote(k)}" for k in key)
             newer = f"s.{W_LSN} > t.{LSN}"
             assign: dict[str, str | Column] = {
                 quote(c): f"CASE WHEN s.{W_KEEP}{i} THEN t.{quote(c)} ELSE s.{quote(c)} END"
@@ -575,7 +596,10 @@ class DeltaMirror:
             return None
         if lsn <= int(self._properties(path).get(TRUNCATED, "0")):
             return None  # applied before this batch was replayed
-        self.spark.sql(f"DELETE FROM delta.{quote(str(path))}")
+        # Only rows older than the truncate: under primary-key partitioning it reaches
+        # every partition, and rows written after it may have been merged from another
+        # partition first.
+        self.spark.sql(f"DELETE FROM delta.{quote(str(path))} WHERE {LSN} < {int(lsn)}")
         self._set_property(path, TRUNCATED, str(lsn))
         return f"{name}: truncated"
 

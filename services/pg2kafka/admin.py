@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import psycopg
@@ -19,6 +20,7 @@ from services.pg2kafka.migrations import migrate
 from services.pg2kafka.settings import Pg2KafkaSettings
 from shared.errors import PermanentError
 from shared.kafka import ensure_topic
+from shared.retry import call_with_retry
 
 log = logging.getLogger(__name__)
 
@@ -92,11 +94,16 @@ def init(settings: Pg2KafkaSettings, *, migrations_only: bool = False) -> InitRe
         if settings.subscriptions.enabled:
             topics.append(settings.subscriptions.topic)
         for topic in topics:
-            if ensure_topic(
-                settings.kafka.client_config(),
-                topic,
-                prod.topic_partitions,
-                prod.topic_replication_factor,
+            if call_with_retry(
+                partial(
+                    ensure_topic,
+                    settings.kafka.client_config(),
+                    topic,
+                    prod.topic_partitions,
+                    prod.topic_replication_factor,
+                ),
+                policy=settings.retry,
+                what=f"create topic {topic}",
             ):
                 report.created.append(f"topic {topic}")
             else:

@@ -50,14 +50,14 @@ class CdcHandler:
         elif isinstance(msg, pg.Truncate):
             for ev in b.truncate(msg, lsn):
                 if self.filter.matches(ev["schema"], ev["table"]):
-                    self.send(session, ev)
+                    self.send_table_wide(session, ev)
         elif isinstance(msg, pg.Message) and msg.prefix == DDL_PREFIX:
             if not msg.transactional or b.txn is None:
                 log.warning("ignoring a non-transactional DDL message at %s", pg.format_lsn(lsn))
                 return
             for ev in b.ddl(msg, lsn):
                 if self.filter.matches(ev["schema"], ev["table"]):
-                    self.send_ddl(session, ev)
+                    self.send_table_wide(session, ev)
         # Commits, heartbeats, other logical messages and Origin only move the position.
 
     def housekeeping(self, session: ReplicationSession) -> bool:
@@ -96,19 +96,22 @@ class CdcHandler:
         value = self._encode(ev)
         session.send(Outgoing(self.topic_for(session, ev), self.key_for(ev), value), ev["op"])
 
-    def send_ddl(self, session: ReplicationSession, ev: ChangeEvent) -> None:
-        """Under primary-key keys a table's rows spread over every partition, so its
-        schema change goes to every partition: each sees it before dependent rows."""
+    def send_table_wide(self, session: ReplicationSession, ev: ChangeEvent) -> None:
+        """A truncate or a schema change concerns every row of the table. Under
+        primary-key keys the rows spread over every partition, so the event goes to every
+        partition: each partition's consumer sees it in order with the rows around it (a
+        truncate sent to one partition only would, in a consumer reading the others
+        first, remove rows written after it). Sinks apply it once, by its LSN."""
         if self.mode != "primary_key":
             self.send(session, ev)
             return
         value = self.serializer.encode(ev)
         key = f"{ev['schema']}.{ev['table']}".encode()
         topic = self.topic_for(session, ev)
-        partitions = session.refresh_partitions(topic)  # DDL is rare: ask again
+        partitions = session.refresh_partitions(topic)  # rare events: ask again
         for partition in range(partitions):
             session.write(Outgoing(topic, key, value, partition=partition))
-        session.count("ddl", len(value) * partitions)
+        session.count(ev["op"], len(value) * partitions)
 
 
 class CdcStream(SlotStream):

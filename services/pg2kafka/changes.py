@@ -24,6 +24,7 @@ from services.pg2kafka.types import TypeRegistry, text_converter
 from shared.contract.event import EVENT_VERSION
 from shared.contract.event import ChangeEvent as Event
 from shared.errors import PermanentError
+from shared.logs import SampledLog
 
 log = logging.getLogger(__name__)
 
@@ -109,6 +110,7 @@ class EventBuilder:
         self._warned: set[int] = set()
         self.malformed_ddl = 0
         self.unconverted = 0  # values kept as text because their converter failed
+        self._kept_log = SampledLog(log, "values kept as text")
         self._seq = 0
         self.skipped_no_identity = 0
 
@@ -187,7 +189,14 @@ class EventBuilder:
                         # travels as the server's text, and is counted and logged.
                         row[name] = value
                         self.unconverted += 1
-                        log.warning("kept %s.%s.%s as text: %s", rel.schema, rel.table, name, exc)
+                        self._kept_log.warning(
+                            f"{rel.schema}.{rel.table}.{name}",
+                            "kept %s.%s.%s as text: %s",
+                            rel.schema,
+                            rel.table,
+                            name,
+                            exc,
+                        )
             elif value is None:
                 row[name] = None
             else:  # UNCHANGED_TOAST

@@ -174,3 +174,19 @@ def delete_topic(settings: Pg2KafkaSettings) -> None:
     topic = settings.producer.topic
     client = AdminClient(settings.kafka.client_config())  # must outlive the future
     client.delete_topics([topic])[topic].result(30)
+
+
+def crafted_event(
+    table: str, op: str, lsn: int, row_id: int | None = None, *, keyless: bool = False
+) -> bytes:
+    """A change event as pg2kafka writes it, built by hand to place it in a chosen
+    partition with a chosen LSN (the row: ``{"id": row_id, "v": lsn}``)."""
+    ev: dict[str, Any] = {
+        "v": 1, "op": op, "db": "walcast", "schema": "public", "table": table, "lsn": lsn,
+        "seq": 0, "commit_lsn": lsn, "xid": 1, "commit_ts": "2026-01-01T00:00:00.000000Z",
+        "key": {}, "new": None, "old": None, "types": {"id": "int4", "v": "int4"},
+    }  # fmt: skip
+    if row_id is not None:
+        ev["key"] = {} if keyless else {"id": row_id}
+        ev["new"] = {"id": row_id, "v": lsn}
+    return orjson.dumps(ev)

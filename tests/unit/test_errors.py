@@ -58,6 +58,26 @@ def test_kafka_errors() -> None:
     assert not is_retriable(KafkaException(fatal))
 
 
+@pytest.mark.parametrize(
+    "code",
+    [
+        KafkaError.NOT_COORDINATOR,  # the demo's first run: committed() on a new broker
+        KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
+        KafkaError.COORDINATOR_NOT_AVAILABLE,
+        KafkaError._WAIT_COORD,
+        KafkaError.LEADER_NOT_AVAILABLE,
+        KafkaError.REQUEST_TIMED_OUT,
+        KafkaError._TIMED_OUT,
+    ],
+)
+def test_kafka_errors_a_new_or_restarting_broker_gives_are_retriable(code: int) -> None:
+    """librdkafka sets the retriable flag only on errors it raised itself; the same codes
+    come back unflagged from committed() / list_topics()."""
+    err = KafkaError(code)
+    assert not err.retriable()
+    assert is_retriable(KafkaException(err))
+
+
 def test_cause_chain_wins_over_unknown_wrapper() -> None:
     assert classify(_chained(ValueError("wrapped"), TimeoutError("slow"))) is Verdict.RETRIABLE
 

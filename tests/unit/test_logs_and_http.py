@@ -10,7 +10,7 @@ import pytest
 from prometheus_client import CollectorRegistry, Counter
 
 from shared.http import OpsServer
-from shared.logs import bind, configure_logging, register_secret
+from shared.logs import SampledLog, bind, configure_logging, register_secret
 from shared.secrets import MASK
 
 
@@ -90,3 +90,26 @@ def _restore_logging() -> object:
     yield
     root.handlers[:] = handlers
     root.setLevel(level)
+
+
+def test_a_flood_of_warnings_is_a_sample_and_a_rate(caplog: pytest.LogCaptureFixture) -> None:
+    """779,071 dead-letter lines in five minutes of one run: a flood is logged as the
+    first few in full, then one summary per window with the count, rate and reasons."""
+    now = [0.0]
+    logger = logging.getLogger("walcast.test.sampled")
+    sampled = SampledLog(logger, "dead letters", sample=3, every_s=10, clock=lambda: now[0])
+    with caplog.at_level(logging.WARNING, logger="walcast.test.sampled"):
+        for i in range(100_000):
+            sampled.warning("no document id" if i % 4 else "refused", "dead letter %d", i)
+        assert len(caplog.records) == 4  # three in full, and a note that the rest are counted
+        shown = [r.getMessage() for r in caplog.records[:3]]
+        assert shown == [f"dead letter {i}" for i in range(3)]
+        now[0] = 12.0
+        sampled.tick()
+        summary = caplog.records[-1].getMessage()
+        assert summary.startswith("99997 more dead letters in the last 12s (8333.1/s)")
+        assert "74998 x no document id" in summary
+        sampled.tick()  # nothing new: no line
+        assert len(caplog.records) == 5
+        sampled.warning("refused", "dead letter %d", 1)  # a new window shows in full again
+        assert caplog.records[-1].getMessage() == "dead letter 1"

@@ -6,10 +6,10 @@ Delta root under tmp_path, its own checkpoint and consumer group."""
 from __future__ import annotations
 
 import contextlib
+import json
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 from confluent_kafka.admin import AdminClient
@@ -73,15 +73,20 @@ class Mirror:
             service.committer.close()
         return service
 
-    def feed(self, batch_id: int, **offsets: Any) -> BatchResult:
-        """Read the topic as one DataFrame (Spark's Kafka source, batch mode) and hand it
-        to the mirror as micro-batch ``batch_id``."""
+    def feed(self, batch_id: int, partitions: list[int] | None = None) -> BatchResult:
+        """Read the topic (or only ``partitions`` of it) as one DataFrame (Spark's Kafka
+        source, batch mode) and hand it to the mirror as micro-batch ``batch_id``."""
         reader = self.spark.read.format("kafka")
         from services.kafka2spark.app import kafka_source_options
 
         for key, value in kafka_source_options(self.settings.kafka).items():
             reader = reader.option(key, value)
-        df = reader.option("subscribe", ",".join(self.settings.source.topics)).load()
+        topics = self.settings.source.topics
+        if partitions is None:
+            reader = reader.option("subscribe", ",".join(topics))
+        else:
+            reader = reader.option("assign", json.dumps({topics[0]: partitions}))
+        df = reader.load()
         got: list[BatchResult] = []
         DeltaMirror(self.spark, self.settings, got.append)(df, batch_id)
         return got[0]

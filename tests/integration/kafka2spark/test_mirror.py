@@ -13,10 +13,13 @@ from typing import Any
 
 import orjson
 from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient
 from deltalake import DeltaTable
 
 from services.kafka2spark import admin as spark_admin
+from shared.kafka import ensure_topic
 from tests.integration.conftest import Harness, HarnessFactory, data
+from tests.integration.conftest import crafted_event as change
 from tests.integration.kafka2spark.conftest import MirrorFactory, wait_for
 
 COLUMNS = "id, name, price::text, active, doc::text, big, ts, op"
@@ -257,3 +260,38 @@ def test_status_and_maintain(
     assert done[f"public.{table}"]["files_removed"] >= 3  # compacted into one
     assert done[f"public.{table}"]["files_added"] == 1
     assert delta_rows(m.path(table)) == before == pg_rows(h, table)
+
+
+def test_a_truncate_removes_only_rows_older_than_itself_and_keyless_rows_stay_out(
+    make_mirror: MirrorFactory, unique_name: str
+) -> None:
+    """Under primary-key partitioning a truncate travels in every partition, and a batch
+    may hold rows written after it (other partitions) without it: the truncate arriving
+    later must keep them. Changes without key values (sent while the table had no key)
+    never become NULL-key rows of the keyed mirror."""
+    topic = f"{unique_name}.trunc"
+    t = "trunc"
+    m = make_mirror(topic)
+    config = m.settings.kafka.client_config()
+    ensure_topic(config, topic, 2, 1)
+    try:
+        producer = Producer({"bootstrap.servers": m.settings.kafka.bootstrap_servers})
+        producer.produce(topic, change(t, "insert", 50, 2), b"k2", partition=1)
+        producer.produce(topic, change(t, "insert", 200, 1), b"k1", partition=1)
+        producer.produce(topic, change(t, "insert", 210, 7, keyless=True), b"t", partition=1)
+        producer.produce(topic, change(t, "insert", 60, 3), b"k3", partition=0)
+        producer.produce(topic, change(t, "truncate", 100), b"t", partition=0)
+        producer.flush(10)
+        first = m.feed(0, partitions=[1])
+        assert first.keyless == {f"public.{t}": 1}
+        path = m.path(t)
+        assert sorted(delta_ids(path)) == [1, 2]
+        m.feed(1, partitions=[0])
+        assert delta_ids(path) == [1]  # LSN 200 > the truncate's 100: kept
+    finally:
+        client = AdminClient(config)
+        client.delete_topics([topic])[topic].result(30)
+
+
+def delta_ids(path: Path) -> list[int | None]:
+    return [r["id"] for r in DeltaTable(str(path)).to_pyarrow_table().to_pylist()]

@@ -143,6 +143,32 @@ def test_ddl_goes_to_every_partition_under_primary_key_keys(
         assert ops[0] == "ddl", (part, ops)
 
 
+def test_truncate_goes_to_every_partition_under_primary_key_keys(
+    make_harness: HarnessFactory, unique_name: str
+) -> None:
+    """pgbench -i's TRUNCATE + COPY in one transaction: the rows after the truncate spread
+    over every partition, so each partition must carry the truncate before them (sent to
+    one partition, a consumer reading the others first deleted newer rows)."""
+    h = make_harness(producer={"partition_key": "primary_key"})
+    t = f"{unique_name}_pktrunc"
+    h.sql(f"CREATE TABLE {t} (id int PRIMARY KEY, v int)")
+    h.start()
+    h.sql(f"INSERT INTO {t} SELECT g, 0 FROM generate_series(1, 30) g")
+    h.sql(f"BEGIN; TRUNCATE {t}; INSERT INTO {t} SELECT g, 1 FROM generate_series(1, 30) g; COMMIT")
+    h.events(lambda s: len([e for e in s if e.get("table") == t and e["op"] == "insert"]) >= 60)
+    mine = [(p, e) for p, e in zip(h.partitions, h.seen, strict=True) if e.get("table") == t]
+    truncates = [(p, e) for p, e in mine if e["op"] == "truncate"]
+    assert sorted(p for p, _ in truncates) == [0, 1, 2]
+    assert len({(e["lsn"], e["seq"]) for _, e in truncates}) == 1  # one truncate, three copies
+    cut = truncates[0][1]["lsn"]
+    for part in range(3):
+        ops = [(e["op"], e["lsn"]) for p, e in mine if p == part]
+        at = ops.index(("truncate", cut))
+        assert all(lsn < cut for op, lsn in ops[:at] if op == "insert"), (part, ops)
+        assert all(lsn > cut for op, lsn in ops[at + 1 :]), (part, ops)
+        assert any(op == "insert" for op, _ in ops[at + 1 :]), (part, ops)
+
+
 def test_partitioned_table_streams_under_its_root(harness: Harness, unique_name: str) -> None:
     t = f"{unique_name}_parted"
     harness.start()
