@@ -16,13 +16,13 @@ Contract (documented in docs/kafka2search.md):
 from __future__ import annotations
 
 import hashlib
-import re
 from collections.abc import Mapping
 from typing import Any
 
 import orjson
 
 from shared.contract import pgtypes
+from shared.naming import SEARCH_INDEX, table_name
 
 MAX_ID_BYTES = 512
 
@@ -38,19 +38,10 @@ def properties(types: Mapping[str, str]) -> dict[str, Mapping[str, Any]]:
     return {column: field_mapping(t) for column, t in types.items()}
 
 
-_INVALID = re.compile(r'[\\/*?"<>| ,#:]')
-
-
 def alias_name(template: str, db: str, schema: str, table: str) -> str:
-    """The alias of a table's index: the template filled, lower-cased, characters the
-    engines refuse in index names replaced by ``_``, no leading ``-``, ``_`` or ``+``."""
-    name = _INVALID.sub("_", template.format(db=db, schema=schema, table=table).lower())
-    name = name.lstrip("-_+") or "walcast"
-    if name in (".", ".."):
-        name = "walcast"
-    # The engines' limit is 255 bytes; 200 leaves room for the "-vN" suffix. Cut at a
-    # character boundary.
-    return name.encode()[:200].decode(errors="ignore")
+    """The alias of a table's index: the template filled, lower-cased, and collision-free
+    (:func:`shared.naming.table_name`: a name that had to change gets a hash suffix)."""
+    return table_name(template, SEARCH_INDEX, db, schema, table)
 
 
 def index_name(alias: str, version: int = 1) -> str:

@@ -54,6 +54,7 @@ from pyspark.sql import types as T  # noqa: N812 - the PySpark convention
 from services.kafka2spark.schema import ENVELOPE, spark_type
 from services.kafka2spark.settings import Kafka2SparkSettings
 from shared.contract.event import CONTROL_OPS, DATA_OPS, EVENT_VERSION
+from shared.naming import DELTA_DIRECTORY, table_name
 
 log = logging.getLogger(__name__)
 
@@ -68,7 +69,6 @@ W_NEW, W_KEY, W_KAFKA, W_CARRY, W_KEEP, W_RANK = (
     "__w_new", "__w_key", "__w_", "__w_carry_", "__w_keep_", "__w_rank",
 )  # fmt: skip
 _KAFKA_FIELDS = ("kafka_key", "kafka_value", "topic", "partition", "offset", "kafka_ts")
-_UNSAFE_PATH = re.compile(r"[^A-Za-z0-9_.\-]")
 
 
 def quote(name: str) -> str:
@@ -77,8 +77,8 @@ def quote(name: str) -> str:
 
 
 def table_dir(template: str, db: str, schema: str, table: str) -> str:
-    name = template.format(db=db, schema=schema, table=table)
-    return _UNSAFE_PATH.sub("_", name)
+    """The mirror's directory name: collision-free (:func:`shared.naming.table_name`)."""
+    return table_name(template, DELTA_DIRECTORY, db, schema, table)
 
 
 @dataclass

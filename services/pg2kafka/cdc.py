@@ -21,6 +21,7 @@ from services.pg2kafka.settings import Pg2KafkaSettings
 from shared.contract.event import ChangeEvent, JsonEventSerializer
 from shared.interfaces import Serializer
 from shared.kafka import Outgoing
+from shared.naming import KAFKA_TOPIC, table_name
 
 log = logging.getLogger(__name__)
 
@@ -87,7 +88,9 @@ class CdcHandler:
         where = (ev["schema"], ev["table"])
         topic = self._topics.get(where)
         if topic is None:
-            topic = template.format(db=ev["db"], schema=ev["schema"], table=ev["table"])
+            # Table names may hold what Kafka refuses ("Order Items"): sanitised and made
+            # collision-free (shared.naming).
+            topic = table_name(template, KAFKA_TOPIC, ev["db"], ev["schema"], ev["table"])
             session.ensure_topic(topic)
             self._topics[where] = topic
         return topic

@@ -6,6 +6,7 @@ Shared by the live and queueing sessions (:mod:`.subscriptions`) and the replay
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import orjson
@@ -37,15 +38,29 @@ def event_message(
         headers.append(("walcast-lsn", str(lsn).encode()))
     metadata = row.get("metadata")
     if isinstance(metadata, str):
-        meta = orjson.loads(metadata)
+        meta = _loads(metadata)
         if isinstance(meta, dict):
             for k, v in meta.items():
-                headers.append((str(k), v.encode() if isinstance(v, str) else orjson.dumps(v)))
+                headers.append((str(k), v.encode() if isinstance(v, str) else _dumps(v)))
     return Outgoing(topic, event_key(payload, key_field), payload.encode(), headers)
 
 
+class _Number(str):
+    """A JSON number beyond a double's range, kept as its literal text."""
+
+
+def _loads(text: str) -> Any:
+    """Parse a payload from Postgres: jsonb holds numbers of any size (``1e309``), which
+    orjson refuses (that stopped the events stream and CDC with it). The rare payload
+    orjson cannot read is parsed again with numbers kept as their literal text."""
+    try:
+        return orjson.loads(text)
+    except orjson.JSONDecodeError:
+        return json.loads(text, parse_float=_Number, parse_int=_Number, parse_constant=_Number)
+
+
 def event_key(payload: str, key_field: str | None) -> bytes | None:
-    doc = orjson.loads(payload)
+    doc = _loads(payload)
     if not isinstance(doc, dict):
         return None
     if key_field:
@@ -53,9 +68,19 @@ def event_key(payload: str, key_field: str | None) -> bytes | None:
         for part in key_field.split("."):
             node = node.get(part) if isinstance(node, dict) else None
         if node is not None:
-            return (node if isinstance(node, str) else orjson.dumps(node).decode()).encode()
+            return node.encode() if isinstance(node, str) else _dumps(node)
     name = doc.get("tg_name")
     return name.encode() if isinstance(name, str) else None
+
+
+def _dumps(value: Any) -> bytes:
+    return orjson.dumps(value, default=_as_fragment, option=orjson.OPT_PASSTHROUGH_SUBCLASS)
+
+
+def _as_fragment(value: Any) -> orjson.Fragment:
+    if isinstance(value, _Number):
+        return orjson.Fragment(str.__str__(value))
+    raise TypeError(type(value).__name__)
 
 
 def kafka_answers(settings: Pg2KafkaSettings, topic: str, admin: AdminClient | None = None) -> bool:

@@ -22,7 +22,7 @@ replication connection pins ``DateStyle=ISO``, ``TimeZone=UTC``,
 
 * integers → int; ``numeric`` → the exact string; floats → float (``NaN`` and
   ``±Infinity`` stay strings: JSON has no such numbers);
-* boolean → bool; json / jsonb → the parsed JSON;
+* boolean → bool; json / jsonb → the server's JSON text, embedded unparsed (exact);
 * timestamp / timestamptz → ISO-8601 (``T`` separator, ``+hh:mm`` offsets, ``infinity``
   kept as is); date → ``YYYY-MM-DD``;
 * bytea → base64; everything else → the text;
@@ -55,8 +55,14 @@ def _float(v: str) -> float | str:
     return f
 
 
-def _json(v: str) -> Any:
-    return orjson.loads(v)
+def _json(v: str) -> orjson.Fragment:
+    """The server's JSON text, embedded in the event as is: parsed, ``12345678901234567.89``
+    would become ``1.2345678901234568e16``, big integers floats, and ``1e309`` an error.
+    Line breaks (only whitespace between tokens: JSON strings cannot hold them raw)
+    become spaces, so an event stays one line."""
+    if "\n" in v or "\r" in v:
+        v = v.replace("\r", " ").replace("\n", " ")
+    return orjson.Fragment(v)
 
 
 def _bytea(v: str) -> str:

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import json
 import random
 import time
+from decimal import Decimal
 from typing import Any
 
-import orjson
 from confluent_kafka import Consumer
 from confluent_kafka.admin import AdminClient
 from psycopg.types.json import Jsonb
@@ -65,6 +66,12 @@ def test_events_reach_their_topic_with_key_and_headers(
             "INSERT INTO _walcast.events (payload, stream_id) VALUES (%s, %s)",
             [Jsonb({"type": "not-ours"}), other],
         )  # another stream: not delivered
+        # A number beyond a double's range (jsonb holds any numeric) used to stop the
+        # events stream and CDC with it.
+        h.sql(
+            "INSERT INTO _walcast.events (payload, stream_id) VALUES (%s::jsonb, %s)",
+            ['{"group_id": 1e309, "big": 12345678901234567.89}', stream],
+        )
         got: list[dict[str, Any]] = []
         consumer = Consumer(
             {
@@ -76,14 +83,14 @@ def test_events_reach_their_topic_with_key_and_headers(
         consumer.subscribe([f"{unique_name}.events"])
         deadline = time.monotonic() + 60
         try:
-            while len(got) < 3 and time.monotonic() < deadline:
+            while len(got) < 4 and time.monotonic() < deadline:
                 msg = consumer.poll(0.5)
                 if msg is None or msg.error():
                     continue
                 got.append(
                     {
                         "key": msg.key(),
-                        "value": orjson.loads(msg.value()),
+                        "value": json.loads(msg.value(), parse_float=Decimal),
                         "headers": dict(msg.headers() or []),
                     }
                 )
@@ -92,9 +99,12 @@ def test_events_reach_their_topic_with_key_and_headers(
             consumer.close()
         assert extra is None or extra.error()
         by_key = {g["key"]: g for g in got}
-        assert set(by_key) == {b"42", b"43", None}
+        huge = b"1" + b"0" * 309
+        assert set(by_key) == {b"42", b"43", None, huge}
+        assert by_key[huge]["value"]["big"] == Decimal("12345678901234567.89")
+        assert by_key[huge]["value"]["group_id"] == Decimal(10) ** 309
         order = by_key[b"42"]
-        assert order["value"]["new"] == {"id": 1, "user_id": 42, "total": 10.5}
+        assert order["value"]["new"] == {"id": 1, "user_id": 42, "total": Decimal("10.5")}
         assert order["value"]["queue_name"] == "order-notifications"
         assert order["headers"]["topic"] == b"orders"
         assert order["headers"]["priority"] == b'{"level":1}'

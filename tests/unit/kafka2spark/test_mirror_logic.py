@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -51,8 +52,24 @@ def test_identifiers_are_quoted_whatever_they_contain() -> None:
 
 def test_table_directories_stay_inside_the_root() -> None:
     assert table_dir("{schema}.{table}", "db", "public", "orders") == "public.orders"
-    assert table_dir("{schema}.{table}", "db", "../x", "a/b c") == ".._x.a_b_c"
+    escaped = table_dir("{schema}.{table}", "db", "../x", "a/b c")
+    assert re.fullmatch(r"_x\.a_b_c-[0-9a-f]{10}", escaped)
     assert "/" not in table_dir("{db}/{schema}.{table}", "d", "s", "t")
+
+
+@pytest.mark.parametrize(
+    ("one", "other"),
+    [
+        (("s", "a b"), ("s", "a_b")),
+        (("a.b", "c"), ("a", "b.c")),
+        (("s", "Orders"), ("s", "orders")),
+    ],
+)
+def test_tables_never_share_a_mirror(one: tuple[str, str], other: tuple[str, str]) -> None:
+    """Shared, a TRUNCATE of one table removed the other's rows. Case twins differ even
+    on a case-insensitive file system."""
+    a, b = table_dir("{schema}.{table}", "d", *one), table_dir("{schema}.{table}", "d", *other)
+    assert a.lower() != b.lower()
 
 
 @pytest.mark.parametrize(

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import orjson
 import pytest
 
 from services.pg2kafka.types import TypeInfo, TypeRegistry
@@ -34,7 +35,24 @@ from shared.contract.pgtypes import parse_array
     ],
 )
 def test_builtin_conversions(oid: int, text: str, expected: object) -> None:
-    assert TypeRegistry().convert(oid, text) == expected
+    # as the event carries it (JSON values are embedded as the server's text)
+    assert orjson.loads(orjson.dumps(TypeRegistry().convert(oid, text))) == expected
+
+
+@pytest.mark.parametrize("oid", [114, 3802])
+def test_json_passes_through_exactly(oid: int) -> None:
+    """Through a float parser, 12345678901234567.89 became 1.2345678901234568e16, big
+    integers floats, and 1e309 an error that stopped the stream."""
+    text = '{"price": 12345678901234567.89, "id": 123456789012345678901234567890, "x": 1e309}'
+    assert orjson.dumps({"doc": TypeRegistry().convert(oid, text)}) == b'{"doc":%b}' % (
+        text.encode()
+    )
+    # json (not jsonb) keeps the client's layout: line breaks between tokens become spaces,
+    # so the event stays one line
+    spread = '{\n  "a": [1,\r\n 2]\n}'
+    out = orjson.dumps(TypeRegistry().convert(114, spread))
+    assert b"\n" not in out
+    assert orjson.loads(out) == {"a": [1, 2]}
 
 
 def test_unknown_types_are_looked_up_once() -> None:
