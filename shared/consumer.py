@@ -189,6 +189,10 @@ class ConsumerLoop(Generic[B]):
         self.unconfirmed: dict[tuple[str, int], int] = {}  # committed without waiting
         self.writer: ThreadPoolExecutor | None = None
         self.next_lag = 0.0
+        self.revoke_failure: BaseException | None = None
+        # Readiness: the member joined the group (an assignment arrived, maybe empty when
+        # there are more members than partitions) — not merely created its consumer.
+        self.joined = False
 
     def tick(self) -> None:
         """The loop is alive (liveness: ``/health``)."""
@@ -207,6 +211,7 @@ class ConsumerLoop(Generic[B]):
             "session.timeout.ms": c.session_timeout_ms,
             "max.poll.interval.ms": c.max_poll_interval_ms,
             "partition.assignment.strategy": "cooperative-sticky",
+            **({"group.instance.id": c.group_instance_id} if c.group_instance_id else {}),
         }
 
     # -- the loop ----------------------------------------------------------------------
@@ -232,6 +237,8 @@ class ConsumerLoop(Generic[B]):
         self.held = []
         self.unconfirmed = {}
         self.paused = False
+        self.revoke_failure = None
+        self.joined = self.start is not None  # a replay assigns its partitions itself
         self.checkpointer = KafkaOffsetCheckpointer()
         consumer = self.make_consumer(
             {**self.consumer_config(), "on_commit": self.checkpointer.on_commit}
@@ -262,6 +269,7 @@ class ConsumerLoop(Generic[B]):
                         left = b.max_wait_s - (time.monotonic() - self.batch_started)
                         timeout = min(timeout, max(left, 0.0))
                     records = consumer.consume(min(b.max_docs, 10_000), timeout=timeout)
+                self._check_revoke()  # before a record of this member's kept partitions
                 if records:
                     self.metrics.records.inc(len(records))
                 for msg in records:
@@ -335,6 +343,7 @@ class ConsumerLoop(Generic[B]):
         it, so nothing is in flight when this returns."""
         if self.flushing:
             return
+        self._check_revoke()
         self.flushing = True
         try:
             self.collect(block=False)
@@ -382,6 +391,7 @@ class ConsumerLoop(Generic[B]):
     def _commit(self, positions: dict[tuple[str, int], int], wait: bool) -> None:
         """Commit ``positions``; with ``wait``, also what was committed without waiting
         before (sent again, in order after it: once this answer is in, so is theirs)."""
+        self._check_revoke()
         if self.checkpointer is None or self.start is not None:
             return
         if wait:
@@ -412,6 +422,14 @@ class ConsumerLoop(Generic[B]):
             if assignment:
                 self.consumer.pause(assignment)
             self.paused = True
+
+    def _check_revoke(self) -> None:
+        """Raise when a flush on revocation failed in this session (see ``_on_revoke``)."""
+        if self.revoke_failure is not None:
+            raise RetriableError(
+                "a flush on partition revocation failed: the session restarts from the"
+                " committed offsets"
+            ) from self.revoke_failure
 
     def _abandon(self) -> None:
         """Leaving without committing: let the writes in flight end (their records are
@@ -456,6 +474,7 @@ class ConsumerLoop(Generic[B]):
         if self.paused and partitions:
             consumer.pause(partitions)  # newly assigned during a backoff: paused as well
         self.assigned = list(consumer.assignment())
+        self.joined = True  # a member of the group, consuming what it was given
         log.info("assigned %s", _names(partitions))
 
     def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
@@ -473,8 +492,14 @@ class ConsumerLoop(Generic[B]):
         self.in_callback = True
         try:
             self.flush()
-        except Exception as exc:  # noqa: BLE001 - the new owner re-reads the uncommitted
-            log.warning("flush on revoke failed: %s", exc)
+        except Exception as exc:  # noqa: BLE001 - raised from the loop, not the callback
+            # The batch is lost with records of the partitions this member keeps (under
+            # cooperative-sticky assignment it keeps some): its position there is past
+            # them, so any later commit would skip records never written. Nothing more is
+            # committed in this session; the loop raises, and the next session reads
+            # again from the committed offsets.
+            log.warning("flush on revoke failed: %s; the session restarts", exc)
+            self.revoke_failure = exc
             self._abandon()
         finally:
             self.in_callback = False
@@ -488,6 +513,7 @@ class ConsumerLoop(Generic[B]):
         log.warning(
             "lost %s (session expired): uncommitted records will be re-read", _names(partitions)
         )
+        self.joined = False
         self._abandon()
         self.batch.clear()
         self.positions = {}

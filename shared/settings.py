@@ -134,7 +134,15 @@ class ConsumerSettings(Section):
     # librdkafka's prefetch budget: the bytes of fetched messages held before the service
     # takes them. With the batch budget below it bounds the consumer's memory.
     max_queue_bytes: int = Field(default=32 * 1024 * 1024, ge=1024 * 1024)
-    session_timeout_ms: int = Field(default=30_000, ge=1000)
+    # How long the group waits for a member that stopped heartbeating (killed, or its
+    # host gone) before its partitions go to the others: after a kill -9 and restart,
+    # the restarted member waits this long for its partitions (30 s before; see
+    # docs/kafka2search.md, "restarts"). Heartbeats come from a client thread every 3 s.
+    session_timeout_ms: int = Field(default=10_000, ge=6000)
+    # Static membership (Kafka's group.instance.id): a member restarted under the same id
+    # within the session timeout gets its partitions back without a rebalance. Give each
+    # replica a stable, unique id (a StatefulSet pod name); unset: dynamic membership.
+    group_instance_id: str | None = Field(default=None, min_length=1)
     # A write retried longer than this makes the group think the member died.
     max_poll_interval_ms: int = Field(default=600_000, ge=10_000)
 

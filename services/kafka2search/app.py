@@ -485,7 +485,15 @@ def build(settings: Kafka2SearchSettings) -> Service:
         ),
     )
     runner.ready("engine", lambda: (engine.ping(), engine.name))
-    runner.ready("assigned", lambda: (loop.consumer is not None, "consumer running"))
+    # Ready = consuming: the member joined the group and got its assignment (a restart
+    # after kill -9 waits up to consumer.session_timeout_ms for the old member's share).
+    runner.ready(
+        "consuming",
+        lambda: (
+            loop.consumer is not None and loop.joined,
+            f"{len(loop.assigned)} partitions assigned" if loop.joined else "joining the group",
+        ),
+    )
     return Service(settings, runner, loop, indexer, engine)
 
 

@@ -62,11 +62,6 @@ def ddl_capture_installed(conn: psycopg.Connection[tuple[Any, ...]]) -> bool:
     return row is not None and row[0] == 2
 
 
-def is_superuser(conn: psycopg.Connection[tuple[Any, ...]]) -> bool:
-    row = conn.execute("SELECT rolsuper FROM pg_roles WHERE rolname = current_user").fetchone()
-    return bool(row and row[0])
-
-
 def init(settings: Pg2KafkaSettings, *, migrations_only: bool = False) -> InitReport:
     """Apply the SQL migrations, then (unless ``migrations_only``) make sure the
     publication matches the filters, the slot exists and, if configured, the topic."""
@@ -174,78 +169,90 @@ def maintain_partitions(
 def sync_publication(
     conn: psycopg.Connection[tuple[Any, ...]], settings: Pg2KafkaSettings, report: InitReport
 ) -> None:
-    """Register the filters and make the publication hold exactly the matching tables.
-
-    The default filters publish ``FOR ALL TABLES``. Narrower filters publish the tables
-    that match now; the DDL event trigger adds tables created later.
+    """Register the filters and make the publication list exactly the matching tables
+    that have a replica identity (V008): Postgres refuses UPDATE and DELETE on a published
+    table without one, so a ``FOR ALL TABLES`` publication (which an earlier init made,
+    and which is converted here) broke the application's statements on keyless tables.
+    ``filters.keyless_tables`` decides what happens to those: left out (``skip``, reported
+    here, logged and counted by the service) or made ``REPLICA IDENTITY FULL``
+    (``full_identity``). The DDL trigger keeps the list in step with later DDL.
     """
     pub = settings.replication.publication
     filters = settings.filters
+    ident = sql.Identifier(pub)
     with conn.transaction():
         conn.execute(
             "INSERT INTO _walcast.publications"
-            " (publication, include_patterns, exclude_patterns, all_tables)"
-            " VALUES (%s, %s, %s, %s) ON CONFLICT (publication) DO UPDATE SET"
+            " (publication, include_patterns, exclude_patterns, all_tables, keyless)"
+            " VALUES (%s, %s, %s, %s, %s) ON CONFLICT (publication) DO UPDATE SET"
             " include_patterns = EXCLUDED.include_patterns,"
-            " exclude_patterns = EXCLUDED.exclude_patterns, all_tables = EXCLUDED.all_tables",
-            [pub, filters.include, filters.exclude, filters.all_tables],
+            " exclude_patterns = EXCLUDED.exclude_patterns, all_tables = EXCLUDED.all_tables,"
+            " keyless = EXCLUDED.keyless",
+            [pub, filters.include, filters.exclude, filters.all_tables, filters.keyless_tables],
         )
         row = conn.execute(
             "SELECT puballtables FROM pg_publication WHERE pubname = %s", [pub]
         ).fetchone()
-        ident = sql.Identifier(pub)
-        if row is not None and bool(row[0]) != filters.all_tables:
-            raise PermanentError(
-                f"publication {pub!r} exists {'for all' if row[0] else 'for some'} tables,"
-                " which no longer matches the filters",
-                hint="run `pg2kafka tear-down` then `pg2kafka init` (or DROP PUBLICATION)",
+        if row is not None and row[0]:
+            # Dropped and created again in this transaction: a decoder reading the slot
+            # sees the old publication before this commit and the new one after it.
+            conn.execute(sql.SQL("DROP PUBLICATION {}").format(ident))
+            report.warnings.append(
+                f"publication {pub} converted from FOR ALL TABLES to a table list"
+                " (tables without a replica identity are handled by filters.keyless_tables)"
             )
+            row = None
         if row is None:
-            options = sql.SQL(" WITH (publish_via_partition_root = true)")
-            if filters.all_tables and not is_superuser(conn):
-                raise PermanentError(
-                    f"publication {pub!r} FOR ALL TABLES needs a superuser",
-                    hint="set filters.include to the tables to stream (the owner must own"
-                    " them, or be a member of the role that does), or run init as a superuser",
+            conn.execute(
+                sql.SQL("CREATE PUBLICATION {} WITH (publish_via_partition_root = true)").format(
+                    ident
                 )
-            if filters.all_tables:
-                conn.execute(
-                    sql.SQL("CREATE PUBLICATION {} FOR ALL TABLES").format(ident) + options
-                )
-            else:
-                conn.execute(sql.SQL("CREATE PUBLICATION {}").format(ident) + options)
+            )
             report.created.append(f"publication {pub}")
         else:
             report.existing.append(f"publication {pub}")
-        if filters.all_tables:
-            return
-        tables = conn.execute(
-            "SELECT n.nspname, c.relname FROM pg_catalog.pg_class c"
+        matching = conn.execute(
+            "SELECT c.oid, n.nspname, c.relname FROM pg_catalog.pg_class c"
             " JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace"
             " WHERE c.relkind IN ('r', 'p') AND NOT c.relispartition"
             " AND c.relpersistence = 'p'"
-            " AND n.nspname NOT IN ('pg_catalog', 'information_schema')"
+            " AND n.nspname NOT IN ('pg_catalog', 'information_schema', '_walcast')"
             " AND n.nspname NOT LIKE 'pg\\_%%'"
-            " AND _walcast.table_matches(%s, n.nspname, c.relname) ORDER BY 1, 2",
+            " AND _walcast.table_matches(%s, n.nspname, c.relname) ORDER BY 2, 3",
             [pub],
         ).fetchall()
-        if tables:
+        wanted = {int(oid) for oid, _, _ in matching}
+        listed = conn.execute(
+            "SELECT pr.prrelid, n.nspname, c.relname FROM pg_catalog.pg_publication_rel pr"
+            " JOIN pg_catalog.pg_publication pp ON pp.oid = pr.prpubid"
+            " JOIN pg_catalog.pg_class c ON c.oid = pr.prrelid"
+            " JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace WHERE pp.pubname = %s",
+            [pub],
+        ).fetchall()
+        gone = [(s, t) for oid, s, t in listed if int(oid) not in wanted]
+        if gone:  # the filters changed
             conn.execute(
-                sql.SQL("ALTER PUBLICATION {} SET TABLE {}").format(
-                    ident, sql.SQL(", ").join(sql.Identifier(s, t) for s, t in tables)
+                sql.SQL("ALTER PUBLICATION {} DROP TABLE {}").format(
+                    ident, sql.SQL(", ").join(sql.Identifier(s, t) for s, t in gone)
                 )
             )
-        else:
-            current = conn.execute(
-                "SELECT schemaname, tablename FROM pg_publication_tables WHERE pubname = %s",
-                [pub],
-            ).fetchall()
-            if current:
-                conn.execute(
-                    sql.SQL("ALTER PUBLICATION {} DROP TABLE {}").format(
-                        ident, sql.SQL(", ").join(sql.Identifier(s, t) for s, t in current)
-                    )
-                )
+        skipped: list[str] = []
+        for oid, schema, table in matching:
+            outcome = conn.execute("SELECT _walcast.publish_table(%s, %s)", [pub, oid]).fetchone()
+            if outcome is not None and outcome[0] == "skipped":
+                skipped.append(f"{schema}.{table}")
+            elif outcome is not None and outcome[0].startswith("full_identity"):
+                report.created.append(f"REPLICA IDENTITY FULL on {schema}.{table}")
+    if skipped:
+        shown = ", ".join(skipped[:20]) + (
+            f" and {len(skipped) - 20} more" if len(skipped) > 20 else ""
+        )
+        report.warnings.append(
+            f"{len(skipped)} table(s) without a primary key or replica identity left out of"
+            f" publication {pub} (their changes are not streamed; add a primary key, or set"
+            f" filters.keyless_tables=full_identity): {shown}"
+        )
+        log.warning("tables without a replica identity left out: %s", shown)
 
 
 def tear_down(settings: Pg2KafkaSettings) -> list[str]:
@@ -276,15 +283,32 @@ def tear_down(settings: Pg2KafkaSettings) -> list[str]:
             conn.execute(
                 "DELETE FROM _walcast.publications WHERE publication = %s", [rep.publication]
             )
-            # The DDL capture is shared by every stream of this database: it goes with the
-            # last one. Nothing else lives in _walcast yet (subscriptions will).
+            # The DDL capture serves every CDC stream of this database: it goes with the
+            # last one. The schema also holds the subscription streams' subscriptions,
+            # events and replay queues, which are not this stream's to remove: it goes
+            # only when nothing of anyone's is left in it.
             if conn.execute("SELECT count(*) FROM _walcast.publications").fetchone() == (0,):
                 conn.execute("DROP EVENT TRIGGER IF EXISTS walcast_ddl_command_end")
                 conn.execute("DROP EVENT TRIGGER IF EXISTS walcast_sql_drop")
-                conn.execute("DROP SCHEMA IF EXISTS _walcast_sub CASCADE")
-                conn.execute("DROP SCHEMA _walcast CASCADE")
-                removed.append("DDL capture (event triggers, schema _walcast)")
+                removed.append("DDL capture (event triggers)")
+                if _walcast_unused(conn):
+                    conn.execute("DROP SCHEMA IF EXISTS _walcast_sub CASCADE")
+                    conn.execute("DROP SCHEMA _walcast CASCADE")
+                    removed.append("schema _walcast (nothing of any stream left in it)")
+                else:
+                    log.info("schema _walcast kept: it holds other streams' data")
     return removed
+
+
+def _walcast_unused(conn: psycopg.Connection[tuple[Any, ...]]) -> bool:
+    """No stream, subscription, event or queued replay left in ``_walcast``."""
+    row = conn.execute(
+        "SELECT NOT EXISTS (SELECT 1 FROM _walcast.streams)"
+        " AND NOT EXISTS (SELECT 1 FROM _walcast.subscriptions)"
+        " AND NOT EXISTS (SELECT 1 FROM _walcast.events)"
+        " AND NOT EXISTS (SELECT 1 FROM _walcast.replay_queue)"
+    ).fetchone()
+    return bool(row and row[0])
 
 
 def subscriptions_status(

@@ -12,6 +12,7 @@ import logging
 import threading
 
 import orjson
+import psycopg
 
 from services.pg2kafka import pgoutput as pg
 from services.pg2kafka.filters import TableFilter
@@ -41,6 +42,7 @@ class CdcHandler:
         self._encode = self.serializer.encode  # bound once: called per event
         self._schema_keys: dict[str, bytes] = {}
         self._topics: dict[tuple[str, str], str] = {}  # (schema, table) -> topic
+        self._keyless_warned: set[str] = set()
 
     def handle(self, session: ReplicationSession, lsn: int, msg: pg.Decoded) -> None:
         b = session.builder
@@ -59,7 +61,28 @@ class CdcHandler:
             for ev in b.ddl(msg, lsn):
                 if self.filter.matches(ev["schema"], ev["table"]):
                     self.send_table_wide(session, ev)
+            self.check_keyless(session)  # a table may have gained or lost its identity
         # Commits, heartbeats, other logical messages and Origin only move the position.
+
+    def check_keyless(self, session: ReplicationSession) -> None:
+        """Count (a gauge) and name (a warning, once per table) the matching tables left
+        out of the publication for want of a replica identity: their changes are not
+        streamed, and nobody should have to find that out from a sink."""
+        try:
+            tables = session.catalog.keyless_tables(self.settings.replication.publication)
+        except psycopg.Error as exc:
+            log.warning("could not list the tables without a replica identity: %s", exc)
+            return
+        session.metrics.keyless_tables.set(len(tables))
+        new = [t for t in tables if t not in self._keyless_warned]
+        if new:
+            log.warning(
+                "%d table(s) without a primary key or replica identity are not streamed (add"
+                " a primary key, or set filters.keyless_tables=full_identity): %s",
+                len(new),
+                ", ".join(new[:20]) + (" ..." if len(new) > 20 else ""),
+            )
+        self._keyless_warned = set(tables)
 
     def housekeeping(self, session: ReplicationSession) -> bool:
         return False
@@ -131,4 +154,7 @@ class CdcStream(SlotStream):
 
     def run_once(self) -> None:
         """One session, until stopped or a failure (raised)."""
-        self.session().run(CdcHandler(self.settings, self.target))
+        session = self.session()
+        handler = CdcHandler(self.settings, self.target)
+        handler.check_keyless(session)
+        session.run(handler)

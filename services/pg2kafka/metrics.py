@@ -62,6 +62,12 @@ class Metrics:
             " commit, kept instead of failing it)",
             registry=registry,
         )
+        self.keyless_tables = Gauge(
+            f"{prefix}_tables_without_identity",
+            "tables the filters match that are not streamed: no primary key or replica"
+            " identity (filters.keyless_tables=skip)",
+            registry=registry,
+        )
         self.lag = Gauge(
             f"{prefix}_replication_lag_bytes",
             "server WAL end minus confirmed LSN",

@@ -70,6 +70,26 @@ class Catalog:
         )
         return [str(r[0]) for r in rows]
 
+    def keyless_tables(self, publication: str) -> list[str]:
+        """Tables the publication's filters match that are left out of it for want of a
+        replica identity (``filters.keyless_tables: skip``, V008), as ``schema.table``."""
+        rows = (
+            self._conn()
+            .execute(
+                "SELECT n.nspname || '.' || c.relname FROM pg_catalog.pg_class c"
+                " JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace"
+                " WHERE c.relkind IN ('r', 'p') AND NOT c.relispartition"
+                " AND c.relpersistence = 'p'"
+                " AND n.nspname NOT IN ('pg_catalog', 'information_schema', '_walcast')"
+                " AND n.nspname NOT LIKE 'pg\\_%%'"
+                " AND _walcast.table_matches(%s, n.nspname, c.relname)"
+                " AND NOT _walcast.has_identity(c.oid) ORDER BY 1",
+                [publication],
+            )
+            .fetchall()
+        )
+        return [str(r[0]) for r in rows]
+
     def wal_sender_timeout_s(self) -> float:
         row = (
             self._conn()

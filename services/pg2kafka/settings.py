@@ -68,12 +68,18 @@ class ReplicationSettings(Section):
 class FilterSettings(Section):
     """Which tables are streamed: ``schema.table`` patterns, ``*`` a wildcard.
 
-    The default, every table, publishes ``FOR ALL TABLES``; anything narrower publishes
-    the matching tables and adds new matching tables as they are created.
+    The publication lists the matching tables (never ``FOR ALL TABLES``) and the DDL
+    trigger adds matching tables as they are created or gain a replica identity.
+    ``keyless_tables``: a matching table without a replica identity (no primary key) is
+    left out (``skip``: Postgres would refuse the application's UPDATE and DELETE on it
+    if it were published; init reports it, the service logs and counts it) or made
+    ``REPLICA IDENTITY FULL`` and published (``full_identity``: every update and delete
+    then logs the whole old row).
     """
 
     include: list[str] = Field(default_factory=lambda: ["*.*"], min_length=1)
     exclude: list[str] = Field(default_factory=list)
+    keyless_tables: Literal["skip", "full_identity"] = "skip"
 
     @field_validator("include", "exclude")
     @classmethod

@@ -11,11 +11,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
+import pytest
 from confluent_kafka import Consumer, TopicPartition
 from prometheus_client import CollectorRegistry
 
 from shared.consumer import ConsumerLoop, ConsumerMetrics, DeadLetters
 from shared.contract.event import EventView
+from shared.errors import RetriableError
 from shared.interfaces import BatchSink, Origin, Wait
 from shared.kafka import KafkaOffsetCheckpointer
 from shared.retry import BackoffPolicy
@@ -249,3 +251,50 @@ def test_a_revocation_served_while_a_flush_waits_keeps_the_batch_in_hand() -> No
         loop.writer.shutdown(wait=True)
     assert sink.log == [("write", [1]), ("write", [2, 3])]  # written, not dropped
     assert committed(consumer)[(TOPIC, 0)] == 7  # past offset 6 only because it was written
+
+
+class FailingSink(RecordingSink):
+    def write(
+        self, batch: ListBatch, sleep: Wait, before: tuple[Future[Any], ...]
+    ) -> list[tuple[Origin, str]]:
+        if self.refuse & {i for _, _, i in batch.items}:
+            raise RuntimeError("the engine is down")
+        return super().write(batch, sleep, before)
+
+
+def test_a_failed_flush_on_revocation_never_lets_a_commit_pass_unwritten_records() -> None:
+    """Reproduced before: the flush on revocation failed, was logged and swallowed, the
+    member kept partition 0 (cooperative-sticky) and a later commit moved it to 13 while
+    offsets 10 and 11 were never written."""
+    loop, _sink, consumer, _ = make_loop()
+    failing = FailingSink(loop.wait, refuse=frozenset({10}))
+    loop.sink = failing
+    try:
+        loop.handle(Msg(0, 10, event(doc_id=10)))
+        loop.handle(Msg(0, 11, event(doc_id=11)))
+        revoked = [consumer.owned.pop()]  # partition 1 goes; 0 stays with this member
+        loop._on_revoke(consumer, revoked)
+        loop.handle(Msg(0, 12, event(doc_id=12)))
+        # the session restarts from the committed offsets
+        with pytest.raises(RetriableError, match="revocation"):
+            loop.flush(drain=True)
+    finally:
+        assert loop.writer is not None
+        loop.writer.shutdown(wait=True)
+    assert committed(consumer).get((TOPIC, 0), 0) <= 10
+    assert ("write", [12]) not in failing.log
+
+
+def test_ready_means_joined_the_group() -> None:
+    """kafka2search said /ready 2 s after a restart and got its partitions ~30 s later:
+    ready now waits for the assignment (possibly empty: more members than partitions)."""
+    loop, _sink, consumer, _ = make_loop()
+    try:
+        assert not loop.joined
+        loop._on_assign(consumer, [])
+        assert loop.joined
+        loop._on_lost(consumer, consumer.assignment())
+        assert not loop.joined
+    finally:
+        assert loop.writer is not None
+        loop.writer.shutdown(wait=True)
