@@ -23,7 +23,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
-from confluent_kafka.admin import AdminClient
+from confluent_kafka.admin import (  # type: ignore[attr-defined]  # stubs omit these
+    AdminClient,
+    ConfigResource,
+    ResourceType,
+)
 from confluent_kafka.cimpl import NewTopic
 
 from shared.errors import PermanentError, RetriableError
@@ -160,13 +164,19 @@ def _classified(err: KafkaError) -> Exception:
 
 
 def ensure_topic(
-    admin_config: dict[str, Any], topic: str, partitions: int, replication_factor: int
+    admin_config: dict[str, Any],
+    topic: str,
+    partitions: int,
+    replication_factor: int,
+    config: dict[str, str] | None = None,
 ) -> bool:
-    """Create ``topic`` if missing; return True when it was created."""
+    """Create ``topic`` if missing (with topic ``config``, e.g. ``max.message.bytes``);
+    return True when it was created."""
     admin = AdminClient(admin_config)
     if topic in admin.list_topics(timeout=10).topics:
         return False
-    future = admin.create_topics([NewTopic(topic, partitions, replication_factor)])[topic]
+    new = NewTopic(topic, partitions, replication_factor, config=config or {})
+    future = admin.create_topics([new])[topic]
     try:
         future.result(timeout=30)
     except KafkaException as exc:
@@ -174,6 +184,24 @@ def ensure_topic(
             raise
         return False
     return True
+
+
+def topic_max_message_bytes(admin_config: dict[str, Any], topic: str) -> int | None:
+    """The topic's ``max.message.bytes`` (its own or the broker's default), or None when
+    the broker does not say (no DescribeConfigs permission)."""
+    admin = AdminClient(admin_config)
+    resource = ConfigResource(ResourceType.TOPIC, topic)
+    try:
+        configs = admin.describe_configs([resource])[resource].result(timeout=10)
+    except KafkaException as exc:
+        if exc.args and getattr(exc.args[0], "code", lambda: None)() in (
+            KafkaError.TOPIC_AUTHORIZATION_FAILED,
+            KafkaError.CLUSTER_AUTHORIZATION_FAILED,
+        ):
+            return None
+        raise
+    entry = configs.get("max.message.bytes")
+    return int(entry.value) if entry is not None and entry.value is not None else None
 
 
 TopicPartitionKey = tuple[str, int]

@@ -667,6 +667,14 @@ def _reason() -> Column:
             F.col("e.lsn").isNull() | (F.col("e.lsn") < 0),
             F.lit("field 'lsn' missing or not a non-negative integer"),
         )
+        .when(
+            F.col("e.oversized").isNotNull(),
+            F.concat(
+                F.lit("a reference to a change of "),
+                F.col("e.oversized").cast("string"),
+                F.lit(" bytes, larger than Kafka accepts (row not carried): re-snapshot the row"),
+            ),
+        )
         .when(data & F.col("e.key").isNull(), F.lit("field 'key' missing"))
         .when(
             F.col("e.op").isin("insert", "update") & F.col("e.new").isNull(),

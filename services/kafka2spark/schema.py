@@ -74,5 +74,6 @@ ENVELOPE = T.StructType(
                 ]
             ),
         ),
+        T.StructField("oversized", T.LongType()),
     ]
 )

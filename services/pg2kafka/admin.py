@@ -96,6 +96,8 @@ def init(settings: Pg2KafkaSettings, *, migrations_only: bool = False) -> InitRe
                     topic,
                     prod.topic_partitions,
                     prod.topic_replication_factor,
+                    # A broker's default (~1 MB) would refuse large rows.
+                    {"max.message.bytes": str(prod.max_message_bytes)},
                 ),
                 policy=settings.retry,
                 what=f"create topic {topic}",

@@ -22,11 +22,13 @@ from services.pg2kafka.settings import Pg2KafkaSettings
 from shared.contract.event import ChangeEvent, JsonEventSerializer
 from shared.interfaces import Serializer
 from shared.kafka import Outgoing
+from shared.logs import SampledLog
 from shared.naming import KAFKA_TOPIC, table_name
 
 log = logging.getLogger(__name__)
 
 DDL_PREFIX = "walcast.ddl"
+_ROWS = frozenset({"new", "old", "unchanged_toast"})
 
 
 class CdcHandler:
@@ -43,6 +45,8 @@ class CdcHandler:
         self._schema_keys: dict[str, bytes] = {}
         self._topics: dict[tuple[str, str], str] = {}  # (schema, table) -> topic
         self._keyless_warned: set[str] = set()
+        self._limits: dict[str, int] = {}  # topic -> largest key + value it takes
+        self._oversized_log = SampledLog(log, "oversized changes")
 
     def handle(self, session: ReplicationSession, lsn: int, msg: pg.Decoded) -> None:
         b = session.builder
@@ -120,7 +124,36 @@ class CdcHandler:
 
     def send(self, session: ReplicationSession, ev: ChangeEvent) -> None:
         value = self._encode(ev)
-        session.send(Outgoing(self.topic_for(session, ev), self.key_for(ev), value), ev["op"])
+        topic = self.topic_for(session, ev)
+        key = self.key_for(ev)
+        limit = self._limits.get(topic)
+        if limit is None:
+            limit = self._limits[topic] = session.value_limit(topic)
+        if len(value) + len(key) > limit:
+            value = self.reference(session, ev, len(value))
+        session.send(Outgoing(topic, key, value), ev["op"])
+
+    def reference(self, session: ReplicationSession, ev: ChangeEvent, size: int) -> bytes:
+        """A change larger than the topic takes would stop the stream for good (Kafka
+        refuses it, and it is first in line again after every restart): in its place goes
+        a reference — the same event without its rows, with ``oversized`` = its size —
+        which consumers dead-letter with that reason. Counted and logged, never a stop."""
+        ref: ChangeEvent = {k: v for k, v in ev.items() if k not in _ROWS}  # type: ignore[assignment]
+        ref["new"] = None
+        ref["old"] = None
+        ref["oversized"] = size
+        session.metrics.oversized.inc()
+        self._oversized_log.warning(
+            f"{ev.get('schema')}.{ev.get('table')}",
+            "a change of %s.%s (key %.200s, LSN %s) is %d bytes, more than its topic takes:"
+            " sent as a reference without its rows",
+            ev.get("schema"),
+            ev.get("table"),
+            orjson.dumps(ev.get("key")).decode(),
+            ev.get("lsn"),
+            size,
+        )
+        return self._encode(ref)
 
     def send_table_wide(self, session: ReplicationSession, ev: ChangeEvent) -> None:
         """A truncate or a schema change concerns every row of the table. Under

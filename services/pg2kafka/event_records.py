@@ -7,15 +7,19 @@ Shared by the live and queueing sessions (:mod:`.subscriptions`) and the replay
 from __future__ import annotations
 
 import json
+import logging
 from typing import Any
 
 import orjson
 from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient
 
+from services.pg2kafka.metrics import Metrics
 from services.pg2kafka.settings import Pg2KafkaSettings
 from shared.errors import RetriableError
 from shared.kafka import Outgoing
+
+log = logging.getLogger(__name__)
 
 
 class KafkaUnavailableError(RetriableError):
@@ -57,6 +61,39 @@ def _loads(text: str) -> Any:
         return orjson.loads(text)
     except orjson.JSONDecodeError:
         return json.loads(text, parse_float=_Number, parse_int=_Number, parse_constant=_Number)
+
+
+def fit(out: Outgoing, limit: int) -> Outgoing | None:
+    """``out`` when the topic takes it; else None: the caller sends :func:`reference`."""
+    size = len(out.value) + (len(out.key) if out.key else 0)
+    return out if size <= limit else None
+
+
+def reference(out: Outgoing, row: dict[str, Any]) -> Outgoing:
+    """What goes in place of an event too large for the topic: its id, stream and size
+    (the headers and key stay), so consumers see the gap and the operator can fetch the
+    event from ``_walcast.events`` by id."""
+    body = {
+        "walcast_oversized": {
+            "bytes": len(out.value),
+            "event_id": row.get("id"),
+            "stream_id": row.get("stream_id"),
+            "created_at": str(row.get("created_at")),
+        }
+    }
+    return Outgoing(out.topic, out.key, orjson.dumps(body, default=str), out.headers)
+
+
+def too_large(out: Outgoing, row: dict[str, Any], metrics: Metrics) -> Outgoing:
+    """The :func:`reference` for an event its topic does not take, counted and logged."""
+    metrics.oversized.inc()
+    log.warning(
+        "subscription event %s is %d bytes, more than topic %s takes: sent as a reference",
+        row.get("id"),
+        len(out.value),
+        out.topic,
+    )
+    return reference(out, row)
 
 
 def event_key(payload: str, key_field: str | None) -> bytes | None:

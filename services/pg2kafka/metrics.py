@@ -25,6 +25,17 @@ class Metrics:
         self.replayed = Counter(
             f"{prefix}_replayed_events", "events sent from the replay queue", registry=registry
         )
+        self.oversized = Counter(
+            f"{prefix}_oversized_events",
+            "changes larger than their topic takes, sent as references without their rows",
+            registry=registry,
+        )
+        self.replay_missing = Counter(
+            f"{prefix}_replay_missing_events",
+            "queued events no longer in the events table when replayed (their partition"
+            " was dropped): not delivered",
+            registry=registry,
+        )
         self.replay_remaining = Gauge(
             f"{prefix}_replay_remaining", "events waiting in the replay queue", registry=registry
         )

@@ -39,12 +39,14 @@ from services.pg2kafka.postgres import Catalog, Heartbeat, LeaderLock, wait_for_
 from services.pg2kafka.replication import PostgresReplicationSource
 from services.pg2kafka.settings import Pg2KafkaSettings
 from services.pg2kafka.types import TypeRegistry
-from shared.kafka import KafkaSink, Outgoing, ensure_topic
+from shared.kafka import KafkaSink, Outgoing, ensure_topic, topic_max_message_bytes
 from shared.retry import call_with_retry
 
 log = logging.getLogger(__name__)
 
 BATCH_MAX = 2000  # replication messages handled between two housekeeping rounds
+# Below a topic's max.message.bytes: the record's framing and headers.
+RECORD_OVERHEAD = 1024
 
 
 @dataclass(frozen=True)
@@ -120,6 +122,7 @@ class ReplicationSession:
         metrics: Metrics,
         stop: threading.Event,
         live: Liveness,
+        leader: LeaderLock | None = None,
     ) -> None:
         s = self.settings = settings
         conninfo = s.postgres.conninfo()
@@ -150,7 +153,11 @@ class ReplicationSession:
         )
         self.tracker = AckTracker()
         self.sink.set_listener(self.tracker.acked)
-        self.leader = LeaderLock(conninfo, target.slot)
+        # A stream that must lead across sessions (the subscription stream's replay runs
+        # between them) passes the lock it holds; the session then neither takes nor
+        # releases it (advisory locks are re-entrant on their connection).
+        self.owns_leader = leader is None
+        self.leader = leader or LeaderLock(conninfo, target.slot)
         self.catalog = Catalog(conninfo)
         self.heartbeat = Heartbeat(self.catalog, s.replication.heartbeat_interval_s)
         self.builder = EventBuilder(
@@ -161,6 +168,7 @@ class ReplicationSession:
             scrub_secrets=s.ddl.scrub_secrets,
         )
         self.partitions: dict[str, int] = {}  # topic -> partition count, learnt once
+        self.max_value_bytes: dict[str, int] = {}  # topic -> largest value it takes
         self.seq = 0  # the open transaction's tracker sequence
         self.commit_times: deque[tuple[int, float]] = deque()
         self.op_counts: dict[str, int] = {}
@@ -249,19 +257,42 @@ class ReplicationSession:
         self.bytes_out += nbytes
 
     def ensure_topic(self, topic: str) -> int:
-        """The topic's partition count; creates the topic first when configured to."""
+        """The topic's partition count; creates the topic first when configured to (its
+        ``max.message.bytes`` set to the producer's limit, so a large row is not refused
+        by a broker default of ~1 MB), and learns the largest record it takes."""
         count = self.partitions.get(topic)
         if count is None:
             prod = self.settings.producer
+            config = self.settings.kafka.client_config()
             if prod.create_topic:
                 ensure_topic(
-                    self.settings.kafka.client_config(),
+                    config,
                     topic,
                     prod.topic_partitions,
                     prod.topic_replication_factor,
+                    {"max.message.bytes": str(prod.max_message_bytes)},
                 )
             count = self.partitions[topic] = self.sink.partitions(topic)
+            topic_limit = topic_max_message_bytes(config, topic)
+            limit = min(prod.max_message_bytes, topic_limit or prod.max_message_bytes)
+            # Room for the key, headers and the record's framing.
+            self.max_value_bytes[topic] = limit - RECORD_OVERHEAD
+            if topic_limit is not None and topic_limit < prod.max_message_bytes:
+                log.info(
+                    "topic %s takes records up to %d bytes (its max.message.bytes); larger"
+                    " changes are sent as references",
+                    topic,
+                    topic_limit,
+                )
         return count
+
+    def value_limit(self, topic: str) -> int:
+        """The largest event value ``topic`` takes (known once :meth:`ensure_topic` ran)."""
+        limit = self.max_value_bytes.get(topic)
+        if limit is None:
+            self.ensure_topic(topic)
+            limit = self.max_value_bytes[topic]
+        return limit
 
     def refresh_partitions(self, topic: str) -> int:
         """Ask Kafka again (partitions may have been added since start)."""
@@ -333,7 +364,8 @@ class ReplicationSession:
             self.source.close()
             self.sink.close()
             self.catalog.close()
-            self.leader.release()
+            if self.owns_leader:
+                self.leader.release()
 
 
 class SlotStream(ABC):
@@ -357,8 +389,10 @@ class SlotStream(ABC):
         self.target = target
         self.live = Liveness()
 
-    def session(self) -> ReplicationSession:
-        return ReplicationSession(self.settings, self.target, self.metrics, self.stop, self.live)
+    def session(self, leader: LeaderLock | None = None) -> ReplicationSession:
+        return ReplicationSession(
+            self.settings, self.target, self.metrics, self.stop, self.live, leader
+        )
 
     @abstractmethod
     def run_once(self) -> None:

@@ -46,8 +46,15 @@ from confluent_kafka.admin import AdminClient
 
 from services.pg2kafka import pgoutput as pg
 from services.pg2kafka import replay
-from services.pg2kafka.event_records import KafkaUnavailableError, event_message, kafka_answers
+from services.pg2kafka.event_records import (
+    KafkaUnavailableError,
+    event_message,
+    fit,
+    kafka_answers,
+    too_large,
+)
 from services.pg2kafka.metrics import Metrics
+from services.pg2kafka.postgres import LeaderLock
 from services.pg2kafka.replication import SlotInvalidatedError
 from services.pg2kafka.session import ReplicationSession, SlotStream, StreamTarget
 from services.pg2kafka.settings import Pg2KafkaSettings
@@ -155,6 +162,8 @@ class LiveEventsHandler(_EventsHandler):
         if out is None:
             log.warning("event %s has no payload; skipped", row.get("id"))
             return
+        if fit(out, session.value_limit(out.topic)) is None:
+            out = too_large(out, row, session.metrics)
         session.send(out, "event")
 
     def housekeeping(self, session: ReplicationSession) -> bool:
@@ -231,6 +240,7 @@ class SubscriptionStream(SlotStream):
         )
         self.state: StreamState | None = None
         self.reason = ""  # why the slot needs recovering
+        self.leader: LeaderLock | None = None  # held while run_once runs
 
     def sql(self, statement: str, params: list[Any]) -> list[tuple[Any, ...]]:
         with psycopg.connect(self.settings.postgres.conninfo(), autocommit=True) as conn:
@@ -271,10 +281,34 @@ class SubscriptionStream(SlotStream):
     # -- the machine -------------------------------------------------------------------
 
     def run_once(self) -> None:
-        """Step through states until stopped; a failure is raised (the retry around it
-        reconnects, and the next attempt starts from the stored state)."""
+        """Lead the slot, then step through states until stopped; a failure is raised (the
+        retry around it reconnects, and the next attempt starts from the stored state).
+
+        The leader lock is held across every state, not per session: a replay or a
+        recovery runs between sessions, and a second process must never replay the same
+        queue, or go live while this one replays (duplicates, commit order broken)."""
+        lock = self.lead()
+        if lock is None:
+            return  # stopped while standing by
+        self.leader = lock
+        try:
+            self._steps()
+        finally:
+            self.leader = None
+            lock.release()
+
+    def lead(self) -> LeaderLock | None:
+        """Stand by until this process leads the slot; the lock, or None when stopped."""
+        lock = LeaderLock(self.settings.postgres.conninfo(), self.target.slot)
+        if lock.acquire(self.stop, self.settings.replication.standby_poll_s, self.live.tick):
+            return lock
+        return None
+
+    def _steps(self) -> None:
         state = self.where()
         while not self.stop.is_set():
+            if self.leader is not None:
+                self.leader.check(0)  # a lost lock: another process may lead by now
             if state != self.state:
                 log.info(
                     "subscription stream %s: %s",
@@ -296,7 +330,7 @@ class SubscriptionStream(SlotStream):
     def live_step(self) -> StreamState | None:
         """Stream live until stopped (None) or Kafka fails (checkpoint set, next state)."""
         try:
-            self.session().run(LiveEventsHandler(self.settings))
+            self.session(self.leader).run(LiveEventsHandler(self.settings))
             return None
         except (KafkaUnavailableError, KafkaException) as exc:
             self.set_checkpoint(str(exc))
@@ -309,7 +343,7 @@ class SubscriptionStream(SlotStream):
     def queue_step(self) -> StreamState | None:
         """Queue until Kafka answers (REPLAYING) or stopped (None)."""
         handler = QueueHandler(self.settings, self.target.topic)
-        if self.session().run(handler, needs_kafka=False):
+        if self.session(self.leader).run(handler, needs_kafka=False):
             return StreamState.REPLAYING
         return None
 
@@ -323,7 +357,7 @@ class SubscriptionStream(SlotStream):
     def recover_step(self) -> StreamState | None:
         reason = self.reason or "a previous recovery did not finish"
         replay.recover_slot(self.settings, self.target, self.metrics, self.stop, self.live.tick,
-                            reason)  # fmt: skip
+                            reason, self.leader)  # fmt: skip
         self.reason = ""
         if self.stop.is_set():
             return None

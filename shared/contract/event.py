@@ -55,7 +55,7 @@ OPS: frozenset[str] = frozenset(Op)
 
 FIELDS: tuple[str, ...] = (
     "v", "op", "db", "schema", "table", "lsn", "seq", "commit_lsn", "xid", "commit_ts",
-    "key", "new", "old", "unchanged_toast", "types", "ddl",
+    "key", "new", "old", "unchanged_toast", "types", "ddl", "oversized",
 )  # fmt: skip
 """The envelope's fields, in the order the producer writes them."""
 REQUIRED: tuple[str, ...] = ("v", "op", "db", "lsn", "seq", "commit_lsn", "xid", "commit_ts")
@@ -97,6 +97,7 @@ class ChangeEvent(TypedDict, total=False):
     unchanged_toast: list[str]
     types: dict[str, str]
     ddl: DdlChange
+    oversized: int  # bytes of the change that was too large for Kafka (a reference event)
 
 
 class Position(NamedTuple):
@@ -154,6 +155,7 @@ class EventView(msgspec.Struct, gc=False):
     types: msgspec.Raw = _ABSENT
     unchanged_toast: Any = None
     ddl: Any = None
+    oversized: Any = None
 
     def column_types(self) -> Mapping[str, str]:
         """Column → Postgres type name; shared between events, never to be mutated."""
@@ -219,6 +221,11 @@ def decode(value: bytes | None) -> EventView:
                 raise EventDecodeError(f"field {name!r} missing or not a string")
     if type(ev.lsn) is not int or not 0 <= ev.lsn <= MAX_LSN:
         raise EventDecodeError("field 'lsn' missing or not an integer from 0 to 2^63-1")
+    if ev.oversized is not None:
+        raise EventDecodeError(
+            f"a reference to a change of {ev.oversized!r} bytes, larger than Kafka accepts"
+            f" (key and LSN {ev.lsn} kept, row not carried): re-snapshot the row"
+        )
     if op in DATA_OPS:
         if type(ev.key) is not dict:
             raise EventDecodeError("field 'key' missing or not an object")

@@ -48,3 +48,13 @@ def test_every_docs_example_passes_the_schema_and_the_decoder(example: dict[str,
     assert view.op == example["op"]
     assert event.JsonEventSerializer().decode(data) == example
     assert list(example) == [f for f in event.FIELDS if f in example]  # the producer's order
+
+
+def test_a_reference_to_an_oversized_change_is_refused_with_the_reason() -> None:
+    """pg2kafka sends a reference (rows left out, ``oversized`` = the size) for a change
+    larger than its topic takes; consumers dead-letter it, saying what to do."""
+    ref = {"v": 1, "op": "insert", "db": "d", "schema": "s", "table": "t", "lsn": 7,
+           "seq": 0, "commit_lsn": 7, "xid": 1, "commit_ts": "2026-01-01T00:00:00Z",
+           "key": {"id": 1}, "new": None, "old": None, "oversized": 20_000_000}  # fmt: skip
+    with pytest.raises(event.EventDecodeError, match=r"20000000 bytes.*re-snapshot"):
+        event.decode(json.dumps(ref).encode())

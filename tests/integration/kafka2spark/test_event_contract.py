@@ -30,6 +30,8 @@ POISON = [
     json.dumps({k: v for k, v in BASE.items() if k != "key"}).encode(),
     json.dumps(BASE | {"new": None}).encode(),
     json.dumps(BASE | {"op": "ddl"}).encode(),
+    # a reference pg2kafka sends for a change larger than Kafka accepts
+    json.dumps(BASE | {"new": None, "oversized": 20_000_000}).encode(),
 ]
 
 

@@ -5,7 +5,9 @@ from __future__ import annotations
 import base64
 import json
 import os
+import random
 import re
+import string
 import subprocess
 import sys
 import time
@@ -15,7 +17,7 @@ import jsonschema
 import psycopg
 import pytest
 from confluent_kafka import Consumer, TopicPartition
-from confluent_kafka.admin import AdminClient
+from confluent_kafka.admin import AdminClient, NewTopic
 
 from services.pg2kafka import admin
 from services.pg2kafka.app import build
@@ -467,3 +469,30 @@ def test_slot_advances_on_an_idle_database(
     finally:
         h.stop()
         h.sql(f"DROP DATABASE IF EXISTS {other} WITH (FORCE)")
+
+
+def test_a_change_larger_than_the_topic_takes_is_a_reference_never_a_stop(
+    make_harness: HarnessFactory, unique_name: str
+) -> None:
+    """Before: Kafka refused the record, the failure was permanent, CDC stopped (and the
+    same change was first in line after every restart) while WAL piled up."""
+    h = make_harness(init=False)
+    topic = h.settings.producer.topic
+    client = AdminClient(h.settings.kafka.client_config())
+    small = NewTopic(topic, 3, 1, config={"max.message.bytes": "1000000"})  # a broker default
+    client.create_topics([small])[topic].result(30)
+    admin.init(h.settings)
+    t = f"{unique_name}_big"
+    h.sql(f"CREATE TABLE {t} (id int PRIMARY KEY, body text)")
+    h.start()
+    body = "".join(random.choices(string.ascii_letters, k=1_500_000))
+    h.sql(f"INSERT INTO {t} VALUES (1, %s)", [body])
+    h.sql(f"INSERT INTO {t} VALUES (2, 'small')")  # the stream goes on past it
+    h.events(lambda s: len(data(s, t)) >= 2)
+    big, after = data(h.seen, t)
+    assert big["oversized"] > 1_500_000
+    assert big["key"] == {"id": 1}
+    assert big["new"] is None
+    assert after["new"] == {"id": 2, "body": "small"}
+    assert h.service is not None
+    assert h.service.cdc.metrics.oversized._value.get() == 1

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import random
+import threading
 import time
 from decimal import Decimal
 from typing import Any
@@ -12,7 +13,7 @@ from confluent_kafka import Consumer
 from confluent_kafka.admin import AdminClient
 from psycopg.types.json import Jsonb
 
-from services.pg2kafka import admin
+from services.pg2kafka import admin, replay
 from services.pg2kafka.app import build
 from services.pg2kafka.subscriptions import SubscriptionStream
 from tests.integration.conftest import HarnessFactory
@@ -153,3 +154,48 @@ def test_a_second_failure_keeps_the_first_checkpoint(
     finally:
         h.sql("DELETE FROM _walcast.streams WHERE id = %s", [stream])
         admin.tear_down(h.settings)
+
+
+def test_a_replay_says_when_queued_events_are_gone(
+    make_harness: HarnessFactory, unique_name: str
+) -> None:
+    """Before: the replay's inner join skipped events whose partition had been dropped,
+    with no log and no metric."""
+    stream = 5 * 10**9 + random.randint(0, 10**8)
+    topic = f"{unique_name}.events"
+    h = make_harness(
+        subscriptions={"enabled": True, "stream_id": stream, "slot": f"{unique_name}_ev",
+                       "publication": f"{unique_name}_ev", "topic": topic},
+    )  # fmt: skip
+    try:
+        events = build(h.settings).events
+        assert isinstance(events, SubscriptionStream)
+        h.sql(
+            "INSERT INTO _walcast.events (payload, stream_id) VALUES ('{\"n\": 1}', %s)", [stream]
+        )
+        h.sql(
+            "INSERT INTO _walcast.replay_queue (stream_id, event_created_at, event_id)"
+            " SELECT %s, created_at, id FROM _walcast.events WHERE stream_id = %s",
+            [stream, stream],
+        )
+        h.sql(  # an event whose partition is gone
+            "INSERT INTO _walcast.replay_queue (stream_id, event_created_at, event_id)"
+            " VALUES (%s, now() - interval '400 days', -1)",
+            [stream],
+        )
+        events.set_checkpoint("a test outage")
+        done = replay.replay_queue(
+            h.settings, events.target, events.metrics, threading.Event(), lambda: None
+        )
+        assert done
+        assert events.metrics.replay_missing._value.get() == 1
+        assert events.metrics.replayed._value.get() >= 1
+        assert events.checkpoint() is None  # live again, the gap said and counted
+    finally:
+        h.sql("DELETE FROM _walcast.replay_queue WHERE stream_id = %s", [stream])
+        h.sql("DELETE FROM _walcast.events WHERE stream_id = %s", [stream])
+        h.sql("DELETE FROM _walcast.streams WHERE id = %s", [stream])
+        admin.tear_down(h.settings)
+        client = AdminClient(h.settings.kafka.client_config())
+        if topic in client.list_topics(timeout=10).topics:
+            client.delete_topics([topic])[topic].result(30)

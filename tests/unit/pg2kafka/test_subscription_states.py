@@ -12,6 +12,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from services.pg2kafka.metrics import Metrics
+from services.pg2kafka.postgres import LeaderLock
 from services.pg2kafka.replication import SlotInvalidatedError
 from services.pg2kafka.settings import Pg2KafkaSettings
 from services.pg2kafka.subscriptions import StreamState, SubscriptionStream, next_state
@@ -42,6 +43,19 @@ def test_the_transition_table(
     assert next_state(checkpoint, kafka) is state
 
 
+class HeldLock(LeaderLock):
+    """A leader lock already held (no database)."""
+
+    def __init__(self) -> None:
+        self.released = False
+
+    def check(self, every_s: float) -> None:
+        pass
+
+    def release(self) -> None:
+        self.released = True
+
+
 class Scripted(SubscriptionStream):
     """Each step pops its scripted outcome: a next state, None (stopped) or an exception."""
 
@@ -51,12 +65,18 @@ class Scripted(SubscriptionStream):
         self.start = start
         self.script = script
         self.walk: list[StreamState] = []
+        self.led: list[bool] = []  # per step: whether it ran holding the leader lock
+        self.standby = False
 
     def where(self) -> StreamState:
         return self.start
 
+    def lead(self) -> LeaderLock | None:
+        return None if self.standby else HeldLock()
+
     def _step(self, state: StreamState) -> StreamState | None:
         self.walk.append(state)
+        self.led.append(isinstance(self.leader, HeldLock))
         outcome = self.script[state].pop(0)
         if isinstance(outcome, Exception):
             raise outcome
@@ -69,6 +89,16 @@ def test_an_outage_walks_live_queueing_replaying_live() -> None:
     stream = Scripted(LIVE, {LIVE: [QUEUEING, None], QUEUEING: [REPLAYING], REPLAYING: [LIVE]})
     stream.run_once()
     assert stream.walk == [LIVE, QUEUEING, REPLAYING, LIVE]
+    # every state ran as the slot's leader, the replay too (before: without the lock, a
+    # second process could replay the same queue or go live during the replay)
+    assert stream.led == [True, True, True, True]
+
+
+def test_a_standby_takes_no_step() -> None:
+    stream = Scripted(REPLAYING, {REPLAYING: [LIVE]})
+    stream.standby = True  # another process leads; this one was stopped while waiting
+    stream.run_once()
+    assert stream.walk == []
 
 
 def test_an_invalidated_slot_in_any_streaming_state_leads_to_recovering() -> None:
