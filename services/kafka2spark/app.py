@@ -57,6 +57,12 @@ class Metrics:
             "changes without key values, not merged into a mirror (the table had no key)",
             ["table"], registry=registry,
         )  # fmt: skip
+        self.beyond = Counter(
+            f"{prefix}_dates_out_of_range",
+            "date / timestamp values outside years 1..9999 stored as NULL (exact in the"
+            " changelog)",
+            ["table"], registry=registry,
+        )  # fmt: skip
         self.quarantined = Counter(
             f"{prefix}_quarantined", "records sent to the quarantine table", registry=registry
         )
@@ -114,6 +120,10 @@ def spark_session(s: Kafka2SparkSettings) -> SparkSession:
         .config("spark.ui.enabled", str(sp.ui).lower())
         .config("spark.sql.shuffle.partitions", str(sp.shuffle_partitions))
         .config("spark.sql.session.timeZone", "UTC")
+        # Parquet timestamps as int64 microseconds, not Spark's default INT96: readers
+        # such as delta-rs read INT96 as nanoseconds, which overflow outside 1677..2262
+        # (a 0001-01-01 or 9999-12-31 made the whole table unreadable to them).
+        .config("spark.sql.parquet.outputTimestampType", "TIMESTAMP_MICROS")
         .config("spark.sql.extensions", "io.delta.sql.DeltaSparkSessionExtension")
         .config(
             "spark.sql.catalog.spark_catalog", "org.apache.spark.sql.delta.catalog.DeltaCatalog"
@@ -264,6 +274,8 @@ def build(settings: Kafka2SparkSettings, spark: SparkSession | None = None) -> S
             metrics.merged.labels(table).inc(n)
         for table, n in result.keyless.items():
             metrics.keyless.labels(table).inc(n)
+        for table, n in result.beyond.items():
+            metrics.beyond.labels(table).inc(n)
         metrics.last_batch.set(result.batch_id)
         metrics.last_batch_time.set(time.time())
         log.info(

@@ -65,9 +65,46 @@ CORRUPT = "__w_corrupt"
 TKEY = "__w_table"  # db.schema.table: what a mirror is per
 # Working columns of a merge; the prefix keeps them apart from any Postgres column.
 W_LSN, W_SEQ, W_OP, W_TOAST, W_PRESENT = "__w_lsn", "__w_seq", "__w_op", "__w_toast", "__w_has"
-W_NEW, W_KEY, W_KAFKA, W_CARRY, W_KEEP, W_RANK = (
-    "__w_new", "__w_key", "__w_", "__w_carry_", "__w_keep_", "__w_rank",
+W_NEW, W_KEY, W_KAFKA, W_CARRY, W_KEEP, W_RANK, W_BEYOND = (
+    "__w_new", "__w_key", "__w_", "__w_carry_", "__w_keep_", "__w_rank", "__w_beyond",
 )  # fmt: skip
+_TEMPORAL = (T.DateType, T.TimestampType, T.TimestampNTZType)
+_INFINITE = ("infinity", "-infinity")
+
+
+def _parsed(raw: Column, t: T.DataType) -> Column:
+    return raw.try_cast(t)
+
+
+def _in_years(value: Column) -> Column:
+    return (F.year(value) >= 1) & (F.year(value) <= 9999)
+
+
+def _temporal(raw: Column, t: T.DataType) -> Column:
+    """A date / timestamp from the event's text (docs/kafka2spark.md, "Values"):
+    ``infinity`` / ``-infinity`` become the largest / smallest value every Delta reader
+    holds (9999-12-31 23:59:59.999999, 0001-01-01); a year outside 1..9999 (BC, or
+    ``+12345``) becomes NULL — counted, and exact in the changelog."""
+    last = "9999-12-31" if isinstance(t, T.DateType) else "9999-12-31 23:59:59.999999"
+    first = "0001-01-01" if isinstance(t, T.DateType) else "0001-01-01 00:00:00"
+    parsed = _parsed(raw, t)
+    return (
+        F.when(raw == "infinity", F.lit(last).cast(t))
+        .when(raw == "-infinity", F.lit(first).cast(t))
+        .when(_in_years(parsed), parsed)
+    )
+
+
+def _unreadable(raw: Column, t: T.DataType) -> Column:
+    """Text that is no date / timestamp at all: the change is quarantined."""
+    return raw.isNotNull() & ~raw.isin(*_INFINITE) & _parsed(raw, t).isNull()
+
+
+def _beyond(raw: Column, t: T.DataType) -> Column:
+    parsed = _parsed(raw, t)
+    return F.coalesce(parsed.isNotNull() & ~_in_years(parsed), F.lit(False))
+
+
 _KAFKA_FIELDS = ("kafka_key", "kafka_value", "topic", "partition", "offset", "kafka_ts")
 
 
@@ -92,6 +129,8 @@ class BatchResult:
     merged: dict[str, int] = field(default_factory=dict)  # table -> source rows merged
     # table -> changes without key values, never merged (a keyed mirror has no NULL keys)
     keyless: dict[str, int] = field(default_factory=dict)
+    # table -> date / timestamp values outside years 1..9999, stored as NULL
+    beyond: dict[str, int] = field(default_factory=dict)
     schema_changes: list[str] = field(default_factory=list)
     offsets: dict[tuple[str, int], int] = field(default_factory=dict)  # last offset read
     seconds: float = 0.0
@@ -126,6 +165,7 @@ class DeltaMirror:
         self.root = settings.delta.root
         self.on_batch = on_batch
         self._app_id: str | None = None
+        self.beyond: dict[str, int] = {}  # table -> dates beyond 1..9999 stored as NULL
 
     @property
     def app_id(self) -> str:
@@ -159,6 +199,7 @@ class DeltaMirror:
     def __call__(self, df: DataFrame, batch_id: int) -> None:
         started = time.monotonic()
         result = BatchResult(batch_id)
+        self.beyond = result.beyond
         raw = df.select(
             "key", "value", "topic", "partition", "offset", F.col("timestamp").alias("kafka_ts")
         ).persist()
@@ -440,11 +481,16 @@ class DeltaMirror:
             raise RuntimeError(f"{name}: key columns {missing} are not in the mirror at {path}")
         truncated = int(self._properties(path).get(TRUNCATED, "0"))
         columns = [c for c in current if c != LSN]
+        # Dates and timestamps are read as text and converted here (_temporal): Postgres'
+        # infinity and years outside 1..9999 would fail the parse and quarantine the row.
+        temporal = {c: t for c, t in current.items() if isinstance(t, _TEMPORAL)}
         row_type = T.StructType(
-            [T.StructField(c, current[c]) for c in columns]
+            [T.StructField(c, T.StringType() if c in temporal else current[c]) for c in columns]
             + [T.StructField(CORRUPT, T.StringType())]
         )
-        key_type = T.StructType([T.StructField(c, current[c]) for c in key])
+        key_type = T.StructType(
+            [T.StructField(c, T.StringType() if c in temporal else current[c]) for c in key]
+        )
         # A change without key values (sent before the table had its key) cannot be
         # placed in a keyed mirror: merged, it would be a row with NULL keys.
         has_key = F.coalesce(F.size(F.map_keys(F.from_json("key", "map<string,string>"))), F.lit(0))
@@ -460,17 +506,37 @@ class DeltaMirror:
             F.from_json("key", key_type).alias(W_KEY),
             *[F.col(c).alias(f"{W_KAFKA}{c}") for c in _KAFKA_FIELDS],
         )
+        raw = {c: F.col(f"{W_KEY if c in key else W_NEW}.{quote(c)}") for c in columns}
+        unreadable = [
+            F.when(_unreadable(raw[c], t), F.lit(f"column {c}: not a {t.simpleString()}"))
+            for c, t in temporal.items()
+        ]
+        beyond = [_beyond(raw[c], t).cast("int") for c, t in temporal.items()]
         src = src.select(
             W_LSN,
             W_SEQ,
             W_OP,
             W_TOAST,
             W_PRESENT,
-            F.col(f"{W_NEW}.{quote(CORRUPT)}").alias(CORRUPT),
-            *[F.col(f"{W_KEY if c in key else W_NEW}.{quote(c)}").alias(c) for c in columns],
+            F.coalesce(F.col(f"{W_NEW}.{quote(CORRUPT)}"), *unreadable).alias(CORRUPT),
+            *[
+                (_temporal(raw[c], temporal[c]) if c in temporal else raw[c]).alias(c)
+                for c in columns
+            ],
+            (sum(beyond[1:], beyond[0]) if beyond else F.lit(0)).alias(W_BEYOND),
             *[f"{W_KAFKA}{c}" for c in _KAFKA_FIELDS],
         ).persist()
         try:
+            if temporal:
+                (n,) = src.agg(F.sum(W_BEYOND)).first() or (0,)
+                if n:
+                    self.beyond[name] = self.beyond.get(name, 0) + int(n)
+                    log.warning(
+                        "%s: %d date/time values outside years 1..9999 stored as NULL (the"
+                        " changelog keeps the exact text)",
+                        name,
+                        n,
+                    )
             # A value Spark cannot convert to the column's type is not merged as null: the
             # change goes to the quarantine with the reason, the rest of the batch goes on.
             corrupt = src.where(F.col(CORRUPT).isNotNull()).select(

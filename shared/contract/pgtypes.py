@@ -23,8 +23,10 @@ replication connection pins ``DateStyle=ISO``, ``TimeZone=UTC``,
 * integers → int; ``numeric`` → the exact string; floats → float (``NaN`` and
   ``±Infinity`` stay strings: JSON has no such numbers);
 * boolean → bool; json / jsonb → the server's JSON text, embedded unparsed (exact);
-* timestamp / timestamptz → ISO-8601 (``T`` separator, ``+hh:mm`` offsets, ``infinity``
-  kept as is); date → ``YYYY-MM-DD``;
+* timestamp / timestamptz → ISO-8601 (``T`` separator, ``+hh:mm`` offsets); date →
+  ``YYYY-MM-DD``; years before 1 AD or after 9999 in ISO's expanded form with
+  astronomical numbering (``0044-03-15 BC`` → ``-0043-03-15``, ``+12345-01-01``);
+  ``infinity`` / ``-infinity`` kept as these strings;
 * bytea → base64; everything else → the text;
 * arrays → JSON arrays (nested, NULL → null) converted element-wise.
 """
@@ -71,15 +73,45 @@ def _bytea(v: str) -> str:
     return base64.b64encode(v.encode()).decode("ascii")  # escape format: not expected
 
 
-def _timestamp(v: str) -> str:
+def _common_era(v: str) -> bool:
+    """A year of four digits, not BC: the text needs no rewriting (the fast path)."""
+    return v[4:5] == "-" and v[-1] != "C"
+
+
+def _expanded_year(v: str) -> str:
+    """Postgres writes ``0044-03-15 BC`` and ``12345-01-01``; ISO-8601's expanded form,
+    with astronomical years, is ``-0043-03-15`` and ``+12345-01-01`` (what Spark and
+    Java's ISO parsers read). ``infinity`` / ``-infinity`` stay as they are."""
     if v in ("infinity", "-infinity"):
         return v
+    bc = v.endswith(" BC")
+    if bc:
+        v = v[:-3]
+    dash = v.index("-")
+    year = int(v[:dash])
+    if bc:
+        year = 1 - year
+    head = f"{year:04d}" if 0 <= year <= 9999 else f"{year:+05d}"
+    return head + v[dash:]
+
+
+def _date(v: str) -> str:
+    return v if _common_era(v) else _expanded_year(v)
+
+
+def _timestamp(v: str) -> str:
+    if not _common_era(v):
+        v = _expanded_year(v)
+        if v in ("infinity", "-infinity"):
+            return v
     return v.replace(" ", "T", 1)
 
 
 def _timestamptz(v: str) -> str:
-    if v in ("infinity", "-infinity"):
-        return v
+    if not _common_era(v):
+        v = _expanded_year(v)
+        if v in ("infinity", "-infinity"):
+            return v
     v = v.replace(" ", "T", 1)
     # "+00" / "-05" / "+05:30": ISO-8601 wants hh:mm.
     sign = max(v.rfind("+"), v.rfind("-"))
@@ -101,7 +133,14 @@ _TEXT: Mapping[str, Any] = {
     "type": "text",
     "fields": {"keyword": {"type": "keyword", "ignore_above": 256}},
 }
-_DATE: Mapping[str, Any] = {"type": "date", "format": "strict_date_optional_time||epoch_millis"}
+# ignore_malformed: Postgres' infinity / -infinity are no dates to an engine; the document
+# is indexed with the value kept in _source (and in _ignored), not dead-lettered. Expanded
+# years (-0043-03-15, +12345-01-01) parse as dates.
+_DATE: Mapping[str, Any] = {
+    "type": "date",
+    "format": "strict_date_optional_time||epoch_millis",
+    "ignore_malformed": True,
+}
 _OPAQUE_JSON: Mapping[str, Any] = {"type": "object", "enabled": False}
 _BOOL: Mapping[str, Any] = {"type": "boolean"}
 _BINARY: Mapping[str, Any] = {"type": "binary"}
@@ -163,7 +202,7 @@ TYPES: tuple[PgType, ...] = (
     _t(869,  "inet",        1041, text,         _KEYWORD,     "string"),
     _t(1042, "bpchar",      1014, text,         _TEXT,        "string"),
     _t(1043, "varchar",     1015, text,         _TEXT,        "string"),
-    _t(1082, "date",        1182, text,         _DATE,        "date"),
+    _t(1082, "date",        1182, _date,        _DATE,        "date"),
     _t(1083, "time",        1183, text,         _KEYWORD,     "string"),
     _t(1114, "timestamp",   1115, _timestamp,   _DATE,        "timestamp_ntz"),
     _t(1184, "timestamptz", 1185, _timestamptz, _DATE,        "timestamp"),

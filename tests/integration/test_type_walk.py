@@ -267,3 +267,64 @@ def test_every_type_and_its_array_from_postgres_to_search_and_delta(
         assert _normal_natural(got[column]) == _normal_natural(want[column]), column
     assert isinstance(got["c_date"], date)
     assert got["a_interval"] == ["P1DT2H3.5S", None]  # an array, not a string
+
+
+SPECIAL_TIMES = {  # id: (date, timestamp, timestamptz) as SQL literals
+    1: ("'infinity'", "'infinity'", "'infinity'"),
+    2: ("'-infinity'", "'-infinity'", "'-infinity'"),
+    3: ("'0044-03-15 BC'", "'0044-03-15 12:00:00 BC'", "'0044-03-15 12:00:00+00 BC'"),
+    4: ("'12345-01-01'", "'12345-06-07 01:02:03.5'", "'12345-01-01 00:00:00+00'"),
+    5: ("'2024-02-29'", "'2024-02-29 13:14:15'", "'2024-02-29 13:14:15+00'"),
+}
+
+
+def test_infinite_and_far_dates_have_a_defined_value_in_every_sink(
+    make_harness: HarnessFactory,
+    make_indexer: IndexerFactory,  # noqa: F811
+    make_mirror: MirrorFactory,  # noqa: F811
+    engine_kind: str,  # noqa: F811
+    spark: SparkSession,  # noqa: F811
+) -> None:
+    """Before: infinity, BC dates and years past 9999 became strings the engines' date
+    fields refused (dead letters) and Spark quarantined. Now (docs/events.md, "Values"):
+    the event carries ISO-8601 expanded years and ``infinity`` as is; the engines index
+    expanded years as dates and keep infinity in _source; the Delta mirror holds infinity
+    as the largest / smallest value and years outside 1..9999 as NULL, counted."""
+    h = make_harness()
+    t = f"times_{h.settings.replication.slot[-8:]}"
+    h.sql(f"CREATE TABLE {t} (id int PRIMARY KEY, d date, ts timestamp, tz timestamptz)")
+    h.start()
+    for i, (d, ts, tz) in SPECIAL_TIMES.items():
+        h.sql(f"INSERT INTO {t} VALUES ({i}, {d}, {ts}, {tz})")
+    h.events(lambda seen: len(data(seen, t)) >= 5)
+    rows = {e["new"]["id"]: e["new"] for e in data(h.seen, t)}
+    assert rows[1] == {"id": 1, "d": "infinity", "ts": "infinity", "tz": "infinity"}
+    assert rows[2]["d"] == "-infinity"
+    assert rows[3] == {"id": 3, "d": "-0043-03-15", "ts": "-0043-03-15T12:00:00",
+                       "tz": "-0043-03-15T12:00:00+00:00"}  # fmt: skip
+    assert rows[4] == {"id": 4, "d": "+12345-01-01", "ts": "+12345-06-07T01:02:03.5",
+                       "tz": "+12345-01-01T00:00:00+00:00"}  # fmt: skip
+
+    ix = make_indexer(h.settings.producer.topic).start()
+    ix.wait(lambda: len(ix.docs(t)) == 5, "all five documents (none dead-lettered)")
+    assert ix.dead_letters(1, timeout=3) == []
+    assert ix.docs(t)["1"]["d"] == "infinity"  # kept in _source
+    found = ix.es.request(  # expanded years are dates to the engine
+        "POST", f"/{ix.alias(t)}/_search",
+        body={"query": {"range": {"d": {"lt": "0001-01-01"}}}},
+    )  # fmt: skip
+    assert [hit["_id"] for hit in found["hits"]["hits"]] == ["3"]
+
+    if engine_kind != "opensearch":
+        return
+    m = make_mirror(h.settings.producer.topic)
+    m.run()
+    assert sum(r.beyond.get(f"public.{t}", 0) for r in m.results) == 6
+    assert sum(r.quarantined for r in m.results) == 0
+    got = {r["id"]: r for r in DeltaTable(str(m.path(t))).to_pyarrow_table().to_pylist()}
+    assert got[1]["d"] == date(9999, 12, 31)
+    assert got[1]["ts"] == datetime(9999, 12, 31, 23, 59, 59, 999999)
+    assert got[2]["tz"] == datetime(1, 1, 1, tzinfo=UTC)
+    assert (got[3]["d"], got[3]["ts"], got[3]["tz"]) == (None, None, None)
+    assert (got[4]["d"], got[4]["ts"], got[4]["tz"]) == (None, None, None)
+    assert got[5]["tz"] == datetime(2024, 2, 29, 13, 14, 15, tzinfo=UTC)

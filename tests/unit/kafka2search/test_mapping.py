@@ -167,7 +167,11 @@ def test_index_name_is_the_alias_with_a_version_suffix() -> None:
 
 KEYWORD = {"type": "keyword", "ignore_above": 8191}
 TEXT = {"type": "text", "fields": {"keyword": {"type": "keyword", "ignore_above": 256}}}
-DATE = {"type": "date", "format": "strict_date_optional_time||epoch_millis"}
+DATE = {
+    "type": "date",
+    "format": "strict_date_optional_time||epoch_millis",
+    "ignore_malformed": True,  # infinity: kept in _source, not dead-lettered
+}
 
 
 @pytest.mark.parametrize(
