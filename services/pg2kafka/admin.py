@@ -240,7 +240,17 @@ def sync_publication(
             )
         skipped: list[str] = []
         for oid, schema, table in matching:
-            outcome = conn.execute("SELECT _walcast.publish_table(%s, %s)", [pub, oid]).fetchone()
+            try:
+                outcome = conn.execute(
+                    "SELECT _walcast.publish_table(%s, %s)", [pub, oid]
+                ).fetchone()
+            except psycopg.errors.InsufficientPrivilege as exc:
+                raise PermanentError(
+                    f"cannot publish {schema}.{table}: {exc.diag.message_primary}",
+                    hint="publishing a table needs its ownership: make the role init runs as"
+                    " a member of the table's owner, or leave the table out with"
+                    " filters.include / filters.exclude",
+                ) from exc
             if outcome is not None and outcome[0] == "skipped":
                 skipped.append(f"{schema}.{table}")
             elif outcome is not None and outcome[0].startswith("full_identity"):

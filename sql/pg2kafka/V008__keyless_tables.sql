@@ -75,6 +75,10 @@ BEGIN
     IF NOT _walcast.has_identity(rel) AND mode = 'full_identity' AND r.relreplident = 'd' THEN
         EXECUTE format('ALTER TABLE %I.%I REPLICA IDENTITY FULL', r.nspname, r.relname);
         done := 'full_identity+';
+        -- That ALTER TABLE ran the DDL trigger again, which may have added the table.
+        listed := EXISTS (SELECT 1 FROM pg_publication_rel pr
+                            JOIN pg_publication pp ON pp.oid = pr.prpubid
+                           WHERE pp.pubname = pub AND pr.prrelid = rel);
     END IF;
     IF _walcast.has_identity(rel) THEN
         IF NOT listed THEN
