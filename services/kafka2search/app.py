@@ -20,7 +20,6 @@ sink it feeds, :class:`Indexer`:
 from __future__ import annotations
 
 import logging
-import re
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -112,7 +111,6 @@ class _LastRun:
         self.db, self.schema, self.table, self.types, self.alias = db, schema, table, types, alias
 
 
-_RENAME = re.compile(r"\bRENAME\b", re.IGNORECASE)
 _MOVE_FIELD = "ctx._source[params.to] = ctx._source.remove(params.from)"
 _DROP_FIELD = "ctx._source.remove(params.from)"
 
@@ -292,14 +290,35 @@ class Indexer(BatchSink[Batch]):
         if not isinstance(columns, list):
             return  # DDL without a resulting schema (nothing to map)
         after = {str(c["name"]): str(c["type"]) for c in columns if isinstance(c, dict)}
+        numbers = {
+            str(c["name"]): c["num"]
+            for c in columns
+            if isinstance(c, dict) and type(c.get("num")) is int
+        }
         st = self.state(alias, ev, {})
+        recreated = str(d.get("tag", "")).upper() == "CREATE TABLE" and ev.lsn > st.truncated_lsn
+        if recreated:
+            # Created (again): the documents of a table dropped under this name go.
+            gone = self.retry(lambda: self.engine.delete_older(st.index, ev.lsn), f"clear {alias}")
+            st.truncated_lsn = ev.lsn
+            if gone:
+                log.info("table %s created again: %d documents of the old one removed", alias, gone)
         removed = [c for c in st.columns if c not in after]
         added = {c: t for c, t in after.items() if c not in st.columns}
-        statement = str(d.get("statement", ""))
-        renames: list[tuple[str, str]] = []
-        if len(removed) == 1 and len(added) == 1 and _RENAME.search(statement):
-            renames.append((removed[0], next(iter(added))))
-            removed = []
+        # A rename is a column that kept its number (attnum) under a new name: read from
+        # the event's structure, never from the statement text (a migration renaming one
+        # column and dropping another once moved one column's data into the other).
+        known: dict[str, int] = dict(st.meta.get("numbers") or {})
+        by_number = {n: name for name, n in numbers.items()}
+        renames = [
+            (old, by_number[known[old]])
+            for old in removed
+            if old in known and by_number.get(known[old]) in added
+        ]
+        for old, _new in renames:
+            removed.remove(old)
+        if numbers:
+            st.meta["numbers"] = numbers
         if added:
             self.retry(lambda: self._add_columns(st, added), f"map new columns of {alias}")
         for old, new in renames:
@@ -318,7 +337,7 @@ class Indexer(BatchSink[Batch]):
             )
             log.info("column %s dropped from %s: %d documents cleared", old, alias, cleared)
             self.metrics.schema_changes.labels("drop_column").inc()
-        if removed or renames:
+        if removed or renames or numbers or recreated:
             st.columns = {c: t for c, t in st.columns.items() if c in after}
             self.retry(lambda: self._save_meta(st), f"record the schema of {alias}")
         if added:

@@ -1,4 +1,4 @@
-"""kafka2spark command line: ``run``, ``status``, ``maintain``."""
+"""kafka2spark command line: ``run``, ``status``, ``maintain``, ``release``."""
 
 from __future__ import annotations
 
@@ -6,10 +6,11 @@ import argparse
 import json
 import sys
 
-from services.kafka2spark import admin
+from services.kafka2spark import admin, held
 from services.kafka2spark.app import build
 from services.kafka2spark.settings import Kafka2SparkSettings
 from shared.cli import base_parser, run_command
+from shared.errors import ConfigError
 from shared.service import serve
 
 
@@ -20,6 +21,8 @@ def build_parser() -> argparse.ArgumentParser:
     st = sub.add_parser("status", help="last batch, lag per partition, tables and row counts")
     st.add_argument("--json", action="store_true")
     sub.add_parser("maintain", help="compact small files and vacuum past the retention")
+    rl = sub.add_parser("release", help="mirror a held table again (see status)")
+    rl.add_argument("--table", required=True, help="db.schema.table, as status lists it")
     return parser
 
 
@@ -47,6 +50,17 @@ def main(argv: list[str] | None = None) -> int:
             print(f"total lag: {info['total_lag']}")
             for t in info["tables"]:
                 print(f"  {t['table']:<40} version {t['version']:>6} {t['rows']:>12} rows")
+            for table, why in info["held"].items():
+                print(f"  HELD {table}: {why['reason']} (since batch {why['batch_id']})")
+        elif args.command == "release":
+            if not held.release(settings.delta.root, args.table):
+                raise ConfigError(
+                    f"{args.table} is not held", hint="`kafka2spark status` lists held tables"
+                )
+            print(
+                f"released {args.table}: its changes while held are in the quarantine; bring"
+                " its rows back (re-snapshot, or replay into an emptied mirror)"
+            )
         else:
             for entry in admin.maintain(settings):
                 print(

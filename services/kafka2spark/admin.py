@@ -16,6 +16,7 @@ from typing import Any
 from confluent_kafka import Consumer
 from pyspark.sql import SparkSession
 
+from services.kafka2spark.held import read_held
 from services.kafka2spark.settings import Kafka2SparkSettings
 from shared.kafka import group_lag
 from shared.retry import call_with_retry
@@ -73,6 +74,7 @@ def status(settings: Kafka2SparkSettings) -> dict[str, Any]:
         "lag": lag,
         "total_lag": sum(p["lag"] for p in lag),
         "tables": tables,
+        "held": read_held(settings.delta.root),
     }
 
 

@@ -63,6 +63,11 @@ class Metrics:
             " changelog)",
             ["table"], registry=registry,
         )  # fmt: skip
+        self.held = Gauge(
+            f"{prefix}_held_tables",
+            "tables whose mirror failed: their changes go to the quarantine until released",
+            registry=registry,
+        )
         self.quarantined = Counter(
             f"{prefix}_quarantined", "records sent to the quarantine table", registry=registry
         )
@@ -276,6 +281,7 @@ def build(settings: Kafka2SparkSettings, spark: SparkSession | None = None) -> S
             metrics.keyless.labels(table).inc(n)
         for table, n in result.beyond.items():
             metrics.beyond.labels(table).inc(n)
+        metrics.held.set(len(mirror.held()))
         metrics.last_batch.set(result.batch_id)
         metrics.last_batch_time.set(time.time())
         log.info(

@@ -51,6 +51,7 @@ from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F  # noqa: N812 - the PySpark convention
 from pyspark.sql import types as T  # noqa: N812 - the PySpark convention
 
+from services.kafka2spark.held import read_held, write_held
 from services.kafka2spark.schema import ENVELOPE, spark_type
 from services.kafka2spark.settings import Kafka2SparkSettings
 from shared.contract.event import CONTROL_OPS, DATA_OPS, EVENT_VERSION
@@ -61,6 +62,7 @@ log = logging.getLogger(__name__)
 LSN = "_walcast_lsn"
 TRUNCATED = "walcast.truncated_lsn"
 SCHEMA_AT = "walcast.schema_at"  # "lsn:seq" of the last DDL applied
+NUMBERS = "walcast.column_numbers"  # JSON: column -> attnum, to recognise renames
 CORRUPT = "__w_corrupt"
 TKEY = "__w_table"  # db.schema.table: what a mirror is per
 # Working columns of a merge; the prefix keeps them apart from any Postgres column.
@@ -113,6 +115,42 @@ def quote(name: str) -> str:
     return "`" + name.replace("`", "``") + "`"
 
 
+# Characters Delta refuses in column names without column mapping, and the escape itself.
+_DELTA_REFUSES = frozenset(" ,;{}()\n\t=%")
+_PERCENT = re.compile(r"%([0-9A-F]{2})")
+
+
+def column_name(name: str) -> str:
+    """The mirror's name for a Postgres column: the same name when Delta accepts it, else
+    each refused character (`` ,;{}()\\n\\t=``) and ``%`` as ``%XX`` (``first name`` →
+    ``first%20name``); a name that is walcast's own (``_walcast_lsn``, ``__w_...``) gets
+    a leading ``%``. Reversible (:func:`postgres_name`) and collision-free. Delta's
+    column mapping would allow any name, but the ``deltalake`` reader returned nulls for
+    such tables; Spark, delta-rs and every other reader read these names as they are."""
+    if not _DELTA_REFUSES.intersection(name) and not _walcast_own(name):
+        return name
+    out = "".join(f"%{ord(ch):02X}" if ch in _DELTA_REFUSES else ch for ch in name)
+    return "%" + out if _walcast_own(out) else out
+
+
+def postgres_name(name: str) -> str:
+    """The inverse of :func:`column_name`."""
+    if "%" not in name:
+        return name
+    if name.startswith("%") and _walcast_own(name[1:]):
+        name = name[1:]
+    return _PERCENT.sub(lambda m: chr(int(m.group(1), 16)), name)
+
+
+def _walcast_own(name: str) -> bool:
+    return name == LSN or name.startswith("__w_")
+
+
+def mq(name: str) -> str:
+    """A Postgres column's mirror column, quoted for Spark SQL."""
+    return quote(column_name(name))
+
+
 def table_dir(template: str, db: str, schema: str, table: str) -> str:
     """The mirror's directory name: collision-free (:func:`shared.naming.table_name`)."""
     return table_name(template, DELTA_DIRECTORY, db, schema, table)
@@ -129,6 +167,8 @@ class BatchResult:
     merged: dict[str, int] = field(default_factory=dict)  # table -> source rows merged
     # table -> changes without key values, never merged (a keyed mirror has no NULL keys)
     keyless: dict[str, int] = field(default_factory=dict)
+    # table -> its events quarantined because the table is held (its mirror failed)
+    held: dict[str, int] = field(default_factory=dict)
     # table -> date / timestamp values outside years 1..9999, stored as NULL
     beyond: dict[str, int] = field(default_factory=dict)
     schema_changes: list[str] = field(default_factory=list)
@@ -373,40 +413,110 @@ class DeltaMirror:
                 key_cols[(r[TKEY], int(r["segment"]))] = list(r["k"] or [])
                 keyless[(r[TKEY], int(r["segment"]))] = int(r["keyless"] or 0)
 
+            held = self.held()
             for name in sorted(set(tables) | set(by_table)):
                 ctl = by_table.get(name, [])
                 t = tables.get(name)
                 ids = t["ids"] if t else tuple(ctl[0].event[k] for k in ("db", "schema", "table"))
                 path = self.path_of(*ids)
                 label = f"{ids[1]}.{ids[2]}"
-                for seg in range(len(ctl) + 1):
-                    if t is not None and seg in t["segments"]:
-                        rows = data.where((F.col(TKEY) == name) & (F.col("segment") == seg))
-                        merged = self._merge(
-                            path,
-                            label,
-                            rows,
-                            t["segments"][seg],
-                            sorted(key_cols.get((name, seg), [])),
-                            batch_id,
-                            seg,
-                        )
-                        result.merged[label] = result.merged.get(label, 0) + merged
-                        skipped = keyless.get((name, seg), 0)
-                        if skipped:
-                            result.keyless[label] = result.keyless.get(label, 0) + skipped
-                            log.warning(
-                                "%s: %d changes without key values not mirrored (sent while"
-                                " the table had no primary key or replica identity)",
-                                label,
-                                skipped,
-                            )
-                    if seg < len(ctl):
-                        change = self._control(path, label, ctl[seg])
-                        if change:
-                            result.schema_changes.append(change)
+                if name in held:
+                    self._hold(events, name, label, held[name]["reason"], batch_id, result)
+                    continue
+                try:
+                    self._table(
+                        path, label, name, t, ctl, data, key_cols, keyless, batch_id, result
+                    )
+                except Exception as exc:
+                    if not _table_failure(exc):
+                        raise  # not this table's: the batch fails and runs again
+                    reason = f"{label} held after a failure: {_first_line(exc)}"
+                    held[name] = {"reason": reason, "batch_id": batch_id}
+                    self._save_held(held)
+                    log.error(
+                        "%s; its changes go to the quarantine from this batch on, the other"
+                        " tables go on. Fix the cause, then release it (`kafka2spark release"
+                        " --table %s`) and bring its rows back (re-snapshot, or replay)",
+                        reason,
+                        name,
+                    )
+                    self._hold(events, name, label, reason, batch_id, result)
         finally:
             data.unpersist()
+
+    def _table(
+        self,
+        path: Path,
+        label: str,
+        name: str,
+        t: dict[str, Any] | None,
+        ctl: list[_Control],
+        data: DataFrame,
+        key_cols: dict[tuple[str, int], list[str]],
+        keyless: dict[tuple[str, int], int],
+        batch_id: int,
+        result: BatchResult,
+    ) -> None:
+        """One table's part of the batch: its segments merged, its truncates and DDL
+        applied between them, in LSN order."""
+        for seg in range(len(ctl) + 1):
+            if t is not None and seg in t["segments"]:
+                rows = data.where((F.col(TKEY) == name) & (F.col("segment") == seg))
+                merged = self._merge(
+                    path,
+                    label,
+                    rows,
+                    t["segments"][seg],
+                    sorted(key_cols.get((name, seg), [])),
+                    batch_id,
+                    seg,
+                )
+                result.merged[label] = result.merged.get(label, 0) + merged
+                skipped = keyless.get((name, seg), 0)
+                if skipped:
+                    result.keyless[label] = result.keyless.get(label, 0) + skipped
+                    log.warning(
+                        "%s: %d changes without key values not mirrored (sent while"
+                        " the table had no primary key or replica identity)",
+                        label,
+                        skipped,
+                    )
+            if seg < len(ctl):
+                change = self._control(path, label, ctl[seg])
+                if change:
+                    result.schema_changes.append(change)
+
+    # -- held tables -------------------------------------------------------------------
+
+    def held(self) -> dict[str, dict[str, Any]]:
+        return read_held(self.root)
+
+    def _save_held(self, held: dict[str, dict[str, Any]]) -> None:
+        write_held(self.root, held)
+
+    def _hold(
+        self,
+        events: DataFrame,
+        name: str,
+        label: str,
+        reason: str,
+        batch_id: int,
+        result: BatchResult,
+    ) -> None:
+        """A held table's events of this batch go to the quarantine (with the reason),
+        so none is lost and none is applied out of order after the ones that failed."""
+        rows = events.where(F.col(TKEY) == name).select(
+            F.col("kafka_key").alias("key"),
+            F.col("kafka_value").alias("value"),
+            F.lit(reason).alias("reason"),
+            "topic",
+            "partition",
+            "offset",
+            "kafka_ts",
+        )
+        digest = hashlib.sha256(name.encode()).hexdigest()[:16]
+        n = self._quarantine(rows, batch_id, f"held-{digest}")
+        result.held[label] = result.held.get(label, 0) + n
 
     # -- table state ---------------------------------------------------------------------
 
@@ -414,16 +524,19 @@ class DeltaMirror:
         return (path / "_delta_log").is_dir() and any((path / "_delta_log").glob("*.json"))
 
     def _columns(self, path: Path) -> dict[str, T.DataType]:
+        """The mirror's columns by their Postgres names (:func:`column_name` decoded),
+        without walcast's own ``_walcast_lsn``."""
         df = self.spark.read.format("delta").load(str(path))
-        return {f.name: f.dataType for f in df.schema.fields}
+        return {postgres_name(f.name): f.dataType for f in df.schema.fields if f.name != LSN}
 
     def _properties(self, path: Path) -> dict[str, str]:
         rows = self.spark.sql(f"SHOW TBLPROPERTIES delta.{quote(str(path))}").collect()
         return {r["key"]: r["value"] for r in rows}
 
     def _set_property(self, path: Path, key: str, value: str) -> None:
+        literal = value.replace("\\", "\\\\").replace("'", "\\'")  # column names may hold '
         self.spark.sql(
-            f"ALTER TABLE delta.{quote(str(path))} SET TBLPROPERTIES ('{key}' = '{value}')"
+            f"ALTER TABLE delta.{quote(str(path))} SET TBLPROPERTIES ('{key}' = '{literal}')"
         )
 
     def _schema_position(self, path: Path) -> tuple[int, int]:
@@ -436,7 +549,7 @@ class DeltaMirror:
 
         builder = DeltaTable.createIfNotExists(self.spark).location(str(path))
         for column, pg in types.items():
-            builder = builder.addColumn(column, spark_type(pg))
+            builder = builder.addColumn(column_name(column), spark_type(pg))
         builder = builder.addColumn(LSN, T.LongType())
         builder = (
             builder.property("walcast.source", name)
@@ -448,7 +561,7 @@ class DeltaMirror:
         log.info("created the mirror of %s at %s", name, path)
 
     def _add_columns(self, path: Path, new: dict[str, str]) -> None:
-        cols = ", ".join(f"{quote(c)} {spark_type(t).simpleString()}" for c, t in new.items())
+        cols = ", ".join(f"{mq(c)} {spark_type(t).simpleString()}" for c, t in new.items())
         self.spark.sql(f"ALTER TABLE delta.{quote(str(path))} ADD COLUMNS ({cols})")
 
     # -- merge ---------------------------------------------------------------------------
@@ -478,9 +591,9 @@ class DeltaMirror:
             current = self._columns(path)
         missing = [k for k in key if k not in current]
         if missing:
-            raise RuntimeError(f"{name}: key columns {missing} are not in the mirror at {path}")
+            raise MirrorError(f"{name}: key columns {missing} are not in the mirror at {path}")
         truncated = int(self._properties(path).get(TRUNCATED, "0"))
-        columns = [c for c in current if c != LSN]
+        columns = list(current)
         # Dates and timestamps are read as text and converted here (_temporal): Postgres'
         # infinity and years outside 1..9999 would fail the parse and quarantine the row.
         temporal = {c: t for c, t in current.items() if isinstance(t, _TEMPORAL)}
@@ -520,7 +633,7 @@ class DeltaMirror:
             W_PRESENT,
             F.coalesce(F.col(f"{W_NEW}.{quote(CORRUPT)}"), *unreadable).alias(CORRUPT),
             *[
-                (_temporal(raw[c], temporal[c]) if c in temporal else raw[c]).alias(c)
+                (_temporal(raw[c], temporal[c]) if c in temporal else raw[c]).alias(column_name(c))
                 for c in columns
             ],
             (sum(beyond[1:], beyond[0]) if beyond else F.lit(0)).alias(W_BEYOND),
@@ -560,7 +673,7 @@ class DeltaMirror:
         the columns it added), else the stored value."""
         from delta.tables import DeltaTable
 
-        by_key = [F.col(quote(k)) for k in key]
+        by_key = [F.col(mq(k)) for k in key]
         running = (
             Window.partitionBy(*by_key)
             .orderBy(W_LSN, W_SEQ)
@@ -571,15 +684,15 @@ class DeltaMirror:
             supplied = (
                 (F.col(W_OP) != "delete")
                 & F.array_contains(W_PRESENT, c)
-                & ~F.array_contains(W_TOAST, c)
+                & ~F.array_contains(W_TOAST, c)  # Postgres names, as the event has them
             )
-            carried = F.last(F.when(supplied, F.struct(F.col(quote(c)).alias("v"))), True)
+            carried = F.last(F.when(supplied, F.struct(F.col(mq(c)).alias("v"))), True)
             src = src.withColumn(f"{W_CARRY}{i}", carried.over(running))
         src = src.select(
             W_LSN,
             W_SEQ,
             W_OP,
-            *[F.col(quote(k)) for k in key],
+            *[F.col(mq(k)) for k in key],
             *[F.col(f"{W_CARRY}{i}.v").alias(c) for i, c in enumerate(values)],
             *[F.col(f"{W_CARRY}{i}").isNull().alias(f"{W_KEEP}{i}") for i in range(len(values))],
         )
@@ -590,14 +703,14 @@ class DeltaMirror:
         try:
             # Null-safe: under REPLICA IDENTITY FULL without a primary key, the key is
             # every column, and a NULL value must still match its row.
-            on = " AND ".join(f"t.{quote(k)} <=> s.{quote(k)}" for k in key)
+            on = " AND ".join(f"t.{mq(k)} <=> s.{mq(k)}" for k in key)
             newer = f"s.{W_LSN} > t.{LSN}"
             assign: dict[str, str | Column] = {
-                quote(c): f"CASE WHEN s.{W_KEEP}{i} THEN t.{quote(c)} ELSE s.{quote(c)} END"
+                mq(c): f"CASE WHEN s.{W_KEEP}{i} THEN t.{mq(c)} ELSE s.{mq(c)} END"
                 for i, c in enumerate(values)
             }
             assign[LSN] = f"s.{W_LSN}"
-            insert: dict[str, str | Column] = {quote(c): f"s.{quote(c)}" for c in columns}
+            insert: dict[str, str | Column] = {mq(c): f"s.{mq(c)}" for c in columns}
             insert[LSN] = f"s.{W_LSN}"
             (
                 DeltaTable.forPath(self.spark, str(path))
@@ -628,6 +741,11 @@ class DeltaMirror:
         if not self._exists(path):
             self._create(path, name, after, list(ddl.get("primary_key") or []))
             self._set_property(path, SCHEMA_AT, f"{c.lsn}:{c.seq}")
+            numbers = {
+                str(col["name"]): col["num"] for col in columns if type(col.get("num")) is int
+            }
+            if numbers:
+                self._set_property(path, NUMBERS, json.dumps(numbers))
             return f"{name}: created"
         if (c.lsn, c.seq) <= self._schema_position(path):
             # Applied before (a replayed batch, or this DDL's copy from another
@@ -638,22 +756,60 @@ class DeltaMirror:
         if recreated and self._truncate(path, name, c.lsn):
             # Dropped and created again: the rows of the old table are gone.
             changes.append("re-created (rows of the dropped table removed)")
-        current = {k: v for k, v in self._columns(path).items() if k != LSN}
+        current = self._columns(path)
         removed = [col for col in current if col not in after]
         added = {col: t for col, t in after.items() if col not in current}
-        rename = _renamed(str(ddl.get("statement") or ""), removed, added)
-        if rename is not None:
-            old, new = rename
-            self._rewrite(path, lambda df: df.withColumnRenamed(old, new))
+        numbers = {str(col["name"]): col["num"] for col in columns if type(col.get("num")) is int}
+        known: dict[str, int] = json.loads(self._properties(path).get(NUMBERS, "{}"))
+        if known and numbers:
+            # A rename keeps the column's number (attnum): read from the event's
+            # structure, not the statement text.
+            by_number = {n: col for col, n in numbers.items()}
+            renames = [
+                (old, by_number[known[old]])
+                for old in removed
+                if old in known and by_number.get(known[old]) in added
+            ]
+        else:  # a producer before V009: the statement must name exactly this rename
+            rename = _renamed(str(ddl.get("statement") or ""), removed, added)
+            renames = [rename] if rename else []
+        if renames:
+            pairs = dict(renames)
+            self._rewrite(
+                path,
+                lambda df: df.withColumnsRenamed(
+                    {column_name(o): column_name(n) for o, n in pairs.items()}
+                ),
+            )
+        for old, new in renames:
             changes.append(f"column {old} renamed to {new}")
             removed.remove(old)
             added.pop(new)
         if removed:
-            self._rewrite(path, lambda df: df.drop(*removed))
+            self._rewrite(path, lambda df: df.drop(*[column_name(c) for c in removed]))
             changes.append(f"dropped {', '.join(removed)}")
+        widened = {
+            col: spark_type(t)
+            for col, t in after.items()
+            if col in current and _widens(current[col], spark_type(t))
+        }
+        if widened:
+            # int -> bigint, real -> double, anything -> text: rewritten with the wider
+            # type, so later values fit instead of being quarantined one by one.
+            self._rewrite(
+                path,
+                lambda df: df.withColumns(
+                    {column_name(c): F.col(mq(c)).cast(t) for c, t in widened.items()}
+                ),
+            )
+            changes.append(
+                "widened " + ", ".join(f"{c} to {t.simpleString()}" for c, t in widened.items())
+            )
         if added:
             self._add_columns(path, added)
             changes.append(f"added {', '.join(added)}")
+        if numbers:
+            self._set_property(path, NUMBERS, json.dumps(numbers))
         self._set_property(path, SCHEMA_AT, f"{c.lsn}:{c.seq}")
         return f"{name}: {'; '.join(changes)}" if changes else None
 
@@ -687,6 +843,23 @@ _RENAME_COLUMN = re.compile(
 )
 
 
+# Casts that lose nothing: a column whose Postgres type was changed to one of these
+# targets is rewritten with it (Spark types as the type table maps them).
+_WIDENINGS: dict[type[T.DataType], tuple[type[T.DataType], ...]] = {
+    T.ShortType: (T.IntegerType, T.LongType, T.DoubleType, T.StringType),
+    T.IntegerType: (T.LongType, T.DoubleType, T.StringType),
+    T.LongType: (T.StringType,),
+    T.FloatType: (T.DoubleType, T.StringType),
+    T.DoubleType: (T.StringType,),
+    T.DateType: (T.TimestampNTZType, T.TimestampType, T.StringType),
+    T.BooleanType: (T.StringType,),
+}
+
+
+def _widens(current: T.DataType, target: T.DataType) -> bool:
+    return type(target) in _WIDENINGS.get(type(current), ())
+
+
 def _ident(token: str) -> str:
     """A Postgres identifier as the catalog holds it: quoted as written, else lower-cased."""
     if token.startswith('"') and token.endswith('"'):
@@ -702,6 +875,37 @@ def _renamed(statement: str, removed: list[str], added: dict[str, str]) -> tuple
         if old in removed and new in added:
             return old, new
     return None
+
+
+def _table_failure(exc: BaseException) -> bool:
+    """A failure of one table's mirror (a schema Delta or Spark refuses, a column it
+    cannot hold), not of the job: Spark's analysis errors, Delta's schema errors, and
+    walcast's own checks of a mirror."""
+    from pyspark.errors import AnalysisException, IllegalArgumentException
+
+    if isinstance(exc, (AnalysisException, IllegalArgumentException, MirrorError)):
+        return True
+    text = str(exc)
+    return any(marker in text for marker in _TABLE_MARKERS)
+
+
+# Delta reports some schema problems as plain Java exceptions through Py4J.
+_TABLE_MARKERS = (
+    "DeltaAnalysisException",
+    "AnalysisException",
+    "DELTA_INVALID_CHARACTERS_IN_COLUMN_NAME",
+    "DELTA_DUPLICATE_COLUMNS_FOUND",
+    "DELTA_FAILED_TO_MERGE_FIELDS",
+    "DeltaIllegalArgumentException",
+)
+
+
+def _first_line(exc: BaseException) -> str:
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0][:500]
+
+
+class MirrorError(RuntimeError):
+    """A mirror that cannot take its table's changes (a walcast check)."""
 
 
 def _reason() -> Column:

@@ -25,6 +25,11 @@ class Metrics:
         self.replayed = Counter(
             f"{prefix}_replayed_events", "events sent from the replay queue", registry=registry
         )
+        self.undecodable = Counter(
+            f"{prefix}_undecodable_values",
+            "text values that were not UTF-8, decoded by replication.invalid_text",
+            registry=registry,
+        )
         self.oversized = Counter(
             f"{prefix}_oversized_events",
             "changes larger than their topic takes, sent as references without their rows",

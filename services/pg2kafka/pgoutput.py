@@ -179,7 +179,11 @@ class _Reader:
         end = self.buf.find(b"\0", self.pos)
         if end < 0:
             raise DecodeError("unterminated string")
-        s = self.buf[self.pos : end].decode("utf-8")
+        raw = self.buf[self.pos : end]
+        try:
+            s = raw.decode("utf-8")
+        except UnicodeDecodeError:  # a name in a SQL_ASCII / LATIN1 database
+            s = TEXT.decode(raw)
         self.pos = end + 1
         return s
 
@@ -196,6 +200,45 @@ class _Reader:
 
 _unpack_i16 = _I16.unpack_from
 _unpack_i32 = _I32.unpack_from
+
+
+# Postgres server encodings → Python codecs, for the ones a database may use besides UTF8.
+_CODECS = {
+    "LATIN1": "latin-1", "LATIN2": "iso8859-2", "LATIN9": "iso8859-15", "WIN1250": "cp1250",
+    "WIN1251": "cp1251", "WIN1252": "cp1252", "KOI8R": "koi8-r", "EUC_JP": "euc_jp",
+    "EUC_KR": "euc_kr", "EUC_CN": "gb2312", "ISO_8859_5": "iso8859-5",
+    "ISO_8859_7": "iso8859-7", "ISO_8859_8": "iso8859-8",
+}  # fmt: skip
+
+
+class TextPolicy:
+    """How text that is not UTF-8 is decoded. pgoutput sends values in the database's
+    encoding, unconverted: in a ``SQL_ASCII`` (or LATIN1...) database a value need not
+    be UTF-8, and a strict decode stopped the stream for good while WAL piled up.
+
+    ``database`` (default): the database's own encoding; for ``SQL_ASCII``, which has
+    none, Latin-1 — one character per byte, so the original bytes are the text encoded
+    as Latin-1 again. ``replace``: U+FFFD for what is not UTF-8. Either way the value is
+    counted (``undecodable``, exported as a metric) and the stream goes on. Set once per
+    process from the replication connection (one database per process)."""
+
+    def __init__(self) -> None:
+        self.codec = "latin-1"
+        self.errors = "strict"
+        self.undecodable = 0
+
+    def configure(self, server_encoding: str, policy: str) -> None:
+        if policy == "replace":
+            self.codec, self.errors = "utf-8", "replace"
+        else:
+            self.codec, self.errors = _CODECS.get(server_encoding.upper(), "latin-1"), "replace"
+
+    def decode(self, raw: bytes) -> str:
+        self.undecodable += 1
+        return raw.decode(self.codec, self.errors)
+
+
+TEXT = TextPolicy()
 
 
 def _tuple_data(buf: bytes, pos: int) -> tuple[tuple[Value, ...], int]:
@@ -219,7 +262,11 @@ def _tuple_data(buf: bytes, pos: int) -> tuple[tuple[Value, ...], int]:
             pos += 4
             if pos + n > end:
                 raise DecodeError(f"truncated message: value of {n} bytes")
-            append(buf[pos : pos + n].decode("utf-8"))
+            raw = buf[pos : pos + n]
+            try:
+                append(raw.decode("utf-8"))
+            except UnicodeDecodeError:
+                append(TEXT.decode(raw))
             pos += n
         elif kind == 0x6E:  # 'n' null
             append(None)

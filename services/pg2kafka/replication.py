@@ -67,8 +67,10 @@ class PostgresReplicationSource(Source[pgoutput.Decoded, int]):
         *,
         status_interval_s: float = 5.0,
         wal_sender_timeout_s: float | None = None,
+        invalid_text: str = "database",
     ) -> None:
         self.conninfo = conninfo
+        self.invalid_text = invalid_text
         self.slot = slot
         self.publication = publication
         self.status_interval_s = status_interval_s
@@ -94,6 +96,11 @@ class PostgresReplicationSource(Source[pgoutput.Decoded, int]):
             application_name=replication_application_name(self.slot),
         )
         pgconn = self.conn.pgconn
+        encoding = pgconn.parameter_status(b"server_encoding")
+        if encoding is not None and encoding != b"UTF8":
+            pgoutput.TEXT.configure(encoding.decode(), self.invalid_text)
+            log.info("database encoding %s: text that is not UTF-8 is decoded by policy"
+                     " %r", encoding.decode(), self.invalid_text)  # fmt: skip
         # Starting at 0/0 means "from the slot's confirmed_flush_lsn".
         command = (
             f'START_REPLICATION SLOT "{self.slot}" LOGICAL 0/0 '

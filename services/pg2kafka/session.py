@@ -40,6 +40,7 @@ from services.pg2kafka.replication import PostgresReplicationSource
 from services.pg2kafka.settings import Pg2KafkaSettings
 from services.pg2kafka.types import TypeRegistry
 from shared.kafka import KafkaSink, Outgoing, ensure_topic, topic_max_message_bytes
+from shared.logs import SampledLog
 from shared.retry import call_with_retry
 
 log = logging.getLogger(__name__)
@@ -137,6 +138,7 @@ class ReplicationSession:
             target.publication,
             status_interval_s=s.replication.status_interval_s,
             wal_sender_timeout_s=s.replication.wal_sender_timeout_s,
+            invalid_text=s.replication.invalid_text,
         )
         self.sink = KafkaSink(
             {
@@ -171,6 +173,7 @@ class ReplicationSession:
         self.max_value_bytes: dict[str, int] = {}  # topic -> largest value it takes
         self.seq = 0  # the open transaction's tracker sequence
         self.commit_times: deque[tuple[int, float]] = deque()
+        self._undecodable_log = SampledLog(log, "undecodable text reports")
         self.op_counts: dict[str, int] = {}
         self.bytes_out = 0
 
@@ -352,6 +355,13 @@ class ReplicationSession:
         if b.skipped_no_identity:
             m.skipped.inc(b.skipped_no_identity)
             b.skipped_no_identity = 0
+        text = pg.TEXT
+        if text.undecodable:
+            taken, text.undecodable = text.undecodable, 0
+            m.undecodable.inc(taken)
+            self._undecodable_log.warning(
+                "text", "%d values were not UTF-8: decoded as %s", taken, text.codec
+            )
         m.inflight.set(self.sink.inflight_bytes)
         m.confirmed.set(source.confirmed_lsn)
         m.lag.set(max(0, source.server_wal_end - source.confirmed_lsn))

@@ -195,20 +195,31 @@ class QueueHandler(_EventsHandler):
         self.queued = 0
         self.probe = AdminClient({**settings.kafka.client_config(), "socket.timeout.ms": 1000})
 
+    # Queue rows held for the open transaction before they are written: a transaction of
+    # millions of events must not be held whole (the slot sends only committed
+    # transactions, so writing a part early is safe; a crash before the commit is
+    # confirmed writes that part again: at least once, as everywhere).
+    MAX_PENDING = 10_000
+
     def handle(self, session: ReplicationSession, lsn: int, msg: pg.Decoded) -> None:
         if isinstance(msg, pg.Insert):
             row = _events_row(session, msg)
             if row is not None:
                 self.pending.append((str(row["created_at"]), int(str(row["id"]))))
+                if len(self.pending) >= self.MAX_PENDING:
+                    self.write_pending()
         elif isinstance(msg, pg.Commit) and self.pending:
-            with self.queue_conn.cursor() as cur:
-                cur.executemany(
-                    "INSERT INTO _walcast.replay_queue (stream_id, event_created_at, event_id)"
-                    " VALUES (%s, %s, %s)",
-                    [(self.settings.subscriptions.stream_id, c, i) for c, i in self.pending],
-                )
-            self.queued += len(self.pending)
-            self.pending.clear()
+            self.write_pending()
+
+    def write_pending(self) -> None:
+        with self.queue_conn.cursor() as cur:
+            cur.executemany(
+                "INSERT INTO _walcast.replay_queue (stream_id, event_created_at, event_id)"
+                " VALUES (%s, %s, %s)",
+                [(self.settings.subscriptions.stream_id, c, i) for c, i in self.pending],
+            )
+        self.queued += len(self.pending)
+        self.pending.clear()
 
     def housekeeping(self, session: ReplicationSession) -> bool:
         super().housekeeping(session)

@@ -66,6 +66,7 @@ class DdlColumn(TypedDict):
     type: str  # pg_type.typname, as in ``types``
     sql_type: str  # format_type(), e.g. numeric(8,2)
     nullable: bool
+    num: int  # pg_attribute.attnum: kept through RENAME, never reused (V009)
 
 
 class DdlChange(TypedDict, total=False):

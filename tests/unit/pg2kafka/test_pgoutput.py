@@ -92,3 +92,26 @@ def test_lsn_text_round_trip() -> None:
     assert pg.parse_lsn("16/B374D848") == 0x16_B374D848
     with pytest.raises(ValueError, match="not an LSN"):
         pg.parse_lsn("123")
+
+
+def test_text_that_is_not_utf8_is_decoded_by_policy_and_counted() -> None:
+    """A SQL_ASCII database sent bytes that are not UTF-8 and the strict decode stopped
+    the stream for good. Now: the database's encoding (SQL_ASCII: Latin-1, byte for byte)
+    or U+FFFD, counted."""
+    latin = "été".encode("latin-1")
+    message = b"I" + struct.pack("!I", 7) + b"N" + tuple_data(latin, b"ok")
+    before = pg.TEXT.undecodable
+    try:
+        pg.TEXT.configure("SQL_ASCII", "database")
+        ins = pg.decode(message)
+        assert isinstance(ins, pg.Insert)
+        assert ins.new == ("été", "ok")
+        assert ins.new[0].encode("latin-1") == latin  # the original bytes, recoverable
+        pg.TEXT.configure("SQL_ASCII", "replace")
+        again = pg.decode(message)
+        assert isinstance(again, pg.Insert)
+        assert again.new == ("\ufffdt\ufffd", "ok")
+        assert pg.TEXT.undecodable == before + 2
+    finally:
+        pg.TEXT.configure("SQL_ASCII", "database")
+        pg.TEXT.undecodable = before

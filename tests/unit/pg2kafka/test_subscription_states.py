@@ -124,3 +124,53 @@ def test_a_stopped_stream_takes_no_step() -> None:
     stream.stop.set()
     stream.run_once()
     assert stream.walk == []
+
+
+class FakeCursor:
+    def __init__(self, writes: list[int]) -> None:
+        self.writes = writes
+
+    def __enter__(self) -> FakeCursor:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        pass
+
+    def executemany(self, _sql: str, rows: list[Any]) -> None:
+        self.writes.append(len(rows))
+
+
+class FakeConn:
+    def __init__(self) -> None:
+        self.writes: list[int] = []
+
+    def cursor(self) -> FakeCursor:
+        return FakeCursor(self.writes)
+
+
+def test_queueing_holds_at_most_a_bounded_part_of_a_transaction() -> None:
+    """A transaction of 25,000 events used to be held whole in memory before its queue
+    rows were written at commit; now in parts of MAX_PENDING."""
+    from services.pg2kafka import pgoutput as pg
+    from services.pg2kafka.subscriptions import QueueHandler
+
+    handler = QueueHandler.__new__(QueueHandler)
+    handler.settings = load_settings(Pg2KafkaSettings, env_file=None, http={"enabled": False})
+    handler.pending = []
+    handler.queued = 0
+    conn = FakeConn()
+    handler.queue_conn = conn  # type: ignore[assignment]
+    columns = (pg.Column("id", 20, -1, False), pg.Column("created_at", 1184, -1, False))
+    rel = pg.Relation(1, "_walcast", "events", "d", columns)
+
+    class Session:
+        builder = type("B", (), {"relations": {1: rel}})()
+
+    peak = 0
+    for i in range(25_000):
+        handler.handle(Session(), 0, pg.Insert(1, (str(i), "2026-01-01 00:00:00+00")))  # type: ignore[arg-type]
+        peak = max(peak, len(handler.pending))
+    handler.handle(Session(), 0, pg.Commit(0, 0, 0))  # type: ignore[arg-type]
+    assert peak <= QueueHandler.MAX_PENDING
+    assert sum(conn.writes) == 25_000
+    assert handler.queued == 25_000
