@@ -54,6 +54,33 @@ class InitReport:
     warnings: list[str] = field(default_factory=list)
 
 
+def install_ddl_capture(conn: psycopg.Connection[tuple[Any, ...]]) -> bool:
+    """Create the DDL capture's event triggers when missing (True if it did). V001 made
+    them once, but a tear-down of the database's last CDC stream drops them while the
+    schema (and its migration ledger) may stay for other streams' data: every ``init``
+    puts them back. Only a superuser may (docs/security.md); for anyone else this does
+    nothing, and init warns."""
+    row = conn.execute("SELECT rolsuper FROM pg_roles WHERE rolname = current_user").fetchone()
+    if not (row and row[0]) or ddl_capture_installed(conn):
+        return False
+    with conn.transaction():
+        for name, event, function in (
+            ("walcast_ddl_command_end", "ddl_command_end", "_walcast.on_ddl_command_end"),
+            ("walcast_sql_drop", "sql_drop", "_walcast.on_sql_drop"),
+        ):
+            if not conn.execute(
+                "SELECT 1 FROM pg_event_trigger WHERE evtname = %s", [name]
+            ).fetchone():
+                conn.execute(
+                    sql.SQL("CREATE EVENT TRIGGER {} ON {} EXECUTE FUNCTION {}()").format(
+                        sql.Identifier(name),
+                        sql.SQL(event),
+                        sql.SQL(function),
+                    )
+                )
+    return True
+
+
 def ddl_capture_installed(conn: psycopg.Connection[tuple[Any, ...]]) -> bool:
     row = conn.execute(
         "SELECT count(*) FROM pg_event_trigger"
@@ -71,6 +98,8 @@ def init(settings: Pg2KafkaSettings, *, migrations_only: bool = False) -> InitRe
         check_server(conn)
         for name in migrate(conn):
             report.created.append(f"migration {name}")
+        if install_ddl_capture(conn):
+            report.created.append("DDL capture (event triggers)")
         if not ddl_capture_installed(conn):
             log.warning(
                 "DDL capture is off: its event triggers need a superuser owner "

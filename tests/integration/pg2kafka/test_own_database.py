@@ -76,6 +76,14 @@ def test_tear_down_of_the_last_cdc_stream_keeps_other_streams_data(
         (1,)
     ]
 
+    # a new stream in this database gets the DDL capture back (the schema, and with it
+    # the migration ledger, stayed: the migrations do not run again)
+    admin.init(settings)
+    assert sql(settings, "SELECT count(*) FROM pg_event_trigger WHERE evtname LIKE 'walcast%'") == [
+        (2,)
+    ]
+    admin.tear_down(settings)
+
     # with nothing of anyone's left, a tear-down removes the schema too
     sql(settings, "DELETE FROM _walcast.events")
     sql(settings, "DELETE FROM _walcast.streams")
