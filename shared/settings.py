@@ -73,6 +73,9 @@ class PostgresSettings(Section):
             "sslmode": self.sslmode,
             "connect_timeout": str(self.connect_timeout_s),
             "application_name": self.application_name,
+            # Results in UTF-8 whatever the database's encoding (a LATIN1 server converts;
+            # a SQL_ASCII one sends bytes as they are, which Python reads as UTF-8).
+            "client_encoding": "UTF8",
             **extra,
         }
         password = self.password.get_secret_value()

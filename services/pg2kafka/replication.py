@@ -97,6 +97,11 @@ class PostgresReplicationSource(Source[pgoutput.Decoded, int]):
         )
         pgconn = self.conn.pgconn
         encoding = pgconn.parameter_status(b"server_encoding")
+        if encoding == b"SQL_ASCII":
+            # pgoutput converts values to the client encoding: from SQL_ASCII (bytes with
+            # no encoding) that fails on the first byte that is not UTF-8, inside the
+            # server, for good. Take the bytes as they are and decode them here.
+            self.conn.execute("SET client_encoding = 'SQL_ASCII'")
         if encoding is not None and encoding != b"UTF8":
             pgoutput.TEXT.configure(encoding.decode(), self.invalid_text)
             log.info("database encoding %s: text that is not UTF-8 is decoded by policy"

@@ -53,9 +53,10 @@ class ReplicationSettings(Section):
     # Changes to tables without replica identity columns: emit them with an empty key,
     # or skip them (counted in walcast_pg2kafka_skipped_no_identity_total).
     no_identity: Literal["emit", "skip"] = "emit"
-    # Text that is not UTF-8 (a SQL_ASCII or LATIN1 database): decoded with the
-    # database's encoding (SQL_ASCII: Latin-1, byte for byte) or with U+FFFD for what does
-    # not decode; counted in walcast_pg2kafka_undecodable_values_total, never a stop.
+    # Text that is not UTF-8 (a SQL_ASCII database, whose bytes have no encoding; other
+    # encodings are converted to UTF-8 by the server): decoded as Latin-1, byte for byte
+    # ("database"), or with U+FFFD for what does not decode ("replace"); counted in
+    # walcast_pg2kafka_undecodable_values_total, never a stop.
     invalid_text: Literal["database", "replace"] = "database"
 
     @model_validator(mode="after")

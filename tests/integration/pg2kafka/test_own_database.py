@@ -23,10 +23,10 @@ def make_database(stack_env: dict[str, str], unique_name: str) -> Iterator[Calla
 
     def make(encoding: str) -> str:
         with psycopg.connect(dsn, autocommit=True) as c:
+            assert encoding in ("UTF8", "SQL_ASCII")
             c.execute(
-                f'CREATE DATABASE "{unique_name}" TEMPLATE template0 ENCODING %s'
-                " LC_COLLATE 'C' LC_CTYPE 'C'",
-                [encoding],
+                f"CREATE DATABASE \"{unique_name}\" TEMPLATE template0 ENCODING '{encoding}'"
+                " LC_COLLATE 'C' LC_CTYPE 'C'"
             )
         made.append(unique_name)
         return unique_name
