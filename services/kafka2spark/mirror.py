@@ -693,7 +693,7 @@ class DeltaMirror:
             W_SEQ,
             W_OP,
             *[F.col(mq(k)) for k in key],
-            *[F.col(f"{W_CARRY}{i}.v").alias(c) for i, c in enumerate(values)],
+            *[F.col(f"{W_CARRY}{i}.v").alias(column_name(c)) for i, c in enumerate(values)],
             *[F.col(f"{W_CARRY}{i}").isNull().alias(f"{W_KEEP}{i}") for i in range(len(values))],
         )
         newest = Window.partitionBy(*by_key).orderBy(F.col(W_LSN).desc(), F.col(W_SEQ).desc())
