@@ -1,4 +1,4 @@
-"""kafka2search command line: ``run``, ``status``, ``replay``."""
+"""kafka2search command line: ``run``, ``status``, ``replay``, ``forget``."""
 
 from __future__ import annotations
 
@@ -8,7 +8,8 @@ import sys
 from datetime import datetime
 
 from services.kafka2search import admin
-from services.kafka2search.app import build
+from services.kafka2search.app import build, forget
+from services.kafka2search.engines import engine_for
 from services.kafka2search.settings import Kafka2SearchSettings
 from shared.cli import base_parser, run_command
 from shared.service import serve
@@ -28,7 +29,17 @@ def build_parser() -> argparse.ArgumentParser:
         type=datetime.fromisoformat,
         help="ISO-8601 time (with offset, e.g. 2026-11-22T10:00:00+00:00)",
     )
+    fg = sub.add_parser(
+        "forget", help="let an alias whose index was deleted be created again, empty"
+    )
+    fg.add_argument("--alias", required=True)
     rp.add_argument("--partition", type=int, action="append", help="only these partitions")
+    rp.add_argument(
+        "--allow-deleted-to-return",
+        action="store_true",
+        help="replay records older than index.gc_deletes even though rows deleted since"
+        " may come back (refused otherwise)",
+    )
     return parser
 
 
@@ -48,12 +59,24 @@ def main(argv: list[str] | None = None) -> int:
             for i in info["indices"]:
                 print(f"  {i['alias']} -> {i['index']}: {i['documents']} documents")
             print(f"dead letters: {info['dead_letters']}")
+        elif args.command == "forget":
+            engine = engine_for(settings.engine)
+            try:
+                known = forget(engine, args.alias)
+            finally:
+                engine.close()
+            state = "forgotten" if known else "was not registered"
+            print(
+                f"{args.alias}: {state}; the next write creates its index again, empty:"
+                " replay or re-snapshot to fill it"
+            )
         elif args.command == "replay":
             n = admin.replay(
                 settings,
                 from_offset=args.from_offset,
                 from_timestamp=args.from_timestamp,
                 partitions=args.partition,
+                allow_deleted_to_return=args.allow_deleted_to_return,
             )
             print(f"replayed {n} records")
         else:

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import logging
+import re
 import threading
+import time
 from datetime import datetime
 from typing import Any
 
@@ -77,6 +79,7 @@ def replay(
     from_offset: int | None = None,
     from_timestamp: datetime | None = None,
     partitions: list[int] | None = None,
+    allow_deleted_to_return: bool = False,
 ) -> int:
     """Read the topics again from an offset or a time up to their current end, into the
     same indices. Safe while the service runs: writes are versioned by LSN, so nothing
@@ -89,6 +92,8 @@ def replay(
         policy=settings.retry,
         what="find the replay's offsets",
     )
+    if not allow_deleted_to_return:
+        _check_delete_memory(settings, start, until)
     # Only partitions with something to read: an empty one would never report a position.
     start = [tp for tp in start if tp.offset < until[(tp.topic, tp.partition)]]
     until = {(tp.topic, tp.partition): until[(tp.topic, tp.partition)] for tp in start}
@@ -111,6 +116,63 @@ def replay(
     finally:
         engine.close()
     return total
+
+
+_DURATION = re.compile(r"^(\d+)(ms|s|m|h|d)$")
+_UNIT_S = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def duration_s(value: str) -> float:
+    """An engine time value (``1h``, ``30m``, ``500ms``) in seconds."""
+    m = _DURATION.match(value.strip())
+    if m is None:
+        raise ConfigError(f"not a time value: {value!r}", hint="e.g. 1h, 30m, 60s")
+    return int(m.group(1)) * _UNIT_S[m.group(2)]
+
+
+def _check_delete_memory(
+    settings: Kafka2SearchSettings,
+    start: list[TopicPartition],
+    until: dict[tuple[str, int], int],
+) -> None:
+    """Refuse a replay that could bring deleted documents back. The engine refuses an
+    older write to a deleted document only while it remembers the delete
+    (``index.gc_deletes``); a replay from records older than that would re-insert rows
+    deleted since. Reads the timestamp of each partition's first record to replay."""
+    memory = duration_s(settings.index.gc_deletes)
+    probe = Consumer({**settings.kafka.client_config(), "group.id": "walcast-replay-probe",
+                      "enable.auto.commit": False})  # fmt: skip
+    oldest: float | None = None
+    try:
+        todo = [tp for tp in start if tp.offset < until[(tp.topic, tp.partition)]]
+        if not todo:
+            return
+        probe.assign(todo)
+        pending = {(tp.topic, tp.partition) for tp in todo}
+        deadline = time.monotonic() + 30
+        while pending and time.monotonic() < deadline:
+            msg = probe.poll(1.0)
+            if msg is None or msg.error():
+                continue
+            key = (msg.topic() or "", msg.partition() or 0)
+            if key in pending:
+                pending.discard(key)
+                _kind, ms = msg.timestamp()
+                if ms > 0:
+                    oldest = ms / 1000 if oldest is None else min(oldest, ms / 1000)
+    finally:
+        probe.close()
+    if oldest is None:
+        return
+    age = time.time() - oldest
+    if age > memory:
+        raise PermanentError(
+            f"the replay would start at records {age / 3600:.1f} h old, older than"
+            f" index.gc_deletes ({settings.index.gc_deletes}): rows deleted since then"
+            " would come back",
+            hint="replay into emptied indices (delete them first; the replay recreates"
+            " them), replay from a later offset or time, or pass --allow-deleted-to-return",
+        )
 
 
 def _replay_range(

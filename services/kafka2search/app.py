@@ -22,6 +22,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+import urllib.parse
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass, field
@@ -38,7 +39,7 @@ from services.kafka2search.settings import Kafka2SearchSettings
 from shared.cli import tune_gc_for_records
 from shared.consumer import ConsumerLoop, ConsumerMetrics
 from shared.contract.event import EventView
-from shared.errors import RetriableError, Verdict, http_status_verdict
+from shared.errors import PermanentError, RetriableError, Verdict, http_status_verdict
 from shared.interfaces import BatchSink, Origin, Rejection, Wait
 from shared.retry import call_with_retry
 from shared.service import Runner
@@ -71,6 +72,11 @@ class Metrics:
             buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
             registry=registry,
         )
+        self.indices_lost = Counter(
+            f"{prefix}_indices_lost",
+            "indices found deleted outside walcast (the service stops with what to do)",
+            registry=registry,
+        )
         self.schema_changes = Counter(
             f"{prefix}_schema_changes", "truncates and DDL applied to indices", ["kind"],
             registry=registry,
@@ -95,6 +101,50 @@ class IndexState:
                 "truncated_lsn": self.truncated_lsn,
             }
         }
+
+
+REGISTRY = "walcast-kafka2search-registry"
+"""One document per alias kafka2search created: a deleted index is then recognised (the
+alias is registered but missing) instead of being created again, empty."""
+
+
+def register(engine: SearchEngine, alias: str, index: str) -> None:
+    engine.request(
+        "PUT",
+        f"/{REGISTRY}/_doc/{quote_id(alias)}",
+        body={"alias": alias, "index": index, "created_at": time.time()},
+        params={"refresh": "true"},
+    )
+
+
+def registered(engine: SearchEngine, alias: str) -> bool:
+    try:
+        engine.request("GET", f"/{REGISTRY}/_doc/{quote_id(alias)}")
+    except Exception as exc:
+        if getattr(exc, "status_code", None) == 404:
+            return False
+        raise
+    return True
+
+
+def forget(engine: SearchEngine, alias: str) -> bool:
+    """Let ``alias`` be created again, empty (after its index was lost)."""
+    try:
+        engine.request("DELETE", f"/{REGISTRY}/_doc/{quote_id(alias)}", params={"refresh": "true"})
+    except Exception as exc:
+        if getattr(exc, "status_code", None) == 404:
+            return False
+        raise
+    return True
+
+
+def quote_id(text: str) -> str:
+    return urllib.parse.quote(text, safe="")
+
+
+def _index_gone(result: dict[str, Any]) -> bool:
+    error = result.get("error")
+    return isinstance(error, dict) and error.get("type") == "index_not_found_exception"
 
 
 class _LastRun:
@@ -213,12 +263,15 @@ class Indexer(BatchSink[Batch]):
 
     def _load_or_create(self, alias: str, ev: EventView, types: Mapping[str, str]) -> IndexState:
         index = self.engine.resolve_alias(alias)
+        if index is None and registered(self.engine, alias):
+            self.lost(alias)  # created before, gone now: never start it over empty
         if index is None:
             meta = {"db": ev.db, "schema": ev.schema, "table": ev.table}
             st = IndexState(alias, index_name(alias), dict(types), 0, meta)
             if self.engine.create_index(
                 st.index, alias, self.s.index, properties(types), st.to_meta()
             ):
+                register(self.engine, alias, st.index)
                 log.info("created index %s (alias %s)", st.index, alias)
                 return st
             index = self.engine.resolve_alias(alias) or st.index
@@ -281,6 +334,8 @@ class Indexer(BatchSink[Batch]):
                 index = self.retry(lambda: self.engine.resolve_alias(alias), f"find {alias}")
                 if index is not None:
                     self.retry(lambda: self.engine.delete_index(index), f"delete {index}")
+                    # walcast deleted it: not lost, and a table created again starts over
+                    self.retry(lambda: forget(self.engine, alias), f"forget {alias}")
                     log.info("table dropped: index %s deleted", index)
                 self.states.pop(alias, None)
             else:
@@ -397,6 +452,8 @@ class Indexer(BatchSink[Batch]):
         written: dict[str, int] = {}
         for doc, res in zip(docs, results, strict=True):
             status = int(res.get("status", 0))
+            if status == 404 and _index_gone(res):
+                self.lost(doc.index)
             if 200 <= status < 300 or (doc.delete and status == 404):
                 action = "delete" if doc.delete else "index"
                 written[action] = written.get(action, 0) + 1
@@ -410,6 +467,21 @@ class Indexer(BatchSink[Batch]):
         for action, n in written.items():
             self.metrics.docs.labels(action).inc(n)
         return retry
+
+    def lost(self, alias: str) -> None:
+        """The index behind ``alias`` was deleted outside walcast: the documents written
+        so far are gone, and writing on would leave a silently partial copy. Stop with
+        what to do (the registry keeps a restart from starting the table over empty)."""
+        self.metrics.indices_lost.inc()
+        self.states.pop(alias, None)
+        self.prepared.pop(alias, None)
+        self.last = None
+        raise PermanentError(
+            f"the index behind alias {alias!r} was deleted outside walcast: its documents are gone",
+            hint=f"bring the table back whole: `kafka2search forget --alias {alias}`, then"
+            " `kafka2search replay --from-offset 0 --allow-deleted-to-return` (or"
+            " re-snapshot the table), then start the service",
+        )
 
     def _fill_toast(self, docs: list[Doc], sleep: Callable[[float], object]) -> None:
         by_index: dict[str, list[Doc]] = {}

@@ -36,8 +36,10 @@ class SearchEngine(Protocol):
         headers: dict[str, str] | None = None,
     ) -> Any: ...
 
-    def bulk(self, ndjson: bytes) -> list[dict[str, Any]] | None:
-        """The items' results, or None when every action succeeded."""
+    def bulk(self, ndjson: bytes, *, require_alias: bool = True) -> list[dict[str, Any]] | None:
+        """The items' results, or None when every action succeeded. ``require_alias``:
+        the actions name aliases, and a missing one is an error (404), never a new
+        index created on the fly."""
         ...
 
     def mget(self, index: str, ids: list[str]) -> dict[str, dict[str, Any]]: ...
@@ -111,17 +113,22 @@ class HttpSearchEngine(SearchEngine):
 
     # -- documents ---------------------------------------------------------------------
 
-    def bulk(self, ndjson: bytes) -> list[dict[str, Any]] | None:
+    def bulk(self, ndjson: bytes, *, require_alias: bool = True) -> list[dict[str, Any]] | None:
         """Send a bulk body; returns one result per action, in order (``status``, and
         ``error`` for a failed one), or None when every action succeeded (the engine
         answered ``errors: false``; a delete of a missing document is not an error
-        either). A failed item does not fail the request."""
+        either). A failed item does not fail the request. With ``require_alias`` a
+        write to an alias that is gone fails (404) instead of auto-creating an index with
+        guessed mappings under the alias's name (which then blocked the alias for good)."""
+        params = {"filter_path": "errors,items.*.status,items.*.error"}
+        if require_alias:
+            params["require_alias"] = "true"
         answer = self.request(
             "POST",
             "/_bulk",
             body=ndjson,
             # Only what is read back: the full answer is ~200 bytes of JSON per item.
-            params={"filter_path": "errors,items.*.status,items.*.error"},
+            params=params,
             headers={"content-type": "application/x-ndjson"},
         )
         if answer.get("errors") is False:
@@ -178,7 +185,7 @@ class HttpSearchEngine(SearchEngine):
         body = b"".join(
             b'{"delete":{"_id":%b,%b}}\n' % (orjson.dumps(doc_id), meta) for doc_id in ids
         )
-        results = self.bulk(body)
+        results = self.bulk(body, require_alias=False)  # a concrete index
         if results is None:
             return len(ids)
         done = 0

@@ -24,6 +24,7 @@ from pyspark.sql.streaming.query import StreamingQuery
 
 from services.kafka2spark.mirror import BatchResult, DeltaMirror
 from services.kafka2spark.settings import Kafka2SparkSettings
+from shared.errors import PermanentError
 from shared.kafka import KafkaOffsetCheckpointer
 from shared.retry import call_with_retry
 from shared.secrets import SENSITIVE_KEY_PATTERN
@@ -41,6 +42,14 @@ DELTA_CATALOG = "org.apache.spark.sql.delta.catalog.DeltaCatalog"
 class Metrics:
     def __init__(self, registry: CollectorRegistry, prefix: str = "walcast_kafka2spark") -> None:
         self.batches = Counter(f"{prefix}_batches", "micro-batches written", registry=registry)
+        self.phase_seconds = Histogram(
+            f"{prefix}_batch_phase_seconds",
+            "time per part of a micro-batch: read, quarantine, changelog, plan, table (its"
+            " merges and DDL, each table one observation), commit",
+            ["phase"],
+            buckets=(0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120),
+            registry=registry,
+        )
         self.batch_seconds = Histogram(
             f"{prefix}_batch_seconds",
             "micro-batch duration (parse, changelog, merges, commit)",
@@ -63,6 +72,11 @@ class Metrics:
             " changelog)",
             ["table"], registry=registry,
         )  # fmt: skip
+        self.topic_reset = Counter(
+            f"{prefix}_topic_resets",
+            "times the query stopped because the topic's offsets went back (re-created)",
+            registry=registry,
+        )
         self.held = Gauge(
             f"{prefix}_held_tables",
             "tables whose mirror failed: their changes go to the quarantine until released",
@@ -205,6 +219,7 @@ class Service:
     committer: GroupCommitter
     runner: Runner
     query: StreamingQuery | None = None
+    batches: int = 0  # finished since start (readiness)
 
     @property
     def registry(self) -> CollectorRegistry:
@@ -252,6 +267,17 @@ class Service:
             query.stop()
         failure = query.exception()
         if failure is not None:
+            text = str(failure)
+            if any(marker in text for marker in _TOPIC_RECREATED):
+                self.metrics.topic_reset.inc()
+                raise PermanentError(
+                    "the CDC topic's offsets went back (the topic was deleted and created"
+                    f" again, or records expired unread): {_first_line(text)}",
+                    hint="the mirrors hold what was read before; to start over from the new"
+                    " topic, move delta.checkpoint aside and empty the mirrors (a new"
+                    " checkpoint re-reads everything: the changelog would hold it twice), or"
+                    " re-snapshot the tables",
+                )
             raise RuntimeError(f"the mirror query failed: {failure}")
 
     def stop(self, *_: object) -> None:
@@ -259,6 +285,19 @@ class Service:
 
     def install_signal_handlers(self) -> None:
         self.runner.install_signal_handlers("the query")
+
+
+# Spark's Kafka source, with failOnDataLoss (the default), when offsets went backwards.
+_TOPIC_RECREATED = (
+    "failOnDataLoss",
+    "were deleted",
+    "offset was changed from",
+    "Cannot fetch offset",
+)
+
+
+def _first_line(text: str) -> str:
+    return (text.strip().splitlines() or [""])[0][:500]
 
 
 def build(settings: Kafka2SparkSettings, spark: SparkSession | None = None) -> Service:
@@ -269,7 +308,9 @@ def build(settings: Kafka2SparkSettings, spark: SparkSession | None = None) -> S
     session = spark or spark_session(settings)
 
     def on_batch(result: BatchResult) -> None:
-        committer(result)
+        with result.phase("commit"):
+            committer(result)
+        service.batches += 1
         metrics.batches.inc()
         metrics.batch_seconds.observe(result.seconds)
         metrics.records.inc(result.records)
@@ -284,19 +325,29 @@ def build(settings: Kafka2SparkSettings, spark: SparkSession | None = None) -> S
         metrics.held.set(len(mirror.held()))
         metrics.last_batch.set(result.batch_id)
         metrics.last_batch_time.set(time.time())
+        for phase, seconds in result.phases.items():
+            metrics.phase_seconds.labels(phase.split(" ")[0]).observe(seconds)
         log.info(
-            "batch %d: %d records, %d quarantined, merged %s%s in %.1fs",
+            "batch %d: %d records, %d quarantined, merged %s%s in %.1fs (%s)",
             result.batch_id, result.records, result.quarantined, result.merged or "nothing",
             "; " + "; ".join(result.schema_changes) if result.schema_changes else "",
-            result.seconds,
+            result.seconds, result.breakdown(),
         )  # fmt: skip
 
     mirror = DeltaMirror(session, settings, on_batch)
     service = Service(settings, session, mirror, metrics, committer, runner)
 
     def active() -> tuple[bool, str]:
+        """Ready = consuming: the query runs and has finished a batch since start, or has
+        nothing to read (after a restart the first batch redoes the interrupted one, and
+        the JVM and Delta's log take their time: not ready before that)."""
         q = service.query
-        return (q is not None and q.isActive, "query running" if q else "not started")
+        if q is None or not q.isActive:
+            return False, "query not running"
+        if service.batches:
+            return True, f"{service.batches} batches since start"
+        idle = not q.status.get("isDataAvailable", True)
+        return idle, "caught up, waiting for data" if idle else "first batch running"
 
     def failed() -> tuple[bool, str]:
         q = service.query

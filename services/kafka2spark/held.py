@@ -46,4 +46,38 @@ def release(root: Path, table: str) -> bool:
     if held.pop(table, None) is None:
         return False
     write_held(root, held)
+    forget_mirror(root, table)  # a mirror deleted on purpose may be created again
     return True
+
+
+MIRRORS_FILE = "_walcast_mirrors.json"
+
+
+def read_mirrors(root: Path) -> set[str]:
+    """Tables whose mirror kafka2spark created (``db.schema.table``): a registered mirror
+    that is missing was deleted outside walcast, and is never created again, partial."""
+    try:
+        return set(json.loads((root / MIRRORS_FILE).read_text()))
+    except FileNotFoundError:
+        return set()
+
+
+def add_mirror(root: Path, table: str) -> None:
+    known = read_mirrors(root)
+    if table in known:
+        return
+    path = root / MIRRORS_FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(sorted(known | {table}), indent=2))
+    tmp.replace(path)
+
+
+def forget_mirror(root: Path, table: str) -> None:
+    """After a release: the table's mirror may be created again (to be filled again)."""
+    known = read_mirrors(root)
+    if table in known:
+        path = root / MIRRORS_FILE
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(sorted(known - {table}), indent=2))
+        tmp.replace(path)

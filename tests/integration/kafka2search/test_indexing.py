@@ -5,14 +5,17 @@ from __future__ import annotations
 
 import random
 import string
+import time
 import urllib.request
 from typing import Any
 
 import orjson
+import pytest
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient
 
 from services.kafka2search import admin
+from shared.errors import PermanentError
 from shared.kafka import ensure_topic
 from tests.e2e.conftest import free_port
 from tests.integration.conftest import HarnessFactory
@@ -262,3 +265,55 @@ def test_a_truncate_removes_only_rows_older_than_itself(
         ix.stop()
         client = AdminClient(config)
         client.delete_topics([topic])[topic].result(30)
+
+
+def test_a_replay_older_than_the_engines_delete_memory_is_refused(
+    make_indexer: IndexerFactory, unique_name: str
+) -> None:
+    """A delete is remembered for index.gc_deletes: replaying an older insert after that
+    brought the deleted row back. The replay says so instead of doing it."""
+    topic = f"{unique_name}.old"
+    ix = make_indexer(topic)
+    config = ix.settings.kafka.client_config()
+    ensure_topic(config, topic, 1, 1)
+    try:
+        producer = Producer({"bootstrap.servers": ix.settings.kafka.bootstrap_servers})
+        two_hours_ago = int((time.time() - 7200) * 1000)
+        producer.produce(topic, change("old", "insert", 10, 1), b"k1", timestamp=two_hours_ago)
+        producer.flush(10)
+        with pytest.raises(PermanentError, match=r"2\.0 h old, older than index\.gc_deletes"):
+            admin.replay(ix.settings, from_offset=0)
+        assert ix.docs("old") == {}
+        assert admin.replay(ix.settings, from_offset=0, allow_deleted_to_return=True) == 1
+        assert set(ix.docs("old")) == {"1"}
+    finally:
+        client = AdminClient(config)
+        client.delete_topics([topic])[topic].result(30)
+
+
+def test_an_index_deleted_under_the_service_stops_it_with_what_to_do(
+    make_harness: HarnessFactory, make_indexer: IndexerFactory
+) -> None:
+    """Before: bulk writes to the alias auto-created an index with guessed mappings under
+    its name, the service went on with a partial copy, and after a restart creating the
+    alias failed for good."""
+    h = make_harness()
+    t = f"gone_{h.settings.replication.slot[-8:]}"
+    h.sql(f"CREATE TABLE {t} (id int PRIMARY KEY, v int)")
+    h.start()
+    ix = make_indexer(h.settings.producer.topic).start()
+    h.sql(f"INSERT INTO {t} VALUES (1, 1)")
+    ix.wait(lambda: set(ix.docs(t)) == {"1"}, "the first row")
+    index = ix.es.resolve_alias(ix.alias(t))
+    assert index is not None
+    ix.es.delete_index(index)  # by someone else
+    h.sql(f"INSERT INTO {t} VALUES (2, 2)")
+    deadline = time.monotonic() + 60
+    while not ix.error and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert ix.error, "the service went on writing into a deleted index"
+    (error,) = ix.error
+    ix.error.clear()
+    assert "deleted outside walcast" in str(error)
+    assert "kafka2search forget" in str(error)
+    assert not ix.es.exists(f"/{ix.alias(t)}")  # no index guessed under the alias's name

@@ -6,17 +6,22 @@ the quarantine."""
 from __future__ import annotations
 
 import random
+import shutil
 import string
 from datetime import UTC
 from pathlib import Path
 from typing import Any
 
 import orjson
+import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 from deltalake import DeltaTable
+from pyspark.sql import SparkSession
 
 from services.kafka2spark import admin as spark_admin
+from services.kafka2spark.app import build
+from shared.errors import PermanentError
 from shared.kafka import ensure_topic
 from tests.integration.conftest import Harness, HarnessFactory, data
 from tests.integration.conftest import crafted_event as change
@@ -344,3 +349,57 @@ def test_odd_columns_structured_renames_widening_and_a_held_table(
     status = spark_admin.status(m.settings)
     assert f"walcast.public.{twins}" in status["held"]
     assert "held after a failure" in status["held"][f"walcast.public.{twins}"]["reason"]
+
+
+def test_a_mirror_deleted_outside_walcast_is_held_not_recreated_partial(
+    make_harness: HarnessFactory, make_mirror: MirrorFactory
+) -> None:
+    """Before: the next change silently created the mirror again, holding only the rows
+    changed since. Now the table is held (its changes quarantined) with what to do."""
+    h = make_harness()
+    t = f"gone_{h.settings.replication.slot[-8:]}"
+    h.sql(f"CREATE TABLE {t} (id int PRIMARY KEY, v int)")
+    h.start()
+    h.sql(f"INSERT INTO {t} SELECT g, g FROM generate_series(1, 10) g")
+    h.events(lambda seen: len(data(seen, t)) >= 10)
+    m = make_mirror(h.settings.producer.topic)
+    m.run()
+    assert len(delta_ids(m.path(t))) == 10
+    shutil.rmtree(m.path(t))  # by someone else
+    h.sql(f"UPDATE {t} SET v = 0 WHERE id = 1")
+    h.events(lambda seen: len(data(seen, t)) >= 11)
+    m.run()
+    assert not m.path(t).exists()
+    held = spark_admin.status(m.settings)["held"]
+    (reason,) = [v["reason"] for k, v in held.items() if k.endswith(f".{t}")]
+    assert "deleted outside walcast" in reason
+
+
+def test_a_recreated_topic_stops_the_job_with_what_to_do(
+    make_mirror: MirrorFactory, unique_name: str, spark: SparkSession
+) -> None:
+    """Before: Spark's fail-on-data-loss stopped kafka2spark with a Spark stack trace,
+    and the obvious fix (deleting the checkpoint) duplicated the changelog."""
+    topic = f"{unique_name}.again"
+    m = make_mirror(topic)
+    config = m.settings.kafka.client_config()
+    client = AdminClient(config)
+    ensure_topic(config, topic, 1, 1)
+    producer = Producer({"bootstrap.servers": m.settings.kafka.bootstrap_servers})
+    for i in range(1, 4):
+        producer.produce(topic, change("again", "insert", 10 * i, i), str(i).encode())
+    producer.flush(10)
+    m.run()
+    client.delete_topics([topic])[topic].result(30)
+    wait_for(lambda: topic not in client.list_topics(timeout=10).topics, "the topic gone")
+    ensure_topic(config, topic, 1, 1)
+    producer.produce(topic, change("again", "insert", 100, 9), b"9")
+    producer.flush(10)
+    service = build(m.settings, spark)
+    try:
+        with pytest.raises(PermanentError, match="offsets went back") as err:
+            service._mirror()
+        assert "checkpoint" in (err.value.hint or "")
+    finally:
+        service.committer.close()
+        client.delete_topics([topic])[topic].result(30)

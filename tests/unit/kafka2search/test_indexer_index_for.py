@@ -6,18 +6,24 @@ does no lookups; these tests pin what must still reach the engine.
 
 from __future__ import annotations
 
+import urllib.parse
 from typing import Any
 
 import orjson
 import pytest
 from prometheus_client import CollectorRegistry
 
-from services.kafka2search.app import Indexer, Metrics
+from services.kafka2search.app import REGISTRY, Indexer, Metrics, forget
 from services.kafka2search.settings import IndexSettings
 from shared.contract.event import EventView, decode
+from shared.errors import PermanentError
 from tests.unit.kafka2search.conftest import SettingsFactory, StrictEngine
 
 TYPES = {"id": "int4", "name": "text"}
+
+
+class NotFoundError(Exception):
+    status_code = 404
 
 
 class IndexEngine(StrictEngine):
@@ -27,6 +33,27 @@ class IndexEngine(StrictEngine):
         self.aliases_: dict[str, str] = {}
         self.mappings: dict[str, dict[str, Any]] = {}
         self.calls: list[str] = []
+        self.registry: set[str] = set()  # the registry index's documents (aliases)
+
+    def request(
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        params: dict[str, Any] | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> Any:
+        """The registry of created aliases (the only raw requests the indexer makes)."""
+        assert path.startswith(f"/{REGISTRY}/_doc/"), path
+        alias = urllib.parse.unquote(path.rsplit("/", 1)[1])
+        if method == "PUT":
+            self.registry.add(alias)
+            return {}
+        if alias not in self.registry:
+            raise NotFoundError()
+        if method == "DELETE":
+            self.registry.discard(alias)
+        return {"found": True}
 
     def resolve_alias(self, alias: str) -> str | None:
         return self.aliases_.get(alias)
@@ -158,3 +185,21 @@ def test_a_column_dropped_and_added_again_is_mapped_again(
     indexer.index_for(data())
     assert indexer.states["w-public.users"].columns == TYPES
     assert engine.calls[-1] == "map w-public.users-v1 ['name']"
+
+
+def test_an_index_deleted_outside_walcast_is_never_created_again_empty(
+    settings_with: SettingsFactory,
+) -> None:
+    """Before: a restart created the alias again, empty, and went on: a silently partial
+    copy. The registry says the alias existed: the service stops with what to do."""
+    indexer, engine = make(settings_with)
+    indexer.index_for(data())
+    assert engine.registry == {"w-public.users"}
+    engine.aliases_.clear()  # deleted by someone else
+    fresh, _ = make(settings_with)  # a restart
+    fresh.engine = engine
+    with pytest.raises(PermanentError, match="deleted outside walcast") as err:
+        fresh.index_for(data())
+    assert "kafka2search forget --alias w-public.users" in str(err.value)
+    assert forget(engine, "w-public.users")
+    assert fresh.index_for(data()) == "w-public.users"  # the operator's choice: start over

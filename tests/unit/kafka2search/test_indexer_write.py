@@ -46,7 +46,7 @@ class FakeEngine(StrictEngine):
         self.mgets: list[tuple[str, list[str]]] = []
         self.log = log if log is not None else []
 
-    def bulk(self, ndjson: bytes) -> list[dict[str, Any]] | None:
+    def bulk(self, ndjson: bytes, *, require_alias: bool = True) -> list[dict[str, Any]] | None:
         self.log.append("bulk")
         assert ndjson.endswith(b"\n")
         rows = [orjson.loads(line) for line in ndjson.splitlines()]
