@@ -5,6 +5,8 @@
 -- rename (same number, new name) from a drop and an add (numbers gone / new) from it,
 -- instead of reading the statement text: a migration that renamed one column and
 -- dropped and added others in one message was once taken for the wrong rename.
+-- Generated columns are left out: pgoutput does not send their values (before Postgres
+-- 18), so a consumer that created them would hold them empty.
 -- Idempotent.
 
 CREATE OR REPLACE FUNCTION _walcast.table_schema(rel oid)
@@ -25,7 +27,8 @@ AS $$
                    ORDER BY a.attnum)
               FROM pg_attribute a
               JOIN pg_type t ON t.oid = a.atttypid
-             WHERE a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped), '[]'::jsonb),
+             WHERE a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped
+               AND a.attgenerated = ''), '[]'::jsonb),
         'primary_key', coalesce((
             SELECT jsonb_agg(a.attname ORDER BY k.ord)
               FROM pg_index i
