@@ -223,12 +223,13 @@ class HttpSearchEngine(SearchEngine):
 
     def exists(self, path: str) -> bool:
         try:
-            self.request("HEAD", path)
+            answer = self.request("HEAD", path)
         except Exception as exc:
             if getattr(exc, "status_code", None) == 404:
                 return False
             raise
-        return True
+        # The clients' transports answer a HEAD with a bool (a 404 is False, no error).
+        return answer if isinstance(answer, bool) else True
 
     def create_index(
         self,

@@ -52,8 +52,11 @@ def test_ddl_reaches_kafka_before_dependent_data(harness: Harness, unique_name: 
         "type": "text",
         "sql_type": "text",
         "nullable": False,
+        "num": 2,
     }
     assert evs[2]["ddl"]["columns"][2]["sql_type"] == "numeric(8,2)"
+    # a rename keeps the column's number: that, not the statement, identifies it
+    assert [c["num"] for c in evs[4]["ddl"]["columns"]] == [1, 2, 3]
     assert "RENAME COLUMN" in evs[4]["ddl"]["statement"]
     assert evs[5]["new"] == {"id": 1, "a2": "uno", "b": None}
     assert evs[-1]["ddl"]["tag"] == "DROP TABLE"
