@@ -38,6 +38,8 @@ from services.kafka2search.mapping import alias_name, index_name, properties
 from services.kafka2search.settings import Kafka2SearchSettings
 from shared.cli import tune_gc_for_records
 from shared.consumer import ConsumerLoop, ConsumerMetrics
+from shared.contract.ddl import column_numbers
+from shared.contract.ddl import renames as ddl_renames
 from shared.contract.event import EventView
 from shared.errors import PermanentError, RetriableError, Verdict, http_status_verdict
 from shared.interfaces import BatchSink, Origin, Rejection, Wait
@@ -345,11 +347,7 @@ class Indexer(BatchSink[Batch]):
         if not isinstance(columns, list):
             return  # DDL without a resulting schema (nothing to map)
         after = {str(c["name"]): str(c["type"]) for c in columns if isinstance(c, dict)}
-        numbers = {
-            str(c["name"]): c["num"]
-            for c in columns
-            if isinstance(c, dict) and type(c.get("num")) is int
-        }
+        numbers = column_numbers(columns)
         st = self.state(alias, ev, {})
         recreated = str(d.get("tag", "")).upper() == "CREATE TABLE" and ev.lsn > st.truncated_lsn
         if recreated:
@@ -360,16 +358,9 @@ class Indexer(BatchSink[Batch]):
                 log.info("table %s created again: %d documents of the old one removed", alias, gone)
         removed = [c for c in st.columns if c not in after]
         added = {c: t for c, t in after.items() if c not in st.columns}
-        # A rename is a column that kept its number (attnum) under a new name: read from
-        # the event's structure, never from the statement text (a migration renaming one
-        # column and dropping another once moved one column's data into the other).
+        # Renames by column number, never guessed from the text (shared.contract.ddl).
         known: dict[str, int] = dict(st.meta.get("numbers") or {})
-        by_number = {n: name for name, n in numbers.items()}
-        renames = [
-            (old, by_number[known[old]])
-            for old in removed
-            if old in known and by_number.get(known[old]) in added
-        ]
+        renames = ddl_renames(removed, added, known, numbers, str(d.get("statement") or ""))
         for old, _new in renames:
             removed.remove(old)
         if numbers:

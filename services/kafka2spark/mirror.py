@@ -55,6 +55,8 @@ from pyspark.sql import types as T  # noqa: N812 - the PySpark convention
 from services.kafka2spark.held import add_mirror, read_held, read_mirrors, write_held
 from services.kafka2spark.schema import ENVELOPE, spark_type
 from services.kafka2spark.settings import Kafka2SparkSettings
+from shared.contract.ddl import column_numbers
+from shared.contract.ddl import renames as ddl_renames
 from shared.contract.event import CONTROL_OPS, DATA_OPS, EVENT_VERSION
 from shared.naming import DELTA_DIRECTORY, table_name
 
@@ -794,9 +796,7 @@ class DeltaMirror:
         if not self._exists(path):
             self._create(path, name, after, list(ddl.get("primary_key") or []))
             self._set_property(path, SCHEMA_AT, f"{c.lsn}:{c.seq}")
-            numbers = {
-                str(col["name"]): col["num"] for col in columns if type(col.get("num")) is int
-            }
+            numbers = column_numbers(columns)
             if numbers:
                 self._set_property(path, NUMBERS, json.dumps(numbers))
             return f"{name}: created"
@@ -812,20 +812,10 @@ class DeltaMirror:
         current = self._columns(path)
         removed = [col for col in current if col not in after]
         added = {col: t for col, t in after.items() if col not in current}
-        numbers = {str(col["name"]): col["num"] for col in columns if type(col.get("num")) is int}
+        numbers = column_numbers(columns)
         known: dict[str, int] = json.loads(self._properties(path).get(NUMBERS, "{}"))
-        if known and numbers:
-            # A rename keeps the column's number (attnum): read from the event's
-            # structure, not the statement text.
-            by_number = {n: col for col, n in numbers.items()}
-            renames = [
-                (old, by_number[known[old]])
-                for old in removed
-                if old in known and by_number.get(known[old]) in added
-            ]
-        else:  # a producer before V009: the statement must name exactly this rename
-            rename = _renamed(str(ddl.get("statement") or ""), removed, added)
-            renames = [rename] if rename else []
+        # by column number, never guessed from the statement (shared.contract.ddl)
+        renames = ddl_renames(removed, added, known, numbers, str(ddl.get("statement") or ""))
         if renames:
             pairs = dict(renames)
             self._rewrite(
@@ -890,12 +880,6 @@ class DeltaMirror:
         )
 
 
-_RENAME_COLUMN = re.compile(
-    r'\bRENAME\s+(?:COLUMN\s+)?("(?:[^"]|"")+"|[^\s;,]+)\s+TO\s+("(?:[^"]|"")+"|[^\s;,]+)',
-    re.IGNORECASE,
-)
-
-
 # Casts that lose nothing: a column whose Postgres type was changed to one of these
 # targets is rewritten with it (Spark types as the type table maps them).
 _WIDENINGS: dict[type[T.DataType], tuple[type[T.DataType], ...]] = {
@@ -911,23 +895,6 @@ _WIDENINGS: dict[type[T.DataType], tuple[type[T.DataType], ...]] = {
 
 def _widens(current: T.DataType, target: T.DataType) -> bool:
     return type(target) in _WIDENINGS.get(type(current), ())
-
-
-def _ident(token: str) -> str:
-    """A Postgres identifier as the catalog holds it: quoted as written, else lower-cased."""
-    if token.startswith('"') and token.endswith('"'):
-        return token[1:-1].replace('""', '"')
-    return token.lower()
-
-
-def _renamed(statement: str, removed: list[str], added: dict[str, str]) -> tuple[str, str] | None:
-    """The (old, new) column rename the statement performs, when the column lists agree
-    with it; a DROP + ADD is never mistaken for a rename."""
-    for m in _RENAME_COLUMN.finditer(statement):
-        old, new = _ident(m.group(1)), _ident(m.group(2))
-        if old in removed and new in added:
-            return old, new
-    return None
 
 
 def _table_failure(exc: BaseException) -> bool:

@@ -10,9 +10,10 @@ from pydantic import ValidationError
 from pyspark.sql import types as T  # noqa: N812 - the PySpark convention
 
 from services.kafka2spark.app import kafka_source_options
-from services.kafka2spark.mirror import _renamed, quote, table_dir
+from services.kafka2spark.mirror import quote, table_dir
 from services.kafka2spark.schema import spark_type
 from services.kafka2spark.settings import DeltaSettings, SparkSettings
+from shared.contract.ddl import renames
 from shared.settings import KafkaSettings
 
 
@@ -42,7 +43,8 @@ from shared.settings import KafkaSettings
 def test_a_rename_is_recognised_only_when_the_columns_agree(
     statement: str, removed: list[str], added: dict[str, str], want: tuple[str, str] | None
 ) -> None:
-    assert _renamed(statement, removed, added) == want
+    # events without column numbers: only a rename the statement names exactly
+    assert renames(removed, added, {}, {}, statement) == ([want] if want else [])
 
 
 def test_identifiers_are_quoted_whatever_they_contain() -> None:
