@@ -25,7 +25,7 @@ def read_held(root: Path) -> dict[str, dict[str, Any]]:
     """``db.schema.table`` -> ``{"reason": ..., "batch_id": ...}``."""
     try:
         held: dict[str, dict[str, Any]] = json.loads(held_path(root).read_text())
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):  # nothing held yet (or no root: Spark says)
         return {}
     return held
 
@@ -58,7 +58,7 @@ def read_mirrors(root: Path) -> set[str]:
     that is missing was deleted outside walcast, and is never created again, partial."""
     try:
         return set(json.loads((root / MIRRORS_FILE).read_text()))
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):  # none yet (or no root: Spark says)
         return set()
 
 

@@ -128,7 +128,10 @@ def test_the_bad_input_matrix_reaches_every_sink_or_is_named(
 
     # Partitions by primary key: no order across tables, so wait for each last row.
     h.events(
-        lambda seen: arrived(seen, "generated", 2) and arrived(seen, "big", 2),
+        lambda seen: all(
+            arrived(seen, table, row_id)
+            for table, row_id in (("generated", 2), ("big", 1), ("big", 2))
+        ),
         timeout=180,
     )
 
