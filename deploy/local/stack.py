@@ -771,7 +771,9 @@ class Kafka(Component):
         )
         if not (self.data / "meta.properties").exists():
             say(f"{self.name}: formatting KRaft storage")
-            cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+            cluster_id = "-"
+            while cluster_id.startswith("-"):  # a leading "-" reads as an option to the tool
+                cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
             run(
                 [
                     java_bin(),
