@@ -405,7 +405,7 @@ class Chaos:
 
     def delta_rows(self, table: str) -> dict[str, Any]:
         path = self.delta / f"{self.schema}.{table}"
-        if not (path / "_delta_log").is_dir():
+        if not any((path / "_delta_log").glob("*.json")):  # not created yet, or being created
             return {}
         rows = DeltaTable(str(path)).to_pyarrow_table().to_pylist()
         key = KEYS[table]

@@ -151,7 +151,7 @@ def index_rows(flow: Any, table: str) -> dict[str, dict[str, Any]]:
 
 def delta_rows(flow: Any, table: str) -> dict[str, dict[str, Any]]:
     path = flow["root"] / f"{flow['schema']}.{table}"
-    if not (path / "_delta_log").is_dir():
+    if not any((path / "_delta_log").glob("*.json")):  # not created yet, or being created
         return {}
     key = TABLES[table]
     rows = DeltaTable(str(path)).to_pyarrow_table().to_pylist()
