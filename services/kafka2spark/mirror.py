@@ -40,13 +40,13 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import re
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import unquote
 
 from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F  # noqa: N812 - the PySpark convention
@@ -120,38 +120,76 @@ def quote(name: str) -> str:
 
 # Characters Delta refuses in column names without column mapping, and the escape itself.
 _DELTA_REFUSES = frozenset(" ,;{}()\n\t=%")
-_PERCENT = re.compile(r"%([0-9A-F]{2})")
+
+
+def _escape(ch: str) -> str:
+    return "".join(f"%{b:02X}" for b in ch.encode())
 
 
 def column_name(name: str) -> str:
-    """The mirror's name for a Postgres column: the same name when Delta accepts it, else
-    each refused character (`` ,;{}()\\n\\t=``) and ``%`` as ``%XX`` (``first name`` →
-    ``first%20name``); a name that is walcast's own (``_walcast_lsn``, ``__w_...``) gets
-    a leading ``%``. Reversible (:func:`postgres_name`) and collision-free. Delta's
-    column mapping would allow any name, but the ``deltalake`` reader returned nulls for
-    such tables; Spark, delta-rs and every other reader read these names as they are."""
+    """The mirror's usual name for a Postgres column: the same name when Delta accepts
+    it, else each refused character (`` ,;{}()\\n\\t=``) and ``%`` as ``%XX``
+    (``first name`` → ``first%20name``); a name that is walcast's own in any case
+    (``_walcast_lsn``, ``__w_...``) gets a leading ``%``. Reversible (:func:`postgres_name`).
+    A column whose usual name a case twin already holds gets another (:func:`mirror_names`),
+    so the mirror's own schema is what maps a column to its name. Delta's column mapping
+    would allow any name, but the ``deltalake`` reader returned nulls for such tables;
+    Spark, delta-rs and every other reader read these names as they are."""
     if not _DELTA_REFUSES.intersection(name) and not _walcast_own(name):
         return name
-    out = "".join(f"%{ord(ch):02X}" if ch in _DELTA_REFUSES else ch for ch in name)
+    out = "".join(_escape(ch) if ch in _DELTA_REFUSES else ch for ch in name)
     return "%" + out if _walcast_own(out) else out
 
 
+def _case_escaped(name: str) -> str:
+    """:func:`column_name`'s escape applied to every cased letter and non-ASCII character
+    too: only digits, punctuation and ``%XX`` stay, so no other column's mirror name is
+    equal to it case-insensitively."""
+    return "".join(
+        _escape(ch) if ch in _DELTA_REFUSES or not ch.isascii() or ch.upper() != ch.lower() else ch
+        for ch in name
+    )
+
+
+def _folded(name: str) -> str:
+    """A column name as Spark and Delta compare it: case-insensitively (Spark resolves
+    names ignoring case, and Delta refuses two columns that differ only by case)."""
+    return name.upper().casefold()
+
+
+def mirror_names(taken: list[str], columns: list[str]) -> dict[str, str]:
+    """Mirror names for Postgres columns new to a mirror whose columns are named ``taken``
+    (mirror names): :func:`column_name`, unless Delta would see it as equal to a taken
+    one or an earlier new one (case twins, ``"Name"`` beside ``name``): then the case-free
+    :func:`_case_escaped` form. Either decodes back with :func:`postgres_name`. The order
+    of ``columns`` decides which twin keeps the plain name: callers pass Postgres' column
+    order."""
+    seen = {_folded(t) for t in taken} | {_folded(LSN)}
+    out: dict[str, str] = {}
+    for c in columns:
+        name = column_name(c)
+        if _folded(name) in seen:
+            name = _case_escaped(c)
+        if _folded(name) in seen:  # cannot happen for a name not already in the mirror
+            raise MirrorError(f"column {c!r} has no mirror name free of its case twins")
+        seen.add(_folded(name))
+        out[c] = name
+    return out
+
+
 def postgres_name(name: str) -> str:
-    """The inverse of :func:`column_name`."""
+    """The Postgres column a mirror column holds: the inverse of :func:`column_name` and
+    :func:`mirror_names`."""
     if "%" not in name:
         return name
     if name.startswith("%") and _walcast_own(name[1:]):
         name = name[1:]
-    return _PERCENT.sub(lambda m: chr(int(m.group(1), 16)), name)
+    return unquote(name, errors="strict")
 
 
 def _walcast_own(name: str) -> bool:
-    return name == LSN or name.startswith("__w_")
-
-
-def mq(name: str) -> str:
-    """A Postgres column's mirror column, quoted for Spark SQL."""
-    return quote(column_name(name))
+    folded = _folded(name)
+    return folded == LSN or folded.startswith("__w_")
 
 
 def table_dir(template: str, db: str, schema: str, table: str) -> str:
@@ -576,11 +614,11 @@ class DeltaMirror:
     def _exists(self, path: Path) -> bool:
         return (path / "_delta_log").is_dir() and any((path / "_delta_log").glob("*.json"))
 
-    def _columns(self, path: Path) -> dict[str, T.DataType]:
-        """The mirror's columns by their Postgres names (:func:`column_name` decoded),
-        without walcast's own ``_walcast_lsn``."""
+    def _columns(self, path: Path) -> dict[str, T.StructField]:
+        """The mirror's columns (field name = mirror name, :func:`mirror_names`) by their
+        Postgres names, without walcast's own ``_walcast_lsn``."""
         df = self.spark.read.format("delta").load(str(path))
-        return {postgres_name(f.name): f.dataType for f in df.schema.fields if f.name != LSN}
+        return {postgres_name(f.name): f for f in df.schema.fields if f.name != LSN}
 
     def _properties(self, path: Path) -> dict[str, str]:
         rows = self.spark.sql(f"SHOW TBLPROPERTIES delta.{quote(str(path))}").collect()
@@ -601,8 +639,9 @@ class DeltaMirror:
         from delta.tables import DeltaTable
 
         builder = DeltaTable.createIfNotExists(self.spark).location(str(path))
+        names = mirror_names([], list(types))
         for column, pg in types.items():
-            builder = builder.addColumn(column_name(column), spark_type(pg))
+            builder = builder.addColumn(names[column], spark_type(pg))
         builder = builder.addColumn(LSN, T.LongType())
         builder = (
             builder.property("walcast.source", name)
@@ -615,8 +654,11 @@ class DeltaMirror:
         self.mirrors.add(self._creating)
         log.info("created the mirror of %s at %s", name, path)
 
-    def _add_columns(self, path: Path, new: dict[str, str]) -> None:
-        cols = ", ".join(f"{mq(c)} {spark_type(t).simpleString()}" for c, t in new.items())
+    def _add_columns(self, path: Path, taken: list[str], new: dict[str, str]) -> None:
+        names = mirror_names(taken, list(new))
+        cols = ", ".join(
+            f"{quote(names[c])} {spark_type(t).simpleString()}" for c, t in new.items()
+        )
         self.spark.sql(f"ALTER TABLE delta.{quote(str(path))} ADD COLUMNS ({cols})")
 
     # -- merge ---------------------------------------------------------------------------
@@ -635,30 +677,43 @@ class DeltaMirror:
             log.warning("%s has no primary key or replica identity: not mirrored", name)
             return 0
         if not self._exists(path):
-            self._create(path, name, {c: t for c, (t, _) in types.items()}, key)
+            # sorted: which case twin keeps the plain name must not depend on the batch
+            self._create(path, name, {c: types[c][0] for c in sorted(types)}, key)
         current = self._columns(path)
         schema_lsn, _ = self._schema_position(path)
         # A column the mirror lacks is added — unless only changes older than the last
         # DDL carry it (a column that DDL renamed or dropped, seen again on a replay).
-        new = {c: t for c, (t, newest) in types.items() if c not in current and newest > schema_lsn}
+        new = {
+            c: types[c][0] for c in sorted(types) if c not in current and types[c][1] > schema_lsn
+        }
         if new:
-            self._add_columns(path, new)
+            self._add_columns(path, [f.name for f in current.values()], new)
             current = self._columns(path)
         missing = [k for k in key if k not in current]
         if missing:
             raise MirrorError(f"{name}: key columns {missing} are not in the mirror at {path}")
         truncated = int(self._properties(path).get(TRUNCATED, "0"))
         columns = list(current)
+        names = {c: f.name for c, f in current.items()}
         # Dates and timestamps are read as text and converted here (_temporal): Postgres'
         # infinity and years outside 1..9999 would fail the parse and quarantine the row.
-        temporal = {c: t for c, t in current.items() if isinstance(t, _TEMPORAL)}
-        row_type = T.StructType(
-            [T.StructField(c, T.StringType() if c in temporal else current[c]) for c in columns]
-            + [T.StructField(CORRUPT, T.StringType())]
-        )
-        key_type = T.StructType(
-            [T.StructField(c, T.StringType() if c in temporal else current[c]) for c in key]
-        )
+        temporal = {c: f.dataType for c, f in current.items() if isinstance(f.dataType, _TEMPORAL)}
+
+        def parsed(cols: list[str], field_name: Callable[[str], str]) -> list[T.StructField]:
+            return [
+                T.StructField(
+                    field_name(c), T.StringType() if c in temporal else current[c].dataType
+                )
+                for c in cols
+            ]
+
+        # JSON is matched to Postgres names (case-sensitively); the struct is then cast,
+        # by position, to mirror names, which Spark can tell apart (case twins).
+        corrupt_field = T.StructField(CORRUPT, T.StringType())
+        row_type = T.StructType([*parsed(columns, str), corrupt_field])
+        row_named = T.StructType([*parsed(columns, names.__getitem__), corrupt_field])
+        key_type = T.StructType(parsed(key, str))
+        key_named = T.StructType(parsed(key, names.__getitem__))
         # A change without key values (sent before the table had its key) cannot be
         # placed in a keyed mirror: merged, it would be a row with NULL keys.
         has_key = F.coalesce(F.size(F.map_keys(F.from_json("key", "map<string,string>"))), F.lit(0))
@@ -670,11 +725,13 @@ class DeltaMirror:
             F.coalesce(F.json_object_keys("new"), F.array().cast("array<string>")).alias(W_PRESENT),
             F.from_json(
                 "new", row_type, {"columnNameOfCorruptRecord": CORRUPT, "mode": "PERMISSIVE"}
-            ).alias(W_NEW),
-            F.from_json("key", key_type).alias(W_KEY),
+            )
+            .cast(row_named)
+            .alias(W_NEW),
+            F.from_json("key", key_type).cast(key_named).alias(W_KEY),
             *[F.col(c).alias(f"{W_KAFKA}{c}") for c in _KAFKA_FIELDS],
         )
-        raw = {c: F.col(f"{W_KEY if c in key else W_NEW}.{quote(c)}") for c in columns}
+        raw = {c: F.col(f"{W_KEY if c in key else W_NEW}.{quote(names[c])}") for c in columns}
         unreadable = [
             F.when(_unreadable(raw[c], t), F.lit(f"column {c}: not a {t.simpleString()}"))
             for c, t in temporal.items()
@@ -688,7 +745,7 @@ class DeltaMirror:
             W_PRESENT,
             F.coalesce(F.col(f"{W_NEW}.{quote(CORRUPT)}"), *unreadable).alias(CORRUPT),
             *[
-                (_temporal(raw[c], temporal[c]) if c in temporal else raw[c]).alias(column_name(c))
+                (_temporal(raw[c], temporal[c]) if c in temporal else raw[c]).alias(names[c])
                 for c in columns
             ],
             (sum(beyond[1:], beyond[0]) if beyond else F.lit(0)).alias(W_BEYOND),
@@ -718,15 +775,21 @@ class DeltaMirror:
             )
             self._quarantine(corrupt, batch_id, f"values-{path.name}-{segment}")
             good = src.where(F.col(CORRUPT).isNull())
-            return self._merge_good(path, good, columns, key)
+            return self._merge_good(path, good, names, key)
         finally:
             src.unpersist()
 
-    def _merge_good(self, path: Path, src: DataFrame, columns: list[str], key: list[str]) -> int:
+    def _merge_good(self, path: Path, src: DataFrame, names: dict[str, str], key: list[str]) -> int:
         """Newest change per key; each column from the newest change that supplied it
         (an update leaves out unchanged TOAST values, and a change older than a DDL lacks
-        the columns it added), else the stored value."""
+        the columns it added), else the stored value. ``names``: Postgres name → mirror
+        name of every column."""
         from delta.tables import DeltaTable
+
+        columns = list(names)
+
+        def mq(c: str) -> str:
+            return quote(names[c])
 
         by_key = [F.col(mq(k)) for k in key]
         running = (
@@ -748,7 +811,7 @@ class DeltaMirror:
             W_SEQ,
             W_OP,
             *[F.col(mq(k)) for k in key],
-            *[F.col(f"{W_CARRY}{i}.v").alias(column_name(c)) for i, c in enumerate(values)],
+            *[F.col(f"{W_CARRY}{i}.v").alias(names[c]) for i, c in enumerate(values)],
             *[F.col(f"{W_CARRY}{i}").isNull().alias(f"{W_KEEP}{i}") for i in range(len(values))],
         )
         newest = Window.partitionBy(*by_key).orderBy(F.col(W_LSN).desc(), F.col(W_SEQ).desc())
@@ -816,25 +879,23 @@ class DeltaMirror:
         known: dict[str, int] = json.loads(self._properties(path).get(NUMBERS, "{}"))
         # by column number, never guessed from the statement (shared.contract.ddl)
         renames = ddl_renames(removed, added, known, numbers, str(ddl.get("statement") or ""))
+        # Names for the renamed columns as for added ones: free of the kept columns' twins.
+        kept = [f.name for c, f in current.items() if c not in removed]
+        targets = mirror_names(kept, [n for _, n in renames])
         if renames:
-            pairs = dict(renames)
-            self._rewrite(
-                path,
-                lambda df: df.withColumnsRenamed(
-                    {column_name(o): column_name(n) for o, n in pairs.items()}
-                ),
-            )
+            pairs = {current[o].name: targets[n] for o, n in renames}
+            self._rewrite(path, lambda df: df.withColumnsRenamed(pairs))
         for old, new in renames:
             changes.append(f"column {old} renamed to {new}")
             removed.remove(old)
             added.pop(new)
         if removed:
-            self._rewrite(path, lambda df: df.drop(*[column_name(c) for c in removed]))
+            self._rewrite(path, lambda df: df.drop(*[current[c].name for c in removed]))
             changes.append(f"dropped {', '.join(removed)}")
         widened = {
             col: spark_type(t)
             for col, t in after.items()
-            if col in current and _widens(current[col], spark_type(t))
+            if col in current and _widens(current[col].dataType, spark_type(t))
         }
         if widened:
             # int -> bigint, real -> double, anything -> text: rewritten with the wider
@@ -842,14 +903,17 @@ class DeltaMirror:
             self._rewrite(
                 path,
                 lambda df: df.withColumns(
-                    {column_name(c): F.col(mq(c)).cast(t) for c, t in widened.items()}
+                    {
+                        current[c].name: F.col(quote(current[c].name)).cast(t)
+                        for c, t in widened.items()
+                    }
                 ),
             )
             changes.append(
                 "widened " + ", ".join(f"{c} to {t.simpleString()}" for c, t in widened.items())
             )
         if added:
-            self._add_columns(path, added)
+            self._add_columns(path, kept + list(targets.values()), added)
             changes.append(f"added {', '.join(added)}")
         if numbers:
             self._set_property(path, NUMBERS, json.dumps(numbers))

@@ -10,7 +10,7 @@ from pydantic import ValidationError
 from pyspark.sql import types as T  # noqa: N812 - the PySpark convention
 
 from services.kafka2spark.app import kafka_source_options
-from services.kafka2spark.mirror import quote, table_dir
+from services.kafka2spark.mirror import column_name, mirror_names, postgres_name, quote, table_dir
 from services.kafka2spark.schema import spark_type
 from services.kafka2spark.settings import DeltaSettings, SparkSettings
 from shared.contract.ddl import renames
@@ -124,3 +124,34 @@ def test_kafka_options_for_spark_carry_security() -> None:
         ' username="u" password="p\\"w";'
     )
     assert opts["kafka.ssl.truststore.type"] == "PEM"
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["id", "first name", "a,b;c{d}e(f)g=h", "100%", "_walcast_lsn", "__W_LSN", "Été", "名前"],
+)
+def test_mirror_column_names_decode_back_and_delta_accepts_them(name: str) -> None:
+    plain = column_name(name)
+    assert postgres_name(plain) == name
+    assert not set(" ,;{}()\n\t=").intersection(plain)
+    if name.upper() == name.lower():
+        return  # nothing with case: no twin
+    escaped = mirror_names([plain.swapcase()], [name])[name]  # a twin holds the plain name
+    assert postgres_name(escaped) == name
+    assert escaped.upper().casefold() != plain.upper().casefold()
+    assert not set(" ,;{}()\n\t=").intersection(escaped)
+
+
+def test_case_twins_get_names_delta_tells_apart() -> None:
+    """Delta refuses two columns differing only by case, and Spark resolves names
+    ignoring case: the first twin keeps its name, the next gets the case-free form."""
+    names = mirror_names([], ["id", "Name", "name", "NAME", "_WALCAST_LSN", "\u017f", "s"])
+    assert names["id"] == "id"
+    assert names["Name"] == "Name"
+    folded = [n.upper().casefold() for n in [*names.values(), "_walcast_lsn"]]
+    assert len(set(folded)) == len(folded)
+    assert {postgres_name(n) for n in names.values()} == set(names)
+    # a twin added later, beside the mirror's existing columns
+    later = mirror_names(list(names.values()), ["nAmE"])
+    assert later["nAmE"].upper().casefold() not in folded
+    assert postgres_name(later["nAmE"]) == "nAmE"
