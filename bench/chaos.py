@@ -4,7 +4,8 @@ HTTP, the ``deltalake`` reader, a plain Kafka consumer).
 
 Workload: pgbench's tables created *after* pg2kafka started (``pgbench -i -I dtpg``:
 keys before data — the default order, data before keys, needs issue 17's snapshot when a
-table gains its key), then TPC-B with ``--clients`` clients for ``--duration`` seconds,
+table gains its key), then TPC-B with ``--clients`` clients for ``--duration`` seconds
+(longer when the fault plan needs it: the load runs until every planned fault was injected),
 under ``producer.partition_key: primary_key`` (truncates and DDL on every partition).
 Services as processes: pg2kafka, kafka2search into OpenSearch and into Elasticsearch,
 kafka2spark.
@@ -17,7 +18,8 @@ Afterwards: per table, rows compared key by key (every column) between Postgres,
 index and the Delta mirror; per key, the events of the CDC topic in partition order have
 non-decreasing LSNs (exact redeliveries, same ``(commit_lsn, seq)``, left out: delivery is
 at least once). Reported: faults injected, events, mismatches (must be 0), time to
-converge after the load stopped, pgbench tps without and with the pipeline.
+converge after the load stopped, pgbench tps without and with the pipeline, and where
+kafka2spark's time went (its batch log: time per phase, batch sizes, restart to first batch).
 
     python bench/chaos.py                      # the long form: 20 kills of each service
     python bench/chaos.py --kills 2 --duration 90 --engine-stop-s 20   # what CI runs
@@ -33,6 +35,7 @@ import glob
 import json
 import os
 import random
+import re
 import shutil
 import signal
 import subprocess
@@ -55,6 +58,8 @@ from deltalake import DeltaTable
 REPO = Path(__file__).resolve().parents[1]
 WALCAST = REPO / "deploy/local/walcast"
 KEYS = {"pgbench_branches": "bid", "pgbench_tellers": "tid", "pgbench_accounts": "aid"}
+START_MARK = "=== chaos: started at"
+LOAD_RUN_S = 30  # one pgbench run of the load; the load stops between runs
 SERVICES = ("pg2kafka", "kafka2search-opensearch", "kafka2search-elasticsearch", "kafka2spark")
 
 
@@ -94,6 +99,8 @@ class Report:
     converge_s: float | None = None
     tps_without: float = 0.0
     tps_with: float = 0.0
+    load_s: float = 0.0
+    kafka2spark: dict[str, Any] = field(default_factory=dict)
 
     @property
     def total_mismatches(self) -> int:
@@ -110,6 +117,8 @@ class Service:
 
     def start(self) -> None:
         out = self.log.open("ab")
+        out.write(f"{START_MARK} {time.time():.3f}\n".encode())  # for spark_timings()
+        out.flush()
         self.proc = subprocess.Popen(
             [
                 sys.executable,
@@ -289,12 +298,11 @@ class Chaos:
     # -- load and faults -----------------------------------------------------------------
 
     def load(self, stop: threading.Event, done_tx: list[int]) -> None:
-        """TPC-B until ``stop``; restarted after a Postgres restart cut it short."""
-        deadline = time.monotonic() + self.cfg.duration_s
-        while not stop.is_set() and time.monotonic() < deadline:
-            left = max(1, int(deadline - time.monotonic()))
+        """TPC-B until ``stop``, in runs of at most :data:`LOAD_RUN_S`; restarted after a
+        Postgres restart cut a run short."""
+        while not stop.is_set():
             out = self.bench(
-                "-n", "-c", str(self.cfg.clients), "-j", "2", "-T", str(left), check=False
+                "-n", "-c", str(self.cfg.clients), "-j", "2", "-T", str(LOAD_RUN_S), check=False
             )
             for line in out.stdout.splitlines():
                 if line.startswith("number of transactions actually processed"):
@@ -358,15 +366,19 @@ class Chaos:
         for what, fault in plan:
             time.sleep(self.rng.uniform(0.3, 1.7) * gap)
             if not loader.is_alive():
-                break
+                raise RuntimeError(f"the load stopped by itself: see {self.cfg.work}")
             self.report.fault_log.append((round(time.monotonic() - started, 1), what))
             self.report.faults[what] = self.report.faults.get(what, 0) + 1
             fault()
             dead = [s.name for s in self.services.values() if s.died()]
             if dead:
                 raise RuntimeError(f"{dead} exited by itself: see {self.cfg.work}")
+        # Every planned fault happened during the load; the load lasts --duration at least.
+        time.sleep(max(0.0, started + self.cfg.duration_s - time.monotonic()))
+        stop.set()
         loader.join()
-        self.report.tps_with = sum(done_tx) / max(time.monotonic() - started, 1e-6)
+        self.report.load_s = round(time.monotonic() - started, 1)
+        self.report.tps_with = sum(done_tx) / max(self.report.load_s, 1e-6)
 
     # -- comparison (no walcast code) ----------------------------------------------------
 
@@ -501,6 +513,8 @@ class Chaos:
         finally:
             for s in self.services.values():
                 s.stop()
+        if "kafka2spark" in self.services:
+            self.report.kafka2spark = spark_timings(self.services["kafka2spark"].log)
         return self.report
 
     def cleanup(self) -> None:
@@ -539,6 +553,51 @@ class Chaos:
         shutil.rmtree(self.cfg.work, ignore_errors=True)
 
 
+_BATCH = re.compile(r"^(\S+ \S+) .*\bbatch \d+: (\d+) records, .* in ([\d.]+)s \((.*)\)$")
+
+
+def spark_timings(log: Path) -> dict[str, Any]:
+    """Where kafka2spark's time went, from its own batch log lines: the batches, their
+    sizes and seconds, the seconds per phase (read, changelog, plan, table merges, commit),
+    and from each (re)start to its first finished batch (JVM, Spark session, Delta's log,
+    then the batch Spark redoes)."""
+    batches: list[tuple[int, float]] = []
+    phases: dict[str, float] = {}
+    to_first: list[float] = []
+    started: float | None = None
+    for line in log.read_text(errors="replace").splitlines():
+        if line.startswith(START_MARK):
+            started = float(line.split()[-1])
+            continue
+        m = _BATCH.match(line)
+        if not m:
+            continue
+        when, records, seconds, breakdown = m.groups()
+        batches.append((int(records), float(seconds)))
+        for part in breakdown.split(", "):
+            name, _, took = part.rpartition(" ")
+            kind = name.split(" ")[0]
+            phases[kind] = phases.get(kind, 0.0) + float(took.rstrip("s") or 0)
+        if started is not None:
+            at = time.mktime(time.strptime(when.split(",")[0], "%Y-%m-%d %H:%M:%S"))
+            to_first.append(round(at - started, 1))
+            started = None
+    if not batches:
+        return {}
+    secs = sorted(b for _, b in batches)
+    total = sum(secs)
+    return {
+        "batches": len(batches),
+        "records": sum(r for r, _ in batches),
+        "max_records": max(r for r, _ in batches),
+        "batch_s_median": secs[len(secs) // 2],
+        "batch_s_max": secs[-1],
+        "batch_s_total": round(total, 1),
+        "phase_share": {k: round(v / total, 3) for k, v in sorted(phases.items())} if total else {},
+        "start_to_first_batch_s": sorted(to_first),
+    }
+
+
 def print_report(cfg: Config, r: Report) -> None:
     rows = [
         ("faults injected", ", ".join(f"{k} x{v}" for k, v in sorted(r.faults.items()))),
@@ -550,9 +609,30 @@ def print_report(cfg: Config, r: Report) -> None:
             f"{r.converge_s} s" if r.converge_s is not None else "no (see mismatches)",
         ),
         ("pgbench tps without / with the pipeline", f"{r.tps_without:.0f} / {r.tps_with:.0f}"),
+        ("load (TPC-B) ran", f"{r.load_s:.0f} s"),
     ]
+    k = r.kafka2spark
+    if k:
+        first = k["start_to_first_batch_s"]
+        rows += [
+            (
+                "kafka2spark batches",
+                f"{k['batches']} ({k['records']:,} records, at most {k['max_records']:,});"
+                f" median {k['batch_s_median']} s, max {k['batch_s_max']} s",
+            ),
+            (
+                "kafka2spark time by phase",
+                ", ".join(f"{p} {v:.0%}" for p, v in k["phase_share"].items()),
+            ),
+            (
+                "kafka2spark start to first batch",
+                f"median {first[len(first) // 2]} s, max {first[-1]} s ({len(first)} starts)"
+                if first
+                else "-",
+            ),
+        ]
     width = max(len(a) for a, _ in rows)
-    print(f"chaos: scale {cfg.scale}, {cfg.clients} clients, {cfg.duration_s:.0f} s of TPC-B")
+    print(f"chaos: scale {cfg.scale}, {cfg.clients} clients, TPC-B for {r.load_s:.0f} s")
     for a, b in rows:
         print(f"  {a:<{width}}  {b}")
     if r.mismatches:
