@@ -13,8 +13,9 @@ sink it feeds, :class:`Indexer`:
   backoff; up to ``batch.concurrency`` writes overlap and the engine settles them by
   version (LSN); a batch that needs stored TOAST values first waits for the writes before
   it;
-* a truncate or DDL event reaches ``control`` with nothing in flight, so the index
-  follows the table's history in order.
+* a truncate, DDL or snapshot marker event reaches ``control`` with nothing in flight,
+  so the index follows the table's history in order. A snapshot's ``read`` rows are
+  indexed like inserts (versioned, so one older than the stored document is stale).
 """
 
 from __future__ import annotations
@@ -80,7 +81,8 @@ class Metrics:
             registry=registry,
         )
         self.schema_changes = Counter(
-            f"{prefix}_schema_changes", "truncates and DDL applied to indices", ["kind"],
+            f"{prefix}_schema_changes", "truncates, DDL and snapshot markers applied to indices",
+            ["kind"],
             registry=registry,
         )  # fmt: skip
 
@@ -92,6 +94,8 @@ class IndexState:
     alias: str
     index: str
     columns: dict[str, str]  # column -> Postgres type, as mapped
+    # Changes at or below this LSN stay out: the last truncate's LSN, or S - 1 after a
+    # snapshot's end marker at version S (its rows, version S, still land).
     truncated_lsn: int = 0
     meta: dict[str, Any] = field(default_factory=dict)
 
@@ -202,6 +206,8 @@ class Indexer(BatchSink[Batch]):
     def control(self, event: EventView) -> None:
         if event.op == "truncate":
             self.truncate(event)
+        elif event.op == "snapshot":
+            self.snapshot(event)
         else:
             self.ddl(event)
 
@@ -324,6 +330,37 @@ class Indexer(BatchSink[Batch]):
         self.retry(lambda: self._save_meta(st), f"record the truncate of {alias}")
         self.metrics.schema_changes.labels("truncate").inc()
         log.info("truncated %s: %d documents removed", alias, deleted)
+
+    def snapshot(self, ev: EventView) -> None:
+        """A snapshot marker (docs/events.md, "Snapshots"). The start changes nothing. The
+        end, at version S (its LSN), says every row the table now has was delivered with
+        a version >= S: a document older than S is of a row that no longer exists, and
+        goes, as in a truncate at S — but the floor kept is S - 1 and the deletes are
+        versioned S - 1, so the snapshot's own rows (version S) still land after it (from
+        another partition, under primary-key partitioning). A redelivered end marker, or
+        its copy from another partition, does nothing."""
+        info = ev.snapshot
+        alias = self.alias_for(ev)
+        if info["phase"] != "end":
+            self.metrics.schema_changes.labels("snapshot_start").inc()
+            log.info("snapshot %s of %s started (version %d)", info["id"], alias, ev.lsn)
+            return
+        st = self.state(alias, ev, {})
+        floor = ev.lsn - 1
+        if floor <= st.truncated_lsn:
+            return  # applied before, or a truncate after the snapshot's start
+        deleted = self.retry(
+            lambda: self.engine.delete_older(st.index, ev.lsn, reopen=True),
+            f"remove the rows snapshot {info['id']} did not find in {alias}",
+        )
+        st.truncated_lsn = floor
+        self.retry(lambda: self._save_meta(st), f"record the snapshot of {alias}")
+        self.metrics.schema_changes.labels("snapshot_end").inc()
+        log.info(
+            "snapshot %s of %s ended (version %d, %s rows delivered): %d documents of rows"
+            " no longer in the table removed",
+            info["id"], alias, ev.lsn, info.get("rows"), deleted,
+        )  # fmt: skip
 
     def ddl(self, ev: EventView) -> None:
         d = ev.ddl

@@ -71,7 +71,8 @@ class Batch:
     toast: int = 0  # documents added with unchanged TOAST columns (an upper bound after merges)
 
     def add(self, index: str, ev: EventView, origin: Origin) -> str | None:
-        """Fold one insert/update/delete in; returns a reason when it cannot be indexed."""
+        """Fold one insert/update/delete in (a snapshot's read row is an insert); returns a
+        reason when it cannot be indexed."""
         self.records += 1
         self.bytes += len(origin.value)
         doc_id = document_id(ev.key)

@@ -48,10 +48,12 @@ class SearchEngine(Protocol):
 
     def refresh(self, index: str) -> None: ...
 
-    def delete_older(self, index: str, version: int) -> int:
+    def delete_older(self, index: str, version: int, *, reopen: bool = False) -> int:
         """Remove every document whose version (the LSN of its change) is below
         ``version``, as a delete versioned ``version``: newer documents stay, and an
         older write arriving later is refused while the engine remembers the delete.
+        ``reopen``: versioned ``version - 1`` instead, so a write carrying exactly
+        ``version`` still lands (a snapshot's end marker: its rows carry that version).
         Waits until done and visible; returns how many documents were removed."""
         ...
 
@@ -147,12 +149,17 @@ class HttpSearchEngine(SearchEngine):
     def refresh(self, index: str) -> None:
         self.request("POST", f"/{index}/_refresh")
 
-    def delete_older(self, index: str, version: int, page: int = 5000) -> int:
+    def delete_older(
+        self, index: str, version: int, page: int = 5000, *, reopen: bool = False
+    ) -> int:
         """A truncate: every document older than ``version`` is deleted with an external
         version of ``version`` (``_delete_by_query`` cannot compare versions, and a
         truncate that reached this consumer through one partition must not remove a
         newer row another partition's consumer already wrote). Pages through the index
-        with a scroll, ``page`` documents at a time."""
+        with a scroll, ``page`` documents at a time. ``reopen`` (a snapshot's end
+        marker): the deletes are versioned ``version - 1`` with ``external_gte`` (a
+        document at exactly ``version - 1`` goes too), so a write at ``version`` still
+        lands after them."""
         self.refresh(index)  # the scroll sees only what was refreshed
         answer = self.request(
             "POST",
@@ -166,7 +173,7 @@ class HttpSearchEngine(SearchEngine):
             while hits := answer.get("hits", {}).get("hits", []):
                 ids = [h["_id"] for h in hits if int(h.get("_version", 0)) < version]
                 if ids:
-                    deleted += self._delete_versioned(index, ids, version)
+                    deleted += self._delete_versioned(index, ids, version, reopen)
                 answer = self.request(
                     "POST", "/_search/scroll", body={"scroll": "2m", "scroll_id": scroll_id}
                 )
@@ -177,10 +184,11 @@ class HttpSearchEngine(SearchEngine):
         self.refresh(index)
         return deleted
 
-    def _delete_versioned(self, index: str, ids: list[str], version: int) -> int:
-        meta = b'"_index":%b,"version":%d,"version_type":"external"' % (
+    def _delete_versioned(self, index: str, ids: list[str], version: int, reopen: bool) -> int:
+        meta = b'"_index":%b,"version":%d,"version_type":"%b"' % (
             orjson.dumps(index),
-            version,
+            version - 1 if reopen else version,
+            b"external_gte" if reopen else b"external",
         )
         body = b"".join(
             b'{"delete":{"_id":%b,%b}}\n' % (orjson.dumps(doc_id), meta) for doc_id in ids

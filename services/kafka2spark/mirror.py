@@ -12,11 +12,12 @@ batch of Kafka records it
    and the source offset, and the batch goes on;
 2. appends every change event to the changelog table (partitioned by source table and
    commit date);
-3. per source table, in LSN order: the truncate and DDL events of the batch cut the data
-   events into segments; each segment is reduced to the newest change per key (unchanged
-   TOAST columns taken from an older change of the batch, or else kept from the table)
-   and MERGEd into the table's mirror; each truncate / DDL is applied between the
-   segments around it, so the mirror follows the table's history;
+3. per source table, in LSN order: the truncate, DDL and snapshot marker events of the
+   batch cut the data events into segments; each segment is reduced to the newest change
+   per key (unchanged TOAST columns taken from an older change of the batch, or else kept
+   from the table; a snapshot's ``read`` row is an insert) and MERGEd into the table's
+   mirror; each truncate / DDL / snapshot end marker is applied between the segments
+   around it, so the mirror follows the table's history;
 4. commits the batch's offsets to the Kafka consumer group (lag in standard tooling).
 
 Idempotence — Spark runs a batch again after a crash, with the same records and id:
@@ -25,7 +26,9 @@ Idempotence — Spark runs a batch again after a crash, with the same records an
   ``txnVersion`` = the batch id): a repeated append is skipped by Delta itself;
 * the MERGE is guarded by the row's LSN (``_walcast_lsn``): a change not newer than the
   stored row changes nothing; a truncate records its LSN in the table's properties, so it
-  is not applied twice and older changes stay out;
+  is not applied twice and older changes stay out; a snapshot's end marker (version S)
+  removes the rows older than S and records S - 1 there the same way, so the snapshot's
+  rows (version S) still land after it;
 * DDL compares the table's columns with the DDL's resulting columns, so a repeated DDL
   finds nothing left to do.
 
@@ -58,6 +61,7 @@ from services.kafka2spark.settings import Kafka2SparkSettings
 from shared.contract.ddl import column_numbers
 from shared.contract.ddl import renames as ddl_renames
 from shared.contract.event import CONTROL_OPS, DATA_OPS, EVENT_VERSION
+from shared.contract.event import SNAPSHOT_PHASES as PHASES
 from shared.naming import DELTA_DIRECTORY, table_name
 
 log = logging.getLogger(__name__)
@@ -241,6 +245,7 @@ class _Control:
     op: str
     ddl: dict[str, Any] | None
     event: dict[str, str]
+    snapshot: dict[str, Any] | None = None
 
 
 class DeltaMirror:
@@ -402,6 +407,7 @@ class DeltaMirror:
             "key", "new", "old", "unchanged_toast", "types",
             F.to_json("ddl").alias("ddl"),
             "topic", "partition", "offset", "kafka_ts",
+            F.to_json("snapshot").alias("snapshot"),
         )  # fmt: skip
         n = rows.count()
         if n:
@@ -472,9 +478,10 @@ class DeltaMirror:
                 r["op"],
                 r["ddl"].asDict(recursive=True) if r["ddl"] is not None else None,
                 {"db": r["db"], "schema": r["schema"], "table": r["table"]},
+                r["snapshot"].asDict() if r["snapshot"] is not None else None,
             )
             for r in events.where(F.col("op").isin(*CONTROL_OPS))
-            .select(TKEY, "lsn", "seq", "op", "ddl", "db", "schema", "table")
+            .select(TKEY, "lsn", "seq", "op", "ddl", "db", "schema", "table", "snapshot")
             .collect()
         ]
         controls.sort(key=lambda c: (c.table, c.lsn, c.seq))
@@ -847,11 +854,13 @@ class DeltaMirror:
         finally:
             src.unpersist()
 
-    # -- truncate and DDL ----------------------------------------------------------------
+    # -- truncate, DDL and snapshot markers ----------------------------------------------
 
     def _control(self, path: Path, name: str, c: _Control) -> str | None:
         if c.op == "truncate":
             return self._truncate(path, name, c.lsn)
+        if c.op == "snapshot":
+            return self._snapshot(path, name, c)
         ddl = c.ddl or {}
         if ddl.get("dropped"):
             log.info("%s dropped in Postgres: its mirror at %s is kept", name, path)
@@ -936,6 +945,34 @@ class DeltaMirror:
         self._set_property(path, TRUNCATED, str(lsn))
         return f"{name}: truncated"
 
+    def _snapshot(self, path: Path, name: str, c: _Control) -> str | None:
+        """A snapshot marker (docs/events.md, "Snapshots"). The start changes nothing. The
+        end (version S = its LSN) says every row the table now has was delivered with a
+        version >= S, so a mirror row older than S no longer exists in the source: it is
+        removed, as by a truncate at S, except that the floor recorded is S - 1 so that
+        the snapshot's own rows (version S, from other partitions) still land after it.
+        A redelivered end marker, or its copy from another partition, does nothing."""
+        info = c.snapshot or {}
+        sid = info.get("id")
+        if info.get("phase") != "end":
+            log.info("%s: snapshot %s started (version %d)", name, sid, c.lsn)
+            return f"{name}: snapshot {sid} started"
+        if not self._exists(path):
+            return None  # no row of the table was ever mirrored: nothing older than S
+        floor = c.lsn - 1
+        if floor <= int(self._properties(path).get(TRUNCATED, "0")):
+            return None  # applied before, or a truncate after the snapshot's start
+        done = self.spark.sql(f"DELETE FROM delta.{quote(str(path))} WHERE {LSN} < {int(c.lsn)}")
+        removed = _affected(done)
+        self._set_property(path, TRUNCATED, str(floor))
+        log.info(
+            "%s: snapshot %s ended (version %d, %s rows delivered): %s rows older than it"
+            " removed",
+            name, sid, c.lsn, info.get("rows"), "?" if removed is None else removed,
+        )  # fmt: skip
+        gone = "" if removed is None else f"{removed} "
+        return f"{name}: snapshot {sid} ended, {gone}rows older than it removed"
+
     def _rewrite(self, path: Path, change: Callable[[DataFrame], DataFrame]) -> None:
         """Rename / drop a column by rewriting the table (a new version; older ones stay
         readable by time travel until vacuumed). Table properties are kept."""
@@ -959,6 +996,14 @@ _WIDENINGS: dict[type[T.DataType], tuple[type[T.DataType], ...]] = {
     T.DateType: (T.TimestampNTZType, T.TimestampType, T.StringType),
     T.BooleanType: (T.StringType,),
 }
+
+
+def _affected(result: DataFrame) -> int | None:
+    """The row count a Delta DELETE answers with (``num_affected_rows``), if it does."""
+    if "num_affected_rows" not in result.columns:
+        return None
+    row = result.first()
+    return None if row is None or row[0] is None else int(row[0])
 
 
 def _widens(current: T.DataType, target: T.DataType) -> bool:
@@ -1035,10 +1080,32 @@ def _reason() -> Column:
         )
         .when(data & F.col("e.key").isNull(), F.lit("field 'key' missing"))
         .when(
-            F.col("e.op").isin("insert", "update") & F.col("e.new").isNull(),
-            F.lit("insert or update without a 'new' row"),
+            F.col("e.op").isin("insert", "update", "read") & F.col("e.new").isNull(),
+            F.concat(F.col("e.op"), F.lit(" without a 'new' row")),
+        )
+        .when(
+            # Spark's reader leaves a snapshot that is no object null: is it there at all?
+            # (Evaluated only for a read row without one.)
+            (F.col("e.op") == "read")
+            & F.col("e.snapshot").isNull()
+            & F.get_json_object(F.col("value").cast("string"), "$.snapshot").isNotNull(),
+            F.lit("field 'snapshot' is not an object"),
         )
         .when((F.col("e.op") == "ddl") & F.col("e.ddl").isNull(), F.lit("ddl event without 'ddl'"))
+        .when(
+            (F.col("e.op") == "snapshot") & F.col("e.snapshot").isNull(),
+            F.lit("snapshot event without a 'snapshot' object"),
+        )
+        .when(
+            (F.col("e.op") == "snapshot")
+            & (F.col("e.snapshot.phase").isNull() | ~F.col("e.snapshot.phase").isin(*PHASES)),
+            F.lit("snapshot 'phase' missing or not 'start' or 'end'"),
+        )
+        .when(
+            (F.col("e.op") == "snapshot")
+            & (F.col("e.snapshot.id").isNull() | (F.col("e.snapshot.id") < 0)),
+            F.lit("snapshot 'id' missing or not an integer from 0 to 2^63-1"),
+        )
     )
 
 

@@ -75,5 +75,16 @@ ENVELOPE = T.StructType(
             ),
         ),
         T.StructField("oversized", T.LongType()),
+        T.StructField(
+            "snapshot",
+            T.StructType(
+                [
+                    T.StructField("id", T.LongType()),
+                    T.StructField("chunk", T.LongType()),
+                    T.StructField("phase", T.StringType()),
+                    T.StructField("rows", T.LongType()),
+                ]
+            ),
+        ),
     ]
 )

@@ -40,22 +40,28 @@ MAX_LSN = 2**63 - 1
 
 
 class Op(StrEnum):
-    """What happened. Data operations carry a row; control operations change a table."""
+    """What happened. Data operations carry a row; control operations change a table.
+    ``read`` is a row a snapshot brought across (applied like an insert, versioned below
+    every change the read did not see); ``snapshot`` marks the start and end of a table's
+    snapshot (docs/events.md, "Snapshots")."""
 
     INSERT = "insert"
     UPDATE = "update"
     DELETE = "delete"
     TRUNCATE = "truncate"
     DDL = "ddl"
+    READ = "read"
+    SNAPSHOT = "snapshot"
 
 
-DATA_OPS: tuple[str, ...] = (Op.INSERT, Op.UPDATE, Op.DELETE)
-CONTROL_OPS: tuple[str, ...] = (Op.TRUNCATE, Op.DDL)
+DATA_OPS: tuple[str, ...] = (Op.INSERT, Op.UPDATE, Op.DELETE, Op.READ)
+CONTROL_OPS: tuple[str, ...] = (Op.TRUNCATE, Op.DDL, Op.SNAPSHOT)
+SNAPSHOT_PHASES: tuple[str, ...] = ("start", "end")
 OPS: frozenset[str] = frozenset(Op)
 
 FIELDS: tuple[str, ...] = (
     "v", "op", "db", "schema", "table", "lsn", "seq", "commit_lsn", "xid", "commit_ts",
-    "key", "new", "old", "unchanged_toast", "types", "ddl", "oversized",
+    "key", "new", "old", "unchanged_toast", "types", "ddl", "oversized", "snapshot",
 )  # fmt: skip
 """The envelope's fields, in the order the producer writes them."""
 REQUIRED: tuple[str, ...] = ("v", "op", "db", "lsn", "seq", "commit_lsn", "xid", "commit_ts")
@@ -79,6 +85,16 @@ class DdlChange(TypedDict, total=False):
     dropped: bool
 
 
+class SnapshotInfo(TypedDict, total=False):
+    """``snapshot`` of a ``read`` row (``id``, ``chunk``) or of an ``op: snapshot``
+    marker (``id``, ``phase``, and on the end marker ``rows``)."""
+
+    id: int
+    chunk: int  # read rows: the chunk the row was read in
+    phase: str  # markers: "start" or "end"
+    rows: int  # end marker: rows the table's snapshot delivered
+
+
 class ChangeEvent(TypedDict, total=False):
     """One change as the producer builds it (see docs/events.md for each field)."""
 
@@ -99,6 +115,7 @@ class ChangeEvent(TypedDict, total=False):
     types: dict[str, str]
     ddl: DdlChange
     oversized: int  # bytes of the change that was too large for Kafka (a reference event)
+    snapshot: SnapshotInfo  # read rows and snapshot markers
 
 
 class Position(NamedTuple):
@@ -157,6 +174,7 @@ class EventView(msgspec.Struct, gc=False):
     unchanged_toast: Any = None
     ddl: Any = None
     oversized: Any = None
+    snapshot: Any = None
 
     def column_types(self) -> Mapping[str, str]:
         """Column → Postgres type name; shared between events, never to be mutated."""
@@ -240,6 +258,19 @@ def decode(value: bytes | None) -> EventView:
             type(toast) is not list or not all(type(c) is str for c in toast)
         ):
             raise EventDecodeError("field 'unchanged_toast' is not a list of column names")
+        if op == "read" and ev.snapshot is not None and type(ev.snapshot) is not dict:
+            raise EventDecodeError("field 'snapshot' is not an object")
+    elif op == "snapshot":
+        info = ev.snapshot
+        if type(info) is not dict:
+            raise EventDecodeError("snapshot event without a 'snapshot' object")
+        if info.get("phase") not in SNAPSHOT_PHASES:
+            raise EventDecodeError(
+                f"snapshot 'phase' missing or not 'start' or 'end': {info.get('phase')!r}"
+            )
+        sid = info.get("id")
+        if type(sid) is not int or not 0 <= sid <= MAX_LSN:
+            raise EventDecodeError("snapshot 'id' missing or not an integer from 0 to 2^63-1")
     elif op == "ddl":
         ddl = ev.ddl
         if type(ddl) is not dict:

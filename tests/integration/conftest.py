@@ -177,10 +177,17 @@ def delete_topic(settings: Pg2KafkaSettings) -> None:
 
 
 def crafted_event(
-    table: str, op: str, lsn: int, row_id: int | None = None, *, keyless: bool = False
+    table: str,
+    op: str,
+    lsn: int,
+    row_id: int | None = None,
+    *,
+    keyless: bool = False,
+    snapshot: dict[str, Any] | None = None,
 ) -> bytes:
     """A change event as pg2kafka writes it, built by hand to place it in a chosen
-    partition with a chosen LSN (the row: ``{"id": row_id, "v": lsn}``)."""
+    partition with a chosen LSN (the row: ``{"id": row_id, "v": lsn}``); ``snapshot``:
+    the field of a ``read`` row or an ``op: snapshot`` marker."""
     ev: dict[str, Any] = {
         "v": 1, "op": op, "db": "walcast", "schema": "public", "table": table, "lsn": lsn,
         "seq": 0, "commit_lsn": lsn, "xid": 1, "commit_ts": "2026-01-01T00:00:00.000000Z",
@@ -189,4 +196,6 @@ def crafted_event(
     if row_id is not None:
         ev["key"] = {} if keyless else {"id": row_id}
         ev["new"] = {"id": row_id, "v": lsn}
+    if snapshot is not None:
+        ev["snapshot"] = snapshot
     return orjson.dumps(ev)

@@ -58,3 +58,100 @@ def test_a_reference_to_an_oversized_change_is_refused_with_the_reason() -> None
            "key": {"id": 1}, "new": None, "old": None, "oversized": 20_000_000}  # fmt: skip
     with pytest.raises(event.EventDecodeError, match=r"20000000 bytes.*re-snapshot"):
         event.decode(json.dumps(ref).encode())
+
+
+# -- snapshots: read rows and markers ---------------------------------------------------
+
+READ = {"v": 1, "op": "read", "db": "d", "schema": "s", "table": "t", "lsn": 1023, "seq": 4,
+        "commit_lsn": 1023, "xid": 0, "commit_ts": "2026-01-01T00:00:00Z", "key": {"id": 1},
+        "new": {"id": 1, "v": "a"}, "old": None, "types": {"id": "int4", "v": "text"},
+        "snapshot": {"id": 3, "chunk": 2}}  # fmt: skip
+
+
+def marker(**snapshot: Any) -> dict[str, Any]:
+    """An ``op: snapshot`` marker, fields in the producer's order."""
+    return {k: v for k, v in READ.items() if k != "types"} | {
+        "op": "snapshot", "seq": 0, "key": {}, "new": None, "old": None, "snapshot": snapshot,
+    }  # fmt: skip
+
+
+def test_a_read_row_is_a_data_event_decoded_like_an_insert() -> None:
+    assert event.Op.READ in event.DATA_OPS
+    jsonschema.validate(READ, SCHEMA)
+    view = event.decode(json.dumps(READ).encode())
+    assert (view.op, view.lsn, view.key) == ("read", 1023, {"id": 1})
+    assert view.row() == {"id": 1, "v": "a"}
+    assert view.column_types() == {"id": "int4", "v": "text"}
+    assert view.snapshot == {"id": 3, "chunk": 2}
+    # the decoder asks no snapshot of a read row (the schema, the producer's side, does)
+    no_info = {k: v for k, v in READ.items() if k != "snapshot"}
+    assert event.decode(json.dumps(no_info).encode()).snapshot is None
+
+
+@pytest.mark.parametrize(
+    ("bad", "reason"),
+    [
+        pytest.param(READ | {"new": None}, "read without a 'new' row", id="no-new"),
+        pytest.param({k: v for k, v in READ.items() if k != "key"}, "'key'", id="no-key"),
+        pytest.param(READ | {"snapshot": 3}, "'snapshot' is not an object", id="snapshot-int"),
+        pytest.param(READ | {"snapshot": [3]}, "'snapshot' is not an object", id="snapshot-list"),
+    ],
+)
+def test_a_bad_read_row_is_refused_with_the_reason(bad: dict[str, Any], reason: str) -> None:
+    with pytest.raises(event.EventDecodeError, match=re.escape(reason)):
+        event.decode(json.dumps(bad).encode())
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(bad, SCHEMA)
+
+
+@pytest.mark.parametrize(
+    "info",
+    [{"id": 3, "phase": "start"}, {"id": 3, "phase": "end", "rows": 0}],
+    ids=["start", "end"],
+)
+def test_snapshot_markers_are_control_events(info: dict[str, Any]) -> None:
+    assert event.Op.SNAPSHOT in event.CONTROL_OPS
+    ev = marker(**info)
+    jsonschema.validate(ev, SCHEMA)
+    view = event.decode(json.dumps(ev).encode())
+    assert (view.op, view.lsn, view.snapshot) == ("snapshot", 1023, info)
+    assert list(ev) == [f for f in event.FIELDS if f in ev]
+
+
+@pytest.mark.parametrize(
+    ("bad", "reason"),
+    [
+        pytest.param(
+            {k: v for k, v in marker().items() if k != "snapshot"},
+            "without a 'snapshot' object",
+            id="no-snapshot",
+        ),
+        pytest.param(marker() | {"snapshot": None}, "without a 'snapshot'", id="snapshot-null"),
+        pytest.param(marker() | {"snapshot": "end"}, "without a 'snapshot'", id="snapshot-str"),
+        pytest.param(marker(id=3), "'phase' missing", id="no-phase"),
+        pytest.param(marker(id=3, phase="middle"), "'phase' missing or not", id="phase-unknown"),
+        pytest.param(marker(id=3, phase=5), "'phase' missing or not", id="phase-int"),
+        pytest.param(marker(id=3, phase="END"), "'phase' missing or not", id="phase-case"),
+        pytest.param(marker(phase="start"), "'id' missing", id="no-id"),
+        pytest.param(marker(id="3", phase="start"), "'id' missing or not", id="id-str"),
+        pytest.param(marker(id=3.5, phase="start"), "'id' missing or not", id="id-float"),
+        pytest.param(marker(id=True, phase="start"), "'id' missing or not", id="id-bool"),
+        pytest.param(marker(id=-1, phase="start"), "'id' missing or not", id="id-negative"),
+    ],
+)
+def test_a_bad_snapshot_marker_is_refused_with_the_reason(bad: dict[str, Any], reason: str) -> None:
+    with pytest.raises(event.EventDecodeError, match=re.escape(reason)):
+        event.decode(json.dumps(bad).encode())
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(bad, SCHEMA)
+
+
+def test_a_snapshot_id_beyond_a_long_is_refused() -> None:
+    """kafka2spark reads the id as a long."""
+    with pytest.raises(event.EventDecodeError, match="'id' missing or not"):
+        event.decode(json.dumps(marker(id=2**63, phase="start")).encode())
+
+
+def test_the_schema_asks_the_end_marker_for_its_row_count() -> None:
+    with pytest.raises(jsonschema.ValidationError, match="'rows' is a required property"):
+        jsonschema.validate(marker(id=3, phase="end"), SCHEMA)

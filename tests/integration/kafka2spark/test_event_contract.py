@@ -19,6 +19,9 @@ GOOD = [json.dumps(e).encode() for e in doc_examples()]
 BASE = {"v": 1, "op": "insert", "db": "d", "schema": "s", "table": "t", "lsn": 1, "seq": 0,
         "commit_lsn": 1, "xid": 1, "commit_ts": "2026-01-01T00:00:00Z", "key": {"id": 1},
         "new": {"id": 1}}  # fmt: skip
+MARKER = {k: v for k, v in BASE.items() if k not in ("key", "new")} | {
+    "op": "snapshot", "snapshot": {"id": 3, "phase": "start"},
+}  # fmt: skip
 POISON = [
     b"not json",
     b"[1, 2]",
@@ -32,6 +35,28 @@ POISON = [
     json.dumps(BASE | {"op": "ddl"}).encode(),
     # a reference pg2kafka sends for a change larger than Kafka accepts
     json.dumps(BASE | {"new": None, "oversized": 20_000_000}).encode(),
+    # snapshots: a read row without its row or with a snapshot that is no object, and
+    # markers without a valid snapshot object
+    json.dumps(BASE | {"op": "read", "new": None}).encode(),
+    json.dumps(BASE | {"op": "read", "snapshot": 3}).encode(),
+    json.dumps(BASE | {"op": "read", "snapshot": [3]}).encode(),
+    json.dumps(MARKER | {"snapshot": None}).encode(),
+    json.dumps(MARKER | {"snapshot": "end"}).encode(),
+    json.dumps(MARKER | {"snapshot": {"id": 3}}).encode(),
+    json.dumps(MARKER | {"snapshot": {"id": 3, "phase": "middle"}}).encode(),
+    json.dumps(MARKER | {"snapshot": {"id": 3, "phase": 5}}).encode(),
+    json.dumps(MARKER | {"snapshot": {"phase": "end", "rows": 1}}).encode(),
+    json.dumps(MARKER | {"snapshot": {"id": "3", "phase": "end"}}).encode(),
+    json.dumps(MARKER | {"snapshot": {"id": 3.5, "phase": "end"}}).encode(),
+    json.dumps(MARKER | {"snapshot": {"id": True, "phase": "end"}}).encode(),
+    json.dumps(MARKER | {"snapshot": {"id": -1, "phase": "end"}}).encode(),
+    json.dumps(MARKER | {"snapshot": {"id": 2**63, "phase": "end"}}).encode(),
+]
+# Not in the docs examples: a read row without its snapshot, a marker without key / rows.
+MORE_GOOD = [
+    json.dumps(BASE | {"op": "read", "xid": 0}).encode(),
+    json.dumps(BASE | {"op": "read", "snapshot": None}).encode(),
+    json.dumps(MARKER | {"snapshot": {"id": 0, "phase": "end"}}).encode(),
 ]
 
 
@@ -51,8 +76,9 @@ def decoder_verdict(value: bytes) -> str | None:
 
 
 def test_both_consumers_accept_every_docs_example(spark: SparkSession) -> None:
-    assert [decoder_verdict(v) for v in GOOD] == [None] * len(GOOD)
-    assert spark_verdicts(spark, GOOD) == [None] * len(GOOD)
+    good = GOOD + MORE_GOOD
+    assert [decoder_verdict(v) for v in good] == [None] * len(good)
+    assert spark_verdicts(spark, good) == [None] * len(good)
 
 
 @pytest.mark.parametrize("value", POISON, ids=lambda v: v.decode()[:40])
