@@ -140,7 +140,8 @@ def _stream_dispatch() -> tuple[Callable[[int, Any], None], Any]:
     try:
         from services.pg2kafka.cdc import CdcHandler
         from services.pg2kafka.metrics import Metrics
-        from services.pg2kafka.session import Liveness, ReplicationSession, StreamTarget
+        from services.pg2kafka.session import Liveness, ReplicationSession
+        from services.pg2kafka.topics import StreamTarget
 
         target = StreamTarget.cdc(settings)
         session = ReplicationSession(

@@ -503,6 +503,7 @@ def pg2kafka(b: Bench, settings: Pg2KafkaSettings, log: Path) -> subprocess.Pope
         **os.environ,
         "PG2KAFKA_REPLICATION__SLOT": settings.replication.slot,
         "PG2KAFKA_REPLICATION__PUBLICATION": settings.replication.publication,
+        "PG2KAFKA_SNAPSHOT__MODE": "never",  # streaming only: what it measures
         "PG2KAFKA_FILTERS__INCLUDE": json.dumps(settings.filters.include),
         "PG2KAFKA_PRODUCER__TOPIC": settings.producer.topic,
         "PG2KAFKA_PRODUCER__PARTITION_KEY": settings.producer.partition_key,

@@ -99,6 +99,7 @@ class Bench:
             **os.environ,
             "PG2KAFKA_REPLICATION__SLOT": name,
             "PG2KAFKA_REPLICATION__PUBLICATION": name,
+            "PG2KAFKA_SNAPSHOT__MODE": "never",  # streaming only: what it measures
             "PG2KAFKA_PRODUCER__TOPIC": name,
             "PG2KAFKA_HTTP__PORT": "0",
             "PG2KAFKA_LOG__FORMAT": "text",

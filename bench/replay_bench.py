@@ -92,6 +92,7 @@ def main() -> int:
             "PG2KAFKA_HTTP__PORT": "0",
             "PG2KAFKA_REPLICATION__SLOT": f"bench_rcdc_{run}",
             "PG2KAFKA_REPLICATION__PUBLICATION": f"bench_rcdc_{run}",
+            "PG2KAFKA_SNAPSHOT__MODE": "never",  # streaming only: what it measures
             "PG2KAFKA_FILTERS__INCLUDE": f'["public.bench_none_{run}"]',
             "PG2KAFKA_PRODUCER__TOPIC": f"bench.rcdc.{run}",
             **{

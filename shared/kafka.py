@@ -139,19 +139,113 @@ class KafkaSink(Sink[Outgoing, int]):
         return time.monotonic() - self.last_ack_at if self.outstanding else 0.0
 
     def partitions(self, topic: str) -> int:
-        md = self.producer.list_topics(topic, timeout=10)
-        meta = md.topics.get(topic)
-        if meta is None or meta.error is not None:
-            raise PermanentError(
-                f"Kafka topic {topic!r} does not exist",
-                hint="create it, or set PG2KAFKA_PRODUCER__CREATE_TOPIC=true",
-            )
-        return len(meta.partitions)
+        return partition_count(self.producer, topic)
 
     def _raise_failure(self) -> None:
         if self._failure is not None:
             err = self._failure
             raise _classified(err)
+
+
+def partition_count(producer: Producer, topic: str) -> int:
+    """``topic``'s partition count, or a permanent error naming the missing topic."""
+    md = producer.list_topics(topic, timeout=10)
+    meta = md.topics.get(topic)
+    if meta is None or meta.error is not None:
+        raise PermanentError(
+            f"Kafka topic {topic!r} does not exist",
+            hint="create it, or set PG2KAFKA_PRODUCER__CREATE_TOPIC=true",
+        )
+    return len(meta.partitions)
+
+
+class BulkKafkaSink:
+    """A producer for bulk loads (snapshots): idempotent, acks=all, and acknowledged as a
+    whole: :meth:`flush` returns once Kafka acknowledged every record written before it,
+    or raises the first delivery failure. No per-record callback (librdkafka reports only
+    failures): what a record costs is the ``produce`` call, which is what lets a snapshot
+    keep up with Postgres.
+
+    Memory guard: librdkafka's queue holds at most ``max_inflight_bytes`` of records not
+    yet acknowledged; :meth:`write` waits for room (serving delivery reports, calling
+    ``while_waiting``) instead of growing it. Callers write from one thread. Checkpoint
+    last: record progress only after the :meth:`flush` that covers it.
+    """
+
+    def __init__(
+        self,
+        config: dict[str, Any],
+        *,
+        max_inflight_bytes: int,
+        while_waiting: Callable[[], None] = lambda: None,
+    ) -> None:
+        self.failure: KafkaError | None = None
+        self.producer = Producer(
+            {
+                **config,
+                "enable.idempotence": True,
+                "acks": "all",
+                "queue.buffering.max.kbytes": max(max_inflight_bytes // 1024, 1024),
+                "queue.buffering.max.messages": 2_000_000,
+                "delivery.report.only.error": True,
+                "on_delivery": self._failed,
+            }
+        )
+        self.while_waiting = while_waiting
+        self.waits = 0
+
+    def _failed(self, err: KafkaError | None, _msg: object) -> None:
+        if err is not None and self.failure is None:
+            self.failure = err
+
+    def write(
+        self, topic: str, value: bytes, key: bytes | None, partition: int | None = None
+    ) -> None:
+        """Queue one record (the hot loop may call ``producer.produce`` itself and come
+        here only on ``BufferError``)."""
+        while True:
+            try:
+                if partition is None:
+                    self.producer.produce(topic, value, key)
+                else:
+                    self.producer.produce(topic, value, key, partition=partition)
+                return
+            except BufferError:
+                self.wait_for_room()
+            except KafkaException as exc:
+                raise _classified(exc.args[0]) from exc
+
+    def wait_for_room(self) -> None:
+        """The queue is full (the memory guard): serve acknowledgements for a moment."""
+        self.waits += 1
+        self.producer.poll(0.05)
+        self.raise_failure()
+        self.while_waiting()
+
+    def poll(self) -> None:
+        self.producer.poll(0)
+        self.raise_failure()
+
+    def flush(self, timeout_s: float) -> None:
+        """Every record written so far acknowledged, or raise."""
+        deadline = time.monotonic() + timeout_s
+        while len(self.producer) > 0:
+            if time.monotonic() > deadline:
+                raise RetriableError(f"{len(self.producer)} records still unacknowledged")
+            self.producer.flush(1.0)
+            self.raise_failure()
+            self.while_waiting()
+        self.raise_failure()
+
+    def raise_failure(self) -> None:
+        if self.failure is not None:
+            raise _classified(self.failure)
+
+    def partitions(self, topic: str) -> int:
+        return partition_count(self.producer, topic)
+
+    def close(self) -> None:
+        self.producer.flush(5)
 
 
 def _classified(err: KafkaError) -> Exception:

@@ -15,6 +15,11 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 
+# Tests share one database: a pg2kafka that took the initial snapshot by default would
+# read every test's tables. Tests stream what they write; the snapshot tests ask for
+# snapshots explicitly (settings or env win over this default). Subprocesses inherit it.
+os.environ.setdefault("PG2KAFKA_SNAPSHOT__MODE", "never")
+
 
 def _env_file() -> Path:
     explicit = os.environ.get("WALCAST_ENV_FILE")

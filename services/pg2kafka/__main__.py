@@ -1,15 +1,17 @@
-"""pg2kafka command line: ``init``, ``run``, ``status``, ``tear-down``."""
+"""pg2kafka command line: ``init``, ``run``, ``status``, ``snapshot``, ``tear-down``."""
 
 from __future__ import annotations
 
 import argparse
 import json
 import sys
+from typing import Any
 
 from services.pg2kafka import admin
 from services.pg2kafka.app import build
 from services.pg2kafka.settings import Pg2KafkaSettings
 from shared.cli import base_parser, run_command
+from shared.errors import PermanentError
 from shared.service import serve
 
 
@@ -24,7 +26,32 @@ def build_parser() -> argparse.ArgumentParser:
     st = sub.add_parser("status", help="slot lag, confirmed LSN, publication tables, Kafka")
     st.add_argument("--json", action="store_true")
     sub.add_parser("tear-down", help="drop what init created (the topic is kept)")
+    snap = sub.add_parser("snapshot", help="snapshots: progress, cancel")
+    snap_sub = snap.add_subparsers(dest="snapshot_command", required=True)
+    snap_status = snap_sub.add_parser(
+        "status", help="per table: rows done / estimated, rows/s, ETA, chunks left"
+    )
+    snap_status.add_argument("--json", action="store_true")
+    cancel = snap_sub.add_parser("cancel", help="stop the running snapshot; streaming goes on")
+    cancel.add_argument("--id", type=int, help="the snapshot to cancel (default: the running one)")
     return parser
+
+
+def print_snapshots(runs: list[dict[str, Any]]) -> None:
+    if not runs:
+        print("no snapshot recorded for this slot")
+    for run in runs:
+        print(f"snapshot #{run['id']} ({run['kind']}, {run['requested_by']}): {run['state']}"
+              f", version {run['version']}, started {run['created_at']}")  # fmt: skip
+        if run["error"]:
+            print(f"  {run['error']}")
+        for t in run["tables"]:
+            estimate = "?" if t["estimate"] is None else f"{t['estimate']:,}"
+            rate = "-" if t["rows_per_s"] is None else f"{t['rows_per_s']:,}/s"
+            eta = "-" if t["eta_s"] is None else f"{t['eta_s']}s"
+            print(f"  {t['table']:<40} {t['state']:<8} {t['rows']:>12,} / {estimate:<12}"
+                  f" {rate:>12}  ETA {eta:<8} chunks left"
+                  f" {t['chunks'] - t['chunks_done']}")  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -37,11 +64,28 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"created  {item}")
             for item in report.existing:
                 print(f"exists   {item}")
+            for item in report.later:
+                print(f"later    {item}")
             for item in report.warnings:
                 print(f"warning  {item}")
         elif args.command == "tear-down":
             for item in admin.tear_down(settings):
                 print(f"removed  {item}")
+        elif args.command == "snapshot" and args.snapshot_command == "status":
+            runs = admin.snapshot_status(settings)
+            if args.json:
+                print(json.dumps(runs, indent=2))
+            else:
+                print_snapshots(runs)
+        elif args.command == "snapshot":
+            cancelled = admin.snapshot_cancel(settings, args.id)
+            if not cancelled:
+                raise PermanentError(
+                    "no running snapshot to cancel" + (f" with id {args.id}" if args.id else ""),
+                    hint="`pg2kafka snapshot status` lists the slot's snapshots",
+                )
+            for run_id in cancelled:
+                print(f"cancelled snapshot #{run_id}")
         elif args.command == "status":
             info = admin.status(settings)
             if args.json:

@@ -52,6 +52,7 @@ class InitReport:
     created: list[str] = field(default_factory=list)
     existing: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
+    later: list[str] = field(default_factory=list)
 
 
 def install_ddl_capture(conn: psycopg.Connection[tuple[Any, ...]]) -> bool:
@@ -109,7 +110,15 @@ def init(settings: Pg2KafkaSettings, *, migrations_only: bool = False) -> InitRe
         if migrations_only:
             return report
         sync_publication(conn, settings, report)
-        ensure_slot(conn, rep.slot, settings.postgres.database, report)
+        if settings.snapshot.mode == "never" or slot_exists(conn, rep.slot):
+            ensure_slot(conn, rep.slot, settings.postgres.database, report)
+        else:
+            # The slot must be created with an exported snapshot that lives only as long
+            # as its connection: `run` creates it and reads the tables under it.
+            report.later.append(
+                f"slot {rep.slot}: created by `pg2kafka run`, which first takes the initial"
+                f" snapshot (snapshot.mode={settings.snapshot.mode})"
+            )
         if settings.subscriptions.enabled:
             init_subscriptions(conn, settings, report)
     prod = settings.producer
@@ -135,6 +144,13 @@ def init(settings: Pg2KafkaSettings, *, migrations_only: bool = False) -> InitRe
             else:
                 report.existing.append(f"topic {topic}")
     return report
+
+
+def slot_exists(conn: psycopg.Connection[tuple[Any, ...]], slot: str) -> bool:
+    row = conn.execute(
+        "SELECT 1 FROM pg_catalog.pg_replication_slots WHERE slot_name = %s", [slot]
+    ).fetchone()
+    return row is not None
 
 
 def ensure_slot(
@@ -399,6 +415,61 @@ def _drop_stream(conn: psycopg.Connection[tuple[Any, ...]], slot: str, pub: str)
     return removed
 
 
+def snapshot_status(settings: Pg2KafkaSettings, limit: int = 5) -> list[dict[str, Any]]:
+    """The slot's latest snapshots, newest first, each with its tables' progress: rows
+    done / estimated, chunks done / total, rows per second and ETA for a running one."""
+    from services.pg2kafka.snapshot import snapshot_progress
+
+    out = []
+    with _connect(settings) as conn:
+        if not _snapshots_installed(conn):
+            return []
+        runs = conn.execute(
+            "SELECT id, kind, state, version::text, requested_by, created_at, finished_at,"
+            " error FROM _walcast.snapshots WHERE slot = %s ORDER BY id DESC LIMIT %s",
+            [settings.replication.slot, limit],
+        ).fetchall()
+        for run_id, kind, state, version, by, created, finished, error in runs:
+            tables = snapshot_progress(conn, run_id)
+            for t in tables:
+                rate = t["rows"] / t["seconds"] if t["seconds"] else None
+                left = (t["estimate"] or 0) - t["rows"]
+                t["rows_per_s"] = None if rate is None else round(rate)
+                t["eta_s"] = (
+                    round(left / rate) if rate and left > 0 and t["state"] == "running" else None
+                )
+            out.append(
+                {
+                    "id": run_id, "kind": kind, "state": state, "version": version,
+                    "requested_by": by, "created_at": str(created),
+                    "finished_at": None if finished is None else str(finished),
+                    "error": error, "tables": tables,
+                }
+            )  # fmt: skip
+    return out
+
+
+def snapshot_cancel(settings: Pg2KafkaSettings, run_id: int | None = None) -> list[int]:
+    """Mark the slot's running snapshot (or run ``run_id``) cancelled: its readers stop
+    within a second and pg2kafka goes on streaming. Rows not yet read are not sent; the
+    sinks keep what they had of them (a later snapshot brings them)."""
+    with _connect(settings) as conn:
+        if not _snapshots_installed(conn):
+            return []
+        rows = conn.execute(
+            "UPDATE _walcast.snapshots SET state = 'cancelled', finished_at = now(),"
+            " error = 'cancelled by an operator' WHERE slot = %s AND state = 'running'"
+            " AND (%s::bigint IS NULL OR id = %s) RETURNING id",
+            [settings.replication.slot, run_id, run_id],
+        ).fetchall()
+    return [int(r[0]) for r in rows]
+
+
+def _snapshots_installed(conn: psycopg.Connection[tuple[Any, ...]]) -> bool:
+    row = conn.execute("SELECT to_regclass('_walcast.snapshots') IS NOT NULL").fetchone()
+    return bool(row and row[0])
+
+
 def status(settings: Pg2KafkaSettings) -> dict[str, Any]:
     rep = settings.replication
     out: dict[str, Any] = {"slot": rep.slot, "publication": rep.publication}
@@ -420,6 +491,13 @@ def status(settings: Pg2KafkaSettings) -> dict[str, Any]:
         ).fetchall()
         out["publication_tables"] = [t[0] for t in tables]
         out["ddl_capture"] = ddl_capture_installed(conn)
+        if _snapshots_installed(conn):
+            last = conn.execute(
+                "SELECT id, kind, state FROM _walcast.snapshots WHERE slot = %s"
+                " ORDER BY id DESC LIMIT 1",
+                [rep.slot],
+            ).fetchone()
+            out["snapshot"] = None if last is None else f"{last[1]} #{last[0]}: {last[2]}"
         if settings.subscriptions.enabled:
             out["subscription_events"] = subscriptions_status(conn, settings)
     try:

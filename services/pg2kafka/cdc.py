@@ -17,13 +17,15 @@ import psycopg
 from services.pg2kafka import pgoutput as pg
 from services.pg2kafka.filters import TableFilter
 from services.pg2kafka.metrics import Metrics
-from services.pg2kafka.session import ReplicationSession, SlotStream, StreamTarget
+from services.pg2kafka.postgres import LeaderLock
+from services.pg2kafka.routing import Routing, table_key
+from services.pg2kafka.session import ReplicationSession, SlotStream
 from services.pg2kafka.settings import Pg2KafkaSettings
+from services.pg2kafka.topics import StreamTarget
 from shared.contract.event import ChangeEvent, JsonEventSerializer
 from shared.interfaces import Serializer
 from shared.kafka import Outgoing
 from shared.logs import SampledLog
-from shared.naming import KAFKA_TOPIC, table_name
 
 log = logging.getLogger(__name__)
 
@@ -42,8 +44,8 @@ class CdcHandler:
         self.mode = settings.producer.partition_key
         self.serializer: Serializer[ChangeEvent] = JsonEventSerializer()
         self._encode = self.serializer.encode  # bound once: called per event
-        self._schema_keys: dict[str, bytes] = {}
-        self._topics: dict[tuple[str, str], str] = {}  # (schema, table) -> topic
+        self._session: ReplicationSession | None = None
+        self.routing = Routing(settings, target, self._ensure_topic)
         self._keyless_warned: set[str] = set()
         self._limits: dict[str, int] = {}  # topic -> largest key + value it takes
         self._oversized_log = SampledLog(log, "oversized changes")
@@ -97,30 +99,16 @@ class CdcHandler:
     def close(self) -> None:
         pass
 
+    def _ensure_topic(self, topic: str) -> int:
+        assert self._session is not None
+        return self._session.ensure_topic(topic)
+
     def key_for(self, ev: ChangeEvent) -> bytes:
-        if self.mode == "schema":
-            schema = ev["schema"]
-            key = self._schema_keys.get(schema)
-            if key is None:
-                key = self._schema_keys[schema] = schema.encode()
-            return key
-        if self.mode == "table" or not ev.get("key"):
-            return f"{ev['schema']}.{ev['table']}".encode()
-        return orjson.dumps({"t": f"{ev['schema']}.{ev['table']}", "k": ev["key"]})
+        return self.routing.key(ev)
 
     def topic_for(self, session: ReplicationSession, ev: ChangeEvent) -> str:
-        template = self.target.topic_template
-        if template is None:
-            return self.target.topic
-        where = (ev["schema"], ev["table"])
-        topic = self._topics.get(where)
-        if topic is None:
-            # Table names may hold what Kafka refuses ("Order Items"): sanitised and made
-            # collision-free (shared.naming).
-            topic = table_name(template, KAFKA_TOPIC, ev["db"], ev["schema"], ev["table"])
-            session.ensure_topic(topic)
-            self._topics[where] = topic
-        return topic
+        self._session = session
+        return self.routing.topic(ev["db"], ev["schema"], ev["table"])
 
     def send(self, session: ReplicationSession, ev: ChangeEvent) -> None:
         value = self._encode(ev)
@@ -165,7 +153,7 @@ class CdcHandler:
             self.send(session, ev)
             return
         value = self.serializer.encode(ev)
-        key = f"{ev['schema']}.{ev['table']}".encode()
+        key = table_key(ev["schema"], ev["table"])
         topic = self.topic_for(session, ev)
         partitions = session.refresh_partitions(topic)  # rare events: ask again
         for partition in range(partitions):
@@ -186,8 +174,33 @@ class CdcStream(SlotStream):
         super().__init__(settings, metrics, stop, target or StreamTarget.cdc(settings))
 
     def run_once(self) -> None:
-        """One session, until stopped or a failure (raised)."""
-        session = self.session()
-        handler = CdcHandler(self.settings, self.target)
-        handler.check_keyless(session)
-        session.run(handler)
+        """As leader: the initial snapshot when one is owed (``snapshot.mode``), then one
+        session, until stopped or a failure (raised)."""
+        from services.pg2kafka.snapshot import drop_slot, initial_snapshot
+
+        s = self.settings
+        leader = LeaderLock(s.postgres.conninfo(), self.target.slot)
+        try:
+            if not leader.acquire(self.stop, s.replication.standby_poll_s, self.live.tick):
+                return
+            if s.snapshot.mode != "never":
+                outcome = initial_snapshot(s, self.metrics, self.stop, self.live.tick)
+                self.live.progressed = outcome in ("done", "cancelled")
+                if outcome == "stopped":
+                    return
+                if s.snapshot.mode == "initial_only":
+                    if outcome != "none":
+                        drop_slot(s)
+                    else:
+                        log.warning(
+                            "initial_only: slot %s exists and owes no snapshot; nothing done",
+                            self.target.slot,
+                        )
+                    self.stop.set()
+                    return
+            session = self.session(leader)
+            handler = CdcHandler(self.settings, self.target)
+            handler.check_keyless(session)
+            session.run(handler)
+        finally:
+            leader.release()

@@ -21,7 +21,7 @@ import orjson
 from services.pg2kafka import pgoutput as pg
 from services.pg2kafka.ddl_secrets import scrub_statement
 from services.pg2kafka.types import TypeRegistry, text_converter
-from shared.contract.event import EVENT_VERSION
+from shared.contract.event import EVENT_VERSION, SnapshotInfo
 from shared.contract.event import ChangeEvent as Event
 from shared.errors import PermanentError
 from shared.logs import SampledLog
@@ -289,6 +289,30 @@ class EventBuilder:
         if toast:
             ev["unchanged_toast"] = toast
         ev["types"] = self._types(rel)
+        return ev
+
+    def read(
+        self,
+        rel: pg.Relation,
+        values: tuple[pg.Value, ...],
+        version: int,
+        seq: int,
+        read_at: str,
+        snapshot: SnapshotInfo,
+    ) -> Event:
+        """A snapshot row (``op: read``) from the row's text values as Postgres writes
+        them (the same text pgoutput sends, so the same conversion): ``version`` is its
+        ``lsn`` and ``commit_lsn``, ``seq`` its number in the chunk (see
+        docs/snapshots.md for why a row carries the version it does)."""
+        new, _ = self._row(rel, values)
+        ev: Event = {"v": EVENT_VERSION, "op": "read", "db": self.database, "schema": rel.schema,
+                     "table": rel.table, "lsn": version, "seq": seq, "commit_lsn": version,
+                     "xid": 0, "commit_ts": read_at}  # fmt: skip
+        ev["key"] = self._key(rel, new) if self._rel_info(rel).key_names else {}
+        ev["new"] = new
+        ev["old"] = None
+        ev["types"] = self._types(rel)
+        ev["snapshot"] = snapshot
         return ev
 
     def ddl(self, msg: pg.Message, lsn: int) -> list[Event]:

@@ -94,6 +94,29 @@ class Metrics:
             "times reading paused because the memory guard was full",
             registry=registry,
         )
+        self.snapshot_rows = Gauge(
+            f"{prefix}_snapshot_rows",
+            "rows of the running snapshot read and acknowledged, per table",
+            ["table"],
+            registry=registry,
+        )
+        self.snapshot_rows_estimate = Gauge(
+            f"{prefix}_snapshot_rows_estimate",
+            "rows the running snapshot expects per table (the planner's estimate)",
+            ["table"],
+            registry=registry,
+        )
+        self.snapshot_chunks_left = Gauge(
+            f"{prefix}_snapshot_chunks_left",
+            "chunks of the running snapshot not yet read and acknowledged, per table",
+            ["table"],
+            registry=registry,
+        )
+        self.snapshot_rate = Gauge(
+            f"{prefix}_snapshot_rows_per_second",
+            "rows per second the running snapshot reads (since it started or resumed)",
+            registry=registry,
+        )
         self.batch = Histogram(
             f"{prefix}_batch_messages",
             "replication messages handled per loop batch",

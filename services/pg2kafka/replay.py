@@ -37,8 +37,8 @@ from services.pg2kafka.event_records import (
 from services.pg2kafka.metrics import Metrics
 from services.pg2kafka.postgres import LeaderLock
 from services.pg2kafka.replication import created_slot_snapshot
-from services.pg2kafka.session import RECORD_OVERHEAD, StreamTarget
 from services.pg2kafka.settings import Pg2KafkaSettings
+from services.pg2kafka.topics import RECORD_OVERHEAD, StreamTarget
 from shared.errors import RetriableError
 from shared.kafka import KafkaSink, topic_max_message_bytes
 

@@ -233,6 +233,17 @@ def created_slot_snapshot(conninfo: str, slot: str) -> Iterator[tuple[str, str]]
         yield consistent_point, snapshot
 
 
+def identify_system(conninfo: str) -> tuple[str, int]:
+    """The server's system identifier and timeline (``IDENTIFY_SYSTEM``): which source a
+    snapshot's rows came from. A restored or promoted server answers differently."""
+    with psycopg.connect(conninfo, replication="database", autocommit=True) as conn:
+        result = conn.pgconn.exec_(b"IDENTIFY_SYSTEM")
+        if result.status != pq.ExecStatus.TUPLES_OK:
+            message = (result.error_message or b"").decode(errors="replace").strip()
+            raise RetriableError(f"IDENTIFY_SYSTEM failed: {message}")
+        return (result.get_value(0, 0) or b"").decode(), int(result.get_value(0, 1) or b"0")
+
+
 class SlotInvalidatedError(PermanentError):
     """The slot was invalidated (``max_slot_wal_keep_size``): the WAL after its position is
     gone. Permanent for the CDC stream; the subscription stream recovers from its table."""
@@ -292,4 +303,5 @@ __all__ = [
     "SlotInvalidatedError",
     "created_slot_snapshot",
     "format_lsn",
+    "identify_system",
 ]

@@ -38,40 +38,15 @@ from services.pg2kafka.metrics import Metrics
 from services.pg2kafka.postgres import Catalog, Heartbeat, LeaderLock, wait_for_slot
 from services.pg2kafka.replication import PostgresReplicationSource
 from services.pg2kafka.settings import Pg2KafkaSettings
+from services.pg2kafka.topics import StreamTarget, Topics, producer_config
 from services.pg2kafka.types import TypeRegistry
-from shared.kafka import KafkaSink, Outgoing, ensure_topic, topic_max_message_bytes
+from shared.kafka import KafkaSink, Outgoing
 from shared.logs import SampledLog
 from shared.retry import call_with_retry
 
 log = logging.getLogger(__name__)
 
 BATCH_MAX = 2000  # replication messages handled between two housekeeping rounds
-# Below a topic's max.message.bytes: the record's framing and headers.
-RECORD_OVERHEAD = 1024
-
-
-@dataclass(frozen=True)
-class StreamTarget:
-    """Which slot a session streams and where its messages go."""
-
-    slot: str
-    publication: str
-    topic: str
-    topic_template: str | None = None
-
-    @classmethod
-    def cdc(cls, settings: Pg2KafkaSettings) -> StreamTarget:
-        return cls(
-            settings.replication.slot,
-            settings.replication.publication,
-            settings.producer.topic,
-            settings.producer.topic_template,
-        )
-
-    @classmethod
-    def subscription_events(cls, settings: Pg2KafkaSettings) -> StreamTarget:
-        sub = settings.subscriptions
-        return cls(sub.slot, sub.publication, sub.topic)
 
 
 @dataclass
@@ -141,15 +116,7 @@ class ReplicationSession:
             invalid_text=s.replication.invalid_text,
         )
         self.sink = KafkaSink(
-            {
-                **s.kafka.client_config(),
-                "linger.ms": s.producer.linger_ms,
-                "batch.size": s.producer.batch_bytes,
-                "batch.num.messages": s.producer.batch_messages,
-                "compression.type": s.producer.compression,
-                "message.timeout.ms": s.producer.delivery_timeout_ms,
-                "message.max.bytes": s.producer.max_message_bytes,
-            },
+            producer_config(s),
             max_inflight_bytes=s.producer.max_inflight_bytes,
             while_waiting=self.while_waiting,
         )
@@ -169,8 +136,7 @@ class ReplicationSession:
             primary_key=self.catalog.primary_key,
             scrub_secrets=s.ddl.scrub_secrets,
         )
-        self.partitions: dict[str, int] = {}  # topic -> partition count, learnt once
-        self.max_value_bytes: dict[str, int] = {}  # topic -> largest value it takes
+        self.topics = Topics(s, self.sink)
         self.seq = 0  # the open transaction's tracker sequence
         self.commit_times: deque[tuple[int, float]] = deque()
         self._undecodable_log = SampledLog(log, "undecodable text reports")
@@ -260,47 +226,16 @@ class ReplicationSession:
         self.bytes_out += nbytes
 
     def ensure_topic(self, topic: str) -> int:
-        """The topic's partition count; creates the topic first when configured to (its
-        ``max.message.bytes`` set to the producer's limit, so a large row is not refused
-        by a broker default of ~1 MB), and learns the largest record it takes."""
-        count = self.partitions.get(topic)
-        if count is None:
-            prod = self.settings.producer
-            config = self.settings.kafka.client_config()
-            if prod.create_topic:
-                ensure_topic(
-                    config,
-                    topic,
-                    prod.topic_partitions,
-                    prod.topic_replication_factor,
-                    {"max.message.bytes": str(prod.max_message_bytes)},
-                )
-            count = self.partitions[topic] = self.sink.partitions(topic)
-            topic_limit = topic_max_message_bytes(config, topic)
-            limit = min(prod.max_message_bytes, topic_limit or prod.max_message_bytes)
-            # Room for the key, headers and the record's framing.
-            self.max_value_bytes[topic] = limit - RECORD_OVERHEAD
-            if topic_limit is not None and topic_limit < prod.max_message_bytes:
-                log.info(
-                    "topic %s takes records up to %d bytes (its max.message.bytes); larger"
-                    " changes are sent as references",
-                    topic,
-                    topic_limit,
-                )
-        return count
+        """The topic's partition count (see :class:`Topics`)."""
+        return self.topics.ensure(topic)
 
     def value_limit(self, topic: str) -> int:
-        """The largest event value ``topic`` takes (known once :meth:`ensure_topic` ran)."""
-        limit = self.max_value_bytes.get(topic)
-        if limit is None:
-            self.ensure_topic(topic)
-            limit = self.max_value_bytes[topic]
-        return limit
+        """The largest event value ``topic`` takes."""
+        return self.topics.value_limit(topic)
 
     def refresh_partitions(self, topic: str) -> int:
         """Ask Kafka again (partitions may have been added since start)."""
-        count = self.partitions[topic] = self.sink.partitions(topic)
-        return count
+        return self.topics.refresh(topic)
 
     def while_waiting(self) -> None:
         """Runs while a write waits for Kafka (memory guard full, or librdkafka's queue):

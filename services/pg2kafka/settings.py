@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import string
 from typing import Literal
@@ -157,6 +158,34 @@ class DdlSettings(Section):
     scrub_secrets: bool = True
 
 
+def _default_workers() -> int:
+    return max(1, min(4, os.cpu_count() or 1))
+
+
+class SnapshotSettings(Section):
+    """Snapshots: the rows tables already hold, as ``op: read`` events (docs/snapshots.md).
+
+    ``mode``: ``initial`` (default): when pg2kafka finds no slot it creates one with an
+    exported snapshot and, before streaming, brings every published table's rows across
+    (resumed after a restart, at the next unfinished chunk); a slot that had to be
+    created again (dropped, torn down) is snapshotted again. ``initial_only``: the same,
+    then the slot is dropped and the service stops (a one-off copy). ``never``: ``init``
+    creates the slot and only changes made after it are streamed.
+    """
+
+    mode: Literal["initial", "never", "initial_only"] = "initial"
+    # Readers working at once, across tables and within one (default: the cores, at most 4).
+    workers: int = Field(default_factory=_default_workers, ge=1, le=64)
+    # Heap pages per chunk (8 kB each): the unit of progress, of resumption and of work
+    # shared between readers. 4096 pages = 32 MB of table.
+    chunk_pages: int = Field(default=4096, ge=1)
+    # Upper bound on rows read per second, all readers together (unset: as fast as Kafka
+    # acknowledges, within the memory guard).
+    max_rows_per_s: float | None = Field(default=None, gt=0)
+    # How often the run log and the metrics show progress.
+    progress_interval_s: float = Field(default=10.0, gt=0)
+
+
 class SubscriptionSettings(Section):
     """The subscription events stream: _walcast.events rows of ``stream_id`` to ``topic``.
 
@@ -198,5 +227,6 @@ class Pg2KafkaSettings(ServiceSettings):
     filters: FilterSettings = FilterSettings()
     producer: ProducerSettings = ProducerSettings()
     ddl: DdlSettings = DdlSettings()
+    snapshot: SnapshotSettings = SnapshotSettings()
     subscriptions: SubscriptionSettings = SubscriptionSettings()
     http: HttpSettings = HttpSettings(port=9187)

@@ -56,8 +56,9 @@ from services.pg2kafka.event_records import (
 from services.pg2kafka.metrics import Metrics
 from services.pg2kafka.postgres import LeaderLock
 from services.pg2kafka.replication import SlotInvalidatedError
-from services.pg2kafka.session import ReplicationSession, SlotStream, StreamTarget
+from services.pg2kafka.session import ReplicationSession, SlotStream
 from services.pg2kafka.settings import Pg2KafkaSettings
+from services.pg2kafka.topics import StreamTarget
 from shared.errors import RetriableError
 
 log = logging.getLogger(__name__)

@@ -9,8 +9,9 @@ from prometheus_client import CollectorRegistry
 
 from services.pg2kafka import pgoutput as pg
 from services.pg2kafka.metrics import Metrics
-from services.pg2kafka.session import Liveness, ReplicationSession, StreamTarget
+from services.pg2kafka.session import Liveness, ReplicationSession
 from services.pg2kafka.settings import Pg2KafkaSettings
+from services.pg2kafka.topics import StreamTarget
 from shared.settings import load_settings
 
 REL = pg.Relation(16384, "app", "users", "d", (pg.Column("id", 23, -1, True),))
