@@ -19,6 +19,7 @@ REPO = Path(__file__).resolve().parents[1]
 # read every test's tables. Tests stream what they write; the snapshot tests ask for
 # snapshots explicitly (settings or env win over this default). Subprocesses inherit it.
 os.environ.setdefault("PG2KAFKA_SNAPSHOT__MODE", "never")
+os.environ.setdefault("PG2KAFKA_SNAPSHOT__AUTOMATIC", "false")
 
 
 def _env_file() -> Path:

@@ -2,13 +2,14 @@
 
 Run by ``deploy/local/walcast demo`` after the local stack is up. It
 
-1. writes a small shop workload (customers, orders; inserts, updates, deletes) into the
-   stack's Postgres, showing progress;
-2. runs each walcast service over it: pg2kafka streams the demo tables into
-   ``walcast.demo.cdc`` and, through a subscription on orders turning paid, notification
-   events into ``walcast.demo.events``, until both slots have confirmed everything
-   written; kafka2search then indexes ``walcast.demo.cdc`` into OpenSearch until its
-   consumer group has no lag; kafka2spark mirrors it into Delta tables under
+1. fills a small shop (customers, orders) in the stack's Postgres *before* walcast is
+   installed, showing progress;
+2. runs each walcast service over it: pg2kafka first brings the existing rows into
+   ``walcast.demo.cdc`` (the initial snapshot, with its progress), then streams the
+   shop's changes (orders paid, orders deleted) and, through a subscription on orders
+   turning paid, notification events into ``walcast.demo.events``, until both slots have
+   confirmed everything written; kafka2search then indexes ``walcast.demo.cdc`` into
+   OpenSearch until its consumer group has no lag; kafka2spark mirrors it into Delta tables under
    ``.stack/delta`` (one pass, ``available_now``);
 3. prints where the results are: Postgres tables and WAL position, Kafka topics and their
    end offsets, search index document counts, Delta table versions.
@@ -73,8 +74,8 @@ def create_tables(dsn: str) -> None:
         )
 
 
-def workload(dsn: str, rows: int) -> None:
-    print(f"1. workload: {rows} customers and {rows * 2} orders into schema demo")
+def seed(dsn: str, rows: int) -> None:
+    print(f"1. a shop with data before walcast: {rows} customers and {rows * 2} orders")
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute("TRUNCATE demo.orders, demo.customers")
         started = time.monotonic()
@@ -95,10 +96,15 @@ def workload(dsn: str, rows: int) -> None:
                     ],
                 )
             progress("inserts", hi, rows, started)
-        with conn.transaction():
-            conn.execute("UPDATE demo.orders SET status = 'paid' WHERE id % 3 = 0")
-            conn.execute("DELETE FROM demo.orders WHERE id % 10 = 9")
-        print("  updates: every 3rd order paid; deletes: every 10th order removed")
+        conn.execute("ANALYZE demo.customers, demo.orders")  # the snapshot's estimate
+
+
+def changes(dsn: str) -> None:
+    """The shop goes on while pg2kafka streams: its changes follow the snapshot."""
+    with psycopg.connect(dsn, autocommit=True) as conn, conn.transaction():
+        conn.execute("UPDATE demo.orders SET status = 'paid' WHERE id % 3 = 0")
+        conn.execute("DELETE FROM demo.orders WHERE id % 10 = 9")
+    print("  changes:      every 3rd order paid, every 10th order removed")
 
 
 DEMO_SLOT = "walcast_demo"
@@ -123,6 +129,7 @@ def demo_env() -> dict[str, str]:
         "PG2KAFKA_SUBSCRIPTIONS__TOPIC": "walcast.demo.events",
         "PG2KAFKA_SUBSCRIPTIONS__KEY_FIELD": "group_id",
         "PG2KAFKA_FILTERS__INCLUDE": '["demo.*"]',
+        "PG2KAFKA_SNAPSHOT__MODE": "initial",
     }
 
 
@@ -151,20 +158,17 @@ ORDER_PAID = {
 }
 
 
-def pg2kafka_init(env_file: Path, dsn: str) -> None:
-    """Create the demo slots before the workload, so they capture all of it, and one
+def pg2kafka_init(env_file: Path, dsn: str, rows: int) -> None:
+    """The shop's tables filled first, then walcast installed (``init``: the events slot
+    and publication; the CDC slot is created by ``run`` with the initial snapshot), and one
     subscription: orders turning paid become events on walcast.demo.events. Each demo
-    starts from a fresh slot and publication (``tear-down`` then ``init``): its workload
-    replaces the tables' contents anyway, and a slot left by an older run may have been
-    invalidated or made for other filters."""
-    for command in ("tear-down", "init"):
-        subprocess.run(
-            [sys.executable, "-m", "services.pg2kafka", "--env-file", str(env_file), command],
-            env=demo_env(),
-            check=True,
-            stdout=subprocess.DEVNULL,
-        )
+    starts from a fresh slot and publication (``tear-down`` then ``init``): a slot left by
+    an older run may have been invalidated or made for other filters."""
+    command = [sys.executable, "-m", "services.pg2kafka", "--env-file", str(env_file)]
+    subprocess.run([*command, "tear-down"], env=demo_env(), check=True, stdout=subprocess.DEVNULL)
     create_tables(dsn)
+    seed(dsn, rows)
+    subprocess.run([*command, "init"], env=demo_env(), check=True, stdout=subprocess.DEVNULL)
     sub = ORDER_PAID
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute(
@@ -189,9 +193,11 @@ def run_until_caught_up(
     label: str,
     measure: Callable[[], tuple[int, int]],
     timeout_s: float,
+    first: Callable[[subprocess.Popen[bytes]], None] | None = None,
 ) -> Path:
-    """Run ``service`` until ``measure()`` -> (done, total) reports all done, showing
-    progress; then stop it (SIGTERM). Returns its log file."""
+    """Run ``service`` (``first(process)`` once it started) until ``measure()`` ->
+    (done, total) reports all done, showing progress; then stop it (SIGTERM). Returns
+    its log file."""
     log_path = STATE / f"demo-{service}.log"
     with log_path.open("w") as log:
         proc = subprocess.Popen(
@@ -201,6 +207,8 @@ def run_until_caught_up(
             stderr=subprocess.STDOUT,
         )
     try:
+        if first is not None:
+            first(proc)
         started = time.monotonic()
         while True:
             done, total = measure()
@@ -218,27 +226,69 @@ def run_until_caught_up(
 
 
 def run_pg2kafka(env: dict[str, str], env_file: Path, timeout_s: float = 300) -> None:
-    """Stream the demo slot until it has confirmed everything written, then stop."""
+    """Start pg2kafka: its initial snapshot of the existing rows (progress from
+    ``_walcast.snapshot_tables``, what ``pg2kafka snapshot status`` shows), then the shop's
+    changes, streamed until both slots confirmed everything written; then stop."""
     slots_confirmed = (
-        "SELECT min(confirmed_flush_lsn - '0/0'::pg_lsn) FROM pg_replication_slots"
+        "SELECT min(confirmed_flush_lsn - '0/0'::pg_lsn), count(*) FROM pg_replication_slots"
         " WHERE slot_name IN (%s, %s)"
     )
-    with psycopg.connect(env["WALCAST_PG_DSN"], autocommit=True) as conn:
-        target_row = conn.execute("SELECT pg_current_wal_lsn() - '0/0'::pg_lsn").fetchone()
-        start_row = conn.execute(slots_confirmed, [DEMO_SLOT, DEMO_EVENTS_SLOT]).fetchone()
-        assert target_row is not None
-        assert start_row is not None
-        target, start = int(target_row[0]), int(start_row[0])
+    dsn = env["WALCAST_PG_DSN"]
+    target = start = 0
+
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        row = conn.execute("SELECT coalesce(max(id), 0) FROM _walcast.snapshots").fetchone()
+        earlier = int(row[0]) if row else 0  # runs of earlier demos
+
+    def snapshot_then_changes(proc: subprocess.Popen[bytes]) -> None:
+        nonlocal target, start
+        started = time.monotonic()
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            while True:
+                row = conn.execute(
+                    "SELECT s.state, coalesce(sum(t.rows_done), 0),"
+                    " coalesce(sum(greatest(t.rows_estimate, t.rows_done)), 0)"
+                    " FROM _walcast.snapshots s LEFT JOIN _walcast.snapshot_tables t"
+                    " ON t.snapshot_id = s.id WHERE s.slot = %s AND s.id > %s"
+                    " GROUP BY s.id, s.state ORDER BY s.id DESC LIMIT 1",
+                    [DEMO_SLOT, earlier],
+                ).fetchone()
+                if row is not None:
+                    state, done, total = str(row[0]), int(row[1]), int(row[2])
+                    progress("snapshot (rows)", min(done, total), max(total, 1), started)
+                    if state == "done":
+                        if done < total:
+                            progress("snapshot (rows)", total, total, started)
+                        break
+                    if state in ("failed", "cancelled"):
+                        raise SystemExit(f"pg2kafka's initial snapshot {state}")
+                if proc.poll() is not None:
+                    raise SystemExit(f"pg2kafka exited with {proc.returncode}")
+                if time.monotonic() - started > timeout_s:
+                    raise SystemExit(f"no initial snapshot within {timeout_s}s")
+                time.sleep(0.5)
+            changes(dsn)
+            target_row = conn.execute("SELECT pg_current_wal_lsn() - '0/0'::pg_lsn").fetchone()
+            start_row = conn.execute(slots_confirmed, [DEMO_SLOT, DEMO_EVENTS_SLOT]).fetchone()
+            assert target_row is not None
+            assert start_row is not None
+            target, start = int(target_row[0]), int(start_row[0])
+
+    with psycopg.connect(dsn, autocommit=True) as conn:
 
         def measure() -> tuple[int, int]:
             row = conn.execute(slots_confirmed, [DEMO_SLOT, DEMO_EVENTS_SLOT]).fetchone()
-            confirmed = int(row[0]) if row else start
+            confirmed = int(row[0]) if row and row[0] is not None and row[1] == 2 else start
             return max(confirmed - start, 0), max(target - start, 0)
 
         log_path = run_until_caught_up(
-            "pg2kafka", demo_env(), env_file, "pg2kafka (WAL bytes)", measure, timeout_s
-        )
-    print(f"  pg2kafka      CDC and subscription slots confirmed; log: {log_path}")
+            "pg2kafka", demo_env(), env_file, "pg2kafka (WAL bytes)", measure, timeout_s,
+            first=snapshot_then_changes,
+        )  # fmt: skip
+    print(
+        "  pg2kafka      initial snapshot, then CDC and subscription slots confirmed;"
+        f" log: {log_path}"
+    )
 
 
 def search_status(env_file: Path) -> dict[str, Any]:
@@ -408,8 +458,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--rows must be at least 1")
     env = read_env()
     env_file = STATE / "walcast.env"
-    pg2kafka_init(env_file, env["WALCAST_PG_DSN"])
-    workload(env["WALCAST_PG_DSN"], args.rows)
+    pg2kafka_init(env_file, env["WALCAST_PG_DSN"], args.rows)
     run_services(env, env_file)
     summary(env)
     return 0

@@ -26,8 +26,16 @@ def build_parser() -> argparse.ArgumentParser:
     st = sub.add_parser("status", help="slot lag, confirmed LSN, publication tables, Kafka")
     st.add_argument("--json", action="store_true")
     sub.add_parser("tear-down", help="drop what init created (the topic is kept)")
-    snap = sub.add_parser("snapshot", help="snapshots: progress, cancel")
-    snap_sub = snap.add_subparsers(dest="snapshot_command", required=True)
+    snap = sub.add_parser(
+        "snapshot", help="snapshot tables on the running pipeline (--table); progress; cancel"
+    )
+    snap.add_argument(
+        "--table",
+        action="append",
+        metavar="SCHEMA.TABLE",
+        help="snapshot this table incrementally (repeat for several)",
+    )
+    snap_sub = snap.add_subparsers(dest="snapshot_command")
     snap_status = snap_sub.add_parser(
         "status", help="per table: rows done / estimated, rows/s, ETA, chunks left"
     )
@@ -77,6 +85,14 @@ def main(argv: list[str] | None = None) -> int:
                 print(json.dumps(runs, indent=2))
             else:
                 print_snapshots(runs)
+        elif args.command == "snapshot" and args.snapshot_command is None:
+            if not args.table:
+                raise PermanentError(
+                    "nothing to do", hint="pg2kafka snapshot --table SCHEMA.TABLE | status | cancel"
+                )
+            for name, request in zip(args.table, admin.snapshot_request(settings, args.table),
+                                     strict=True):  # fmt: skip
+                print(f"requested snapshot of {name} (request #{request})")
         elif args.command == "snapshot":
             cancelled = admin.snapshot_cancel(settings, args.id)
             if not cancelled:

@@ -284,6 +284,7 @@ def sync_publication(
                 )
             )
         skipped: list[str] = []
+        streamed = slot_exists(conn, settings.replication.slot)
         for oid, schema, table in matching:
             try:
                 outcome = conn.execute(
@@ -296,6 +297,14 @@ def sync_publication(
                     " a member of the table's owner, or leave the table out with"
                     " filters.include / filters.exclude",
                 ) from exc
+            if outcome is not None and outcome[0].endswith("added") and streamed:
+                # The filters grew: the table's rows were never streamed.
+                conn.execute(
+                    "INSERT INTO _walcast.snapshot_requests (publication, schema_name,"
+                    " table_name, reason) VALUES (%s, %s, %s, 'joined the publication (init)')",
+                    [pub, schema, table],
+                )
+                report.created.append(f"snapshot request for {schema}.{table}")
             if outcome is not None and outcome[0] == "skipped":
                 skipped.append(f"{schema}.{table}")
             elif outcome is not None and outcome[0].startswith("full_identity"):
@@ -447,6 +456,37 @@ def snapshot_status(settings: Pg2KafkaSettings, limit: int = 5) -> list[dict[str
                 }
             )  # fmt: skip
     return out
+
+
+def snapshot_request(settings: Pg2KafkaSettings, tables: list[str]) -> list[int]:
+    """Ask for incremental snapshots of ``tables`` (``schema.table``; ``table`` means
+    ``public.table``): rows in the signal table ``_walcast.snapshot_requests``, taken by
+    the running pg2kafka within seconds. Each table must be in the publication."""
+    pub = settings.replication.publication
+    ids = []
+    with _connect(settings) as conn:
+        for name in tables:
+            schema, _, table = name.rpartition(".")
+            schema = schema or "public"
+            listed = conn.execute(
+                "SELECT 1 FROM pg_catalog.pg_publication_tables WHERE pubname = %s"
+                " AND schemaname = %s AND tablename = %s",
+                [pub, schema, table],
+            ).fetchone()
+            if listed is None:
+                raise PermanentError(
+                    f"{schema}.{table} is not in publication {pub}",
+                    hint="check the name; a table must match filters.include and have a primary"
+                    " key or replica identity (then run `pg2kafka init`)",
+                )
+            row = conn.execute(
+                "INSERT INTO _walcast.snapshot_requests (publication, schema_name, table_name,"
+                " reason) VALUES (%s, %s, %s, 'requested') RETURNING id",
+                [pub, schema, table],
+            ).fetchone()
+            assert row is not None
+            ids.append(int(row[0]))
+    return ids
 
 
 def snapshot_cancel(settings: Pg2KafkaSettings, run_id: int | None = None) -> list[int]:

@@ -16,6 +16,7 @@ import psycopg
 
 from services.pg2kafka import pgoutput as pg
 from services.pg2kafka.filters import TableFilter
+from services.pg2kafka.incremental import WATERMARK, Incremental
 from services.pg2kafka.metrics import Metrics
 from services.pg2kafka.postgres import LeaderLock
 from services.pg2kafka.routing import Routing, table_key
@@ -37,8 +38,14 @@ class CdcHandler:
     """Change events of the tables the filter lets through. One per session: it caches
     keys and topics the session's Kafka sink was told about."""
 
-    def __init__(self, settings: Pg2KafkaSettings, target: StreamTarget) -> None:
+    def __init__(
+        self,
+        settings: Pg2KafkaSettings,
+        target: StreamTarget,
+        incremental: Incremental | None = None,
+    ) -> None:
         self.settings = settings
+        self.incremental = incremental
         self.target = target
         self.filter = TableFilter(settings.filters.include, settings.filters.exclude)
         self.mode = settings.producer.partition_key
@@ -52,14 +59,22 @@ class CdcHandler:
 
     def handle(self, session: ReplicationSession, lsn: int, msg: pg.Decoded) -> None:
         b = session.builder
+        inc = self.incremental
         if isinstance(msg, (pg.Insert, pg.Update, pg.Delete)):
             for ev in b.change(msg, lsn):
                 if self.filter.matches(ev["schema"], ev["table"]):
                     self.send(session, ev)
+                    if inc is not None and inc.window_tables:
+                        inc.changed(ev)
         elif isinstance(msg, pg.Truncate):
             for ev in b.truncate(msg, lsn):
                 if self.filter.matches(ev["schema"], ev["table"]):
                     self.send_table_wide(session, ev)
+                    if inc is not None:
+                        inc.floor(ev["schema"], ev["table"], lsn)
+        elif isinstance(msg, pg.Message) and msg.prefix == WATERMARK:
+            if inc is not None and msg.transactional and b.txn is not None:
+                inc.watermark(session, self, lsn, msg)
         elif isinstance(msg, pg.Message) and msg.prefix == DDL_PREFIX:
             if not msg.transactional or b.txn is None:
                 log.warning("ignoring a non-transactional DDL message at %s", pg.format_lsn(lsn))
@@ -67,6 +82,9 @@ class CdcHandler:
             for ev in b.ddl(msg, lsn):
                 if self.filter.matches(ev["schema"], ev["table"]):
                     self.send_table_wide(session, ev)
+                    created = str(ev.get("ddl", {}).get("tag", "")).upper() == "CREATE TABLE"
+                    if inc is not None and created:
+                        inc.floor(ev["schema"], ev["table"], lsn)
             self.check_keyless(session)  # a table may have gained or lost its identity
         # Commits, heartbeats, other logical messages and Origin only move the position.
 
@@ -91,13 +109,16 @@ class CdcHandler:
         self._keyless_warned = set(tables)
 
     def housekeeping(self, session: ReplicationSession) -> bool:
+        if self.incremental is not None:
+            self.incremental.housekeeping(session, self)
         return False
 
     def while_waiting(self, session: ReplicationSession) -> None:
         pass
 
     def close(self) -> None:
-        pass
+        if self.incremental is not None:
+            self.incremental.session_ended()
 
     def _ensure_topic(self, topic: str) -> int:
         assert self._session is not None
@@ -172,6 +193,7 @@ class CdcStream(SlotStream):
         target: StreamTarget | None = None,
     ) -> None:
         super().__init__(settings, metrics, stop, target or StreamTarget.cdc(settings))
+        self.incremental = Incremental(settings, stop)
 
     def run_once(self) -> None:
         """As leader: the initial snapshot when one is owed (``snapshot.mode``), then one
@@ -199,8 +221,9 @@ class CdcStream(SlotStream):
                     self.stop.set()
                     return
             session = self.session(leader)
-            handler = CdcHandler(self.settings, self.target)
+            handler = CdcHandler(self.settings, self.target, self.incremental)
             handler.check_keyless(session)
             session.run(handler)
         finally:
+            self.incremental.close()
             leader.release()

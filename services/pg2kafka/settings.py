@@ -179,6 +179,13 @@ class SnapshotSettings(Section):
     # Heap pages per chunk (8 kB each): the unit of progress, of resumption and of work
     # shared between readers. 4096 pages = 32 MB of table.
     chunk_pages: int = Field(default=4096, ge=1)
+    # Rows per chunk of an incremental snapshot (a key range): held in memory between the
+    # chunk's watermarks, so it bounds what one reader holds.
+    chunk_rows: int = Field(default=10_000, ge=1, le=1_000_000)
+    # Snapshot a table by itself when it joins the publication with rows already in it
+    # (it gained a primary key or replica identity, was created from a query, or the
+    # filters grew): requests the DDL trigger and init write are taken, else declined.
+    automatic: bool = True
     # Upper bound on rows read per second, all readers together (unset: as fast as Kafka
     # acknowledges, within the memory guard).
     max_rows_per_s: float | None = Field(default=None, gt=0)

@@ -390,6 +390,59 @@ class SnapshotStore:
             [job.id, schema, table],
         )
 
+    def requeue(self, chunk: Chunk) -> None:
+        """A chunk to be read again (its rows were not sent, or not acknowledged)."""
+        self.conn.execute(
+            "UPDATE _walcast.snapshot_chunks SET state = 'pending' WHERE snapshot_id = %s"
+            " AND schema_name = %s AND table_name = %s AND chunk = %s AND state = 'running'",
+            [chunk.snapshot_id, chunk.schema, chunk.table, chunk.chunk],
+        )
+
+    def running_incremental(self, slot: str) -> list[Job]:
+        rows = self.conn.execute(
+            "SELECT id, version - '0/0'::pg_lsn FROM _walcast.snapshots WHERE slot = %s"
+            " AND kind = 'incremental' AND state = 'running' ORDER BY id",
+            [slot],
+        ).fetchall()
+        return [Job(int(r[0]), slot, "incremental", int(r[1]), "running") for r in rows]
+
+    def table_counts(self, job_id: int, schema: str, table: str) -> tuple[int, int]:
+        """(chunks not recorded done, rows recorded) of one table of a run."""
+        row = self.conn.execute(
+            "SELECT chunks_total - chunks_done, rows_done FROM _walcast.snapshot_tables"
+            " WHERE snapshot_id = %s AND schema_name = %s AND table_name = %s",
+            [job_id, schema, table],
+        ).fetchone()
+        return (int(row[0]), int(row[1])) if row else (0, 0)
+
+    def start_version(self, job_id: int, schema: str, table: str) -> int:
+        row = self.conn.execute(
+            "SELECT start_lsn - '0/0'::pg_lsn FROM _walcast.snapshot_tables"
+            " WHERE snapshot_id = %s AND schema_name = %s AND table_name = %s",
+            [job_id, schema, table],
+        ).fetchone()
+        return int(row[0]) if row else 0
+
+    def floors(self, slot: str) -> dict[tuple[str, str], int]:
+        """Truncate / re-creation positions recorded for the tables of running runs."""
+        rows = self.conn.execute(
+            "SELECT t.schema_name, t.table_name, max(t.floor_lsn) - '0/0'::pg_lsn"
+            " FROM _walcast.snapshot_tables t JOIN _walcast.snapshots s ON s.id = t.snapshot_id"
+            " WHERE s.slot = %s AND s.state = 'running' AND t.floor_lsn IS NOT NULL"
+            " GROUP BY 1, 2",
+            [slot],
+        ).fetchall()
+        return {(str(r[0]), str(r[1])): int(r[2]) for r in rows}
+
+    def finish_if_complete(self, job_id: int) -> bool:
+        row = self.conn.execute(
+            "UPDATE _walcast.snapshots SET state = 'done', finished_at = now() WHERE id = %s"
+            " AND state = 'running' AND NOT EXISTS (SELECT 1 FROM _walcast.snapshot_tables"
+            " WHERE snapshot_id = %s AND state <> 'done') RETURNING id",
+            [job_id, job_id],
+        ).fetchone()
+        return row is not None
+
     def progress(self, job: Job) -> list[dict[str, Any]]:
         return snapshot_progress(self.conn, job.id)
 
@@ -1051,6 +1104,13 @@ def initial_snapshot(
                 rep.slot, point, job.id, len(tables),
                 sum(t.rows_estimate or 0 for t in tables), format_lsn(version),
             )  # fmt: skip
+            # Requests written before the slot existed (the DDL trigger's, init's) are
+            # covered: the exported snapshot sees every row committed before it.
+            store.conn.execute(
+                "UPDATE _walcast.snapshot_requests SET taken_at = now(), taken_by = %s"
+                " WHERE publication = %s AND taken_at IS NULL",
+                [job.id, rep.publication],
+            )
             start_markers(settings, job, tables)
             return run_job(settings, metrics, stop, job, tables, exported, tick)
     finally:

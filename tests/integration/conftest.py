@@ -18,6 +18,7 @@ from confluent_kafka.admin import AdminClient
 from services.pg2kafka import admin
 from services.pg2kafka.app import Service, build
 from services.pg2kafka.settings import Pg2KafkaSettings
+from shared.errors import PermanentError
 from shared.settings import load_settings
 
 
@@ -84,12 +85,14 @@ class Harness:
                     f"condition not met within {timeout}s; got {len(self.seen)} events,"
                     f" the last: {tail}"
                 )
-            msg = self.consumer.poll(0.5)
-            if msg is None or msg.error():
-                continue
-            self.seen.append(orjson.loads(msg.value()))
-            self.keys.append(msg.key())
-            self.partitions.append(msg.partition())
+            # What is there, up to a thousand at a time, before ``until`` looks again:
+            # conditions scan everything seen, and a snapshot brings 100k records.
+            for msg in self.consumer.consume(1000, 0.5):
+                if msg.error():
+                    continue
+                self.seen.append(orjson.loads(msg.value()))
+                self.keys.append(msg.key())
+                self.partitions.append(msg.partition())
         return self.seen
 
     def table_events(self, table: str) -> list[dict[str, Any]]:
@@ -159,10 +162,24 @@ def make_harness(
         finally:
             if h.consumer is not None:
                 h.consumer.close()
-            admin.tear_down(h.settings)
+            tear_down(h.settings)
             client = AdminClient(h.settings.kafka.client_config())
             if h.settings.producer.topic in client.list_topics(timeout=10).topics:
                 delete_topic(h.settings)
+
+
+def tear_down(settings: Pg2KafkaSettings) -> None:
+    """``pg2kafka tear-down`` once the stopped pg2kafka's walsender has gone (on a loaded
+    machine it outlives its client by a moment)."""
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            admin.tear_down(settings)
+            return
+        except PermanentError as exc:
+            if "is being streamed" not in str(exc) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.5)
 
 
 @pytest.fixture

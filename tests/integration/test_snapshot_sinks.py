@@ -6,6 +6,10 @@ deleted meanwhile. Compared with plain SQL, plain HTTP and the ``deltalake`` rea
 
 from __future__ import annotations
 
+import os
+import shutil
+import subprocess
+import time
 from typing import Any
 
 from deltalake import DeltaTable
@@ -23,6 +27,14 @@ from tests.integration.kafka2spark.conftest import (  # noqa: F401 - fixtures
     make_mirror,
     spark,
 )
+
+
+def difference(want: dict[str, Any], got: dict[str, Any]) -> tuple[list[Any], ...]:
+    """(missing, extra, wrong) keys, ten of each at most, with the wrong values."""
+    missing = sorted(set(want) - set(got))[:10]
+    extra = sorted(set(got) - set(want))[:10]
+    wrong = [(k, want[k], got[k]) for k in sorted(want) if k in got and got[k] != want[k]][:10]
+    return missing, extra, wrong
 
 
 def ends(seen: list[dict[str, Any]], table: str) -> int:
@@ -81,3 +93,71 @@ def test_a_new_slots_snapshot_makes_every_sink_equal_the_table_again(
     rows = DeltaTable(str(m.path(table))).to_pyarrow_table().to_pylist()
     got = {str(r["id"]): {"id": r["id"], "v": r["v"], "n": r["n"]} for r in rows}
     assert got == want
+
+
+def test_pgbench_default_order_under_tpcb_every_sink_equals_postgres(
+    make_harness: HarnessFactory,
+    make_indexer: IndexerFactory,  # noqa: F811
+    make_mirror: MirrorFactory,  # noqa: F811
+    engine_kind: str,  # noqa: F811
+    spark: SparkSession,  # noqa: F811
+    unique_name: str,
+    stack_env: dict[str, str],
+) -> None:
+    """``pgbench -i`` in its default order (tables, data, then primary keys) with pg2kafka
+    running, then TPC-B at once: each table joins the publication when it gains its key,
+    is snapshotted by itself (incremental, while TPC-B writes to it), and the indices and
+    the Delta mirror end equal to Postgres."""
+    schema = f"pgb_{unique_name[-8:]}"
+    h = make_harness(
+        init=False,
+        snapshot={"mode": "never", "automatic": True, "chunk_rows": 5000, "workers": 2},
+        filters={"include": [f"{schema}.*"]},
+        producer={"partition_key": "primary_key"},
+    )
+    h.sql(f"CREATE SCHEMA {schema}")
+    admin.init(h.settings)
+    h.start()
+    env = {**os.environ, "PGOPTIONS": f"-c search_path={schema}"}
+    dsn = stack_env["WALCAST_PG_DSN"]
+    pgbench = shutil.which("pgbench") or "/usr/lib/postgresql/15/bin/pgbench"
+    subprocess.run([pgbench, "-i", "-q", "-s", "1", dsn], env=env, check=True,
+                   capture_output=True, timeout=300)  # fmt: skip
+    load = subprocess.Popen([pgbench, "-n", "-c", "2", "-j", "2", "-T", "20", dsn], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)  # fmt: skip
+    tables = {"pgbench_accounts": "aid", "pgbench_branches": "bid", "pgbench_tellers": "tid"}
+    try:
+        h.events(lambda seen: all(ends(seen, t) >= 1 for t in tables), timeout=240)
+    finally:
+        _, err = load.communicate(timeout=120)
+    assert load.returncode == 0, err.decode()[-2000:]
+    h.sql(f"UPDATE {schema}.pgbench_branches SET filler = 'done' WHERE bid = 1")
+    h.events(lambda seen: any(e["op"] == "update" and e["table"] == "pgbench_branches"
+                              and (e["new"]["filler"] or "").startswith("done")
+                              for e in seen))  # fmt: skip
+    reads = [e for e in h.seen if e["op"] == "read" and e["table"] == "pgbench_accounts"]
+    assert len(reads) >= 90_000  # the rows were never streamed: they came as reads
+
+    def pg(table: str) -> dict[str, Any]:
+        return {str(k): v for k, v in h.sql(
+            f"SELECT {tables[table]}, to_jsonb(x) FROM {schema}.{table} x")}  # fmt: skip
+
+    topic = h.settings.producer.topic
+    ix = make_indexer(topic).start()
+    for table in tables:
+        want = pg(table)
+        deadline = time.monotonic() + 180
+        while (got := ix.docs_all(table, schema)) != want and time.monotonic() < deadline:
+            time.sleep(1)
+        assert difference(want, got) == ([], [], []), (
+            f"{table}: the index differs ({len(got)} of {len(want)} documents);"
+            f" dead letters: {[d['headers'] for d in ix.dead_letters(3, timeout=3)]}"
+        )
+    if engine_kind != "opensearch":
+        return
+    m = make_mirror(topic)
+    m.run()
+    for table, key in tables.items():
+        rows = DeltaTable(str(m.path(table, schema))).to_pyarrow_table().to_pylist()
+        got = {str(r[key]): {k: v for k, v in r.items() if k != "_walcast_lsn"} for r in rows}
+        assert difference(pg(table), got) == ([], [], []), f"{table}: the mirror differs"

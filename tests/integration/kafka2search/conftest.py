@@ -93,6 +93,25 @@ class Indexer:
         )
         return {h["_id"]: h["_source"] for h in answer["hits"]["hits"]}
 
+    def docs_all(self, table: str, schema: str = "public") -> dict[str, dict[str, Any]]:
+        """Every document of the table's index, however many (a scroll), by id."""
+        alias = self.alias(table, schema)
+        if self.es.resolve_alias(alias) is None:
+            return {}
+        self.es.refresh(alias)
+        out: dict[str, dict[str, Any]] = {}
+        page = self.es.request(
+            "POST", f"/{alias}/_search", body={"size": 5000, "sort": ["_doc"]},
+            params={"scroll": "2m"},
+        )  # fmt: skip
+        while page["hits"]["hits"]:
+            out.update({h["_id"]: h["_source"] for h in page["hits"]["hits"]})
+            page = self.es.request(
+                "POST", "/_search/scroll", body={"scroll": "2m", "scroll_id": page["_scroll_id"]}
+            )
+        self.es.request("DELETE", "/_search/scroll", body={"scroll_id": [page["_scroll_id"]]})
+        return out
+
     def wait(self, predicate: Callable[[], bool], what: str, timeout: float = 60) -> None:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:

@@ -7,10 +7,12 @@ partitioned, TOASTed values; several chunks read by several readers."""
 from __future__ import annotations
 
 import os
+import random
 import secrets
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections import Counter
 from pathlib import Path
@@ -317,3 +319,193 @@ def test_status_shows_progress_and_cancel_lets_streaming_start(
                            text=True, timeout=60, check=False)  # fmt: skip
     assert again.returncode != 0
     assert "no running snapshot" in again.stderr + again.stdout
+
+
+def sink_state(events: list[dict[str, Any]], table: str) -> dict[Any, dict[str, Any]]:
+    """What a sink holding the newest version per key ends with, computed from the events
+    alone (no walcast code): writes win when newer than what is held; a delete forgets
+    the key and its version (as a search engine does once its tombstone expires — the
+    strictest case: a stale read row arriving later would bring the row back); the end
+    marker removes what is older than its start version."""
+    held: dict[Any, tuple[int, dict[str, Any]]] = {}
+    for e in events:
+        if e.get("table") != table:
+            continue
+        if (e["op"] == "snapshot" and e["snapshot"]["phase"] == "end") or e["op"] == "truncate":
+            held = {k: v for k, v in held.items() if v[0] >= e["lsn"]}
+        elif e["op"] in ("insert", "update", "read"):
+            key = e["key"]["id"]
+            if key not in held or e["lsn"] > held[key][0]:
+                held[key] = (e["lsn"], e["new"])
+        elif e["op"] == "delete":
+            key = e["key"]["id"]
+            if key in held and e["lsn"] > held[key][0]:
+                del held[key]
+    return {k: v[1] for k, v in held.items()}
+
+
+def test_incremental_snapshot_on_request_while_writes_go_on(
+    make_harness: HarnessFactory, unique_name: str, env_file: Path
+) -> None:
+    """A table whose rows were never streamed, snapshotted on request while another
+    connection updates, deletes and inserts its rows: the stream alone brings a sink to
+    the table's state (rows changed inside a chunk's window dropped from it, the rest
+    versioned below every change the read did not see)."""
+    schema = f"s_{unique_name}"
+    h = make_harness(
+        init=False,
+        snapshot={"mode": "never", "automatic": True, "chunk_rows": 300, "workers": 2},
+        filters={"include": [f"{schema}.*"]},
+    )
+    h.sql(f"CREATE SCHEMA {schema}")
+    h.sql(f"CREATE TABLE {schema}.t (id int PRIMARY KEY, v int, pad text)")
+    h.sql(f"INSERT INTO {schema}.t SELECT g, 0, repeat('p', 50) FROM generate_series(1, 6000) g")
+    admin.init(h.settings)
+    h.start()
+    h.sql(f"INSERT INTO {schema}.t VALUES (0, 0, 'streamed')")
+    h.events(lambda seen: any(e["op"] == "insert" for e in data(seen, "t")))
+
+    stop = threading.Event()
+    writes = [0]
+
+    def write() -> None:
+        rnd = random.Random(7)
+        with psycopg.connect(h.dsn, autocommit=True) as conn:
+            while not stop.is_set():
+                k = rnd.randint(1, 6200)
+                action = rnd.random()
+                if action < 0.6:
+                    conn.execute(f"UPDATE {schema}.t SET v = v + 1 WHERE id = %s", [k])
+                elif action < 0.8:
+                    conn.execute(f"DELETE FROM {schema}.t WHERE id = %s", [k])
+                else:
+                    conn.execute(f"INSERT INTO {schema}.t VALUES (%s, 1, 'new')"
+                                 " ON CONFLICT (id) DO UPDATE SET v = 100", [k])  # fmt: skip
+                writes[0] += 1
+
+    writer = threading.Thread(target=write, daemon=True)
+    writer.start()
+    try:
+        cli = [sys.executable, "-m", "services.pg2kafka", "--env-file", str(env_file),
+               "snapshot", "--table", f"{schema}.t"]  # fmt: skip
+        env = {**os.environ, "PG2KAFKA_REPLICATION__SLOT": h.settings.replication.slot,
+               "PG2KAFKA_REPLICATION__PUBLICATION": h.settings.replication.publication}  # fmt: skip
+        out = subprocess.run(cli, env=env, cwd=REPO, capture_output=True, text=True,
+                             timeout=60, check=True).stdout  # fmt: skip
+        assert "requested snapshot" in out
+        h.events(lambda seen: bool(markers(seen, "t", "end")), timeout=180)
+    finally:
+        stop.set()
+        writer.join(30)
+    assert writes[0] > 100, "the writer hardly ran while the snapshot did"
+    h.sql(f"INSERT INTO {schema}.t VALUES (-1, 0, 'last')")
+    h.events(lambda seen: any(e["op"] == "insert" and e["new"]["id"] == -1
+                              for e in data(seen, "t")))  # fmt: skip
+    reads = [e for e in h.seen if e["op"] == "read"]
+    assert len(reads) > 5000
+    assert len({e["snapshot"]["chunk"] for e in reads}) >= 15  # key ranges of 300 rows
+    want = {
+        r[0]: {"id": r[0], "v": r[1], "pad": r[2]}
+        for r in h.sql(f"SELECT id, v, pad FROM {schema}.t")
+    }
+    got = sink_state(h.seen, "t")
+    missing = sorted(set(want) - set(got))[:10]
+    extra = sorted(set(got) - set(want))[:10]
+    wrong = sorted(k for k in want if k in got and got[k] != want[k])[:10]
+    assert (missing, extra, wrong) == ([], [], []), "the sink would not equal the table"
+    (run,) = [r for r in admin.snapshot_status(h.settings) if r["kind"] == "incremental"]
+    assert run["state"] == "done"
+
+
+def test_a_table_that_gains_its_key_is_snapshotted_by_itself(
+    make_harness: HarnessFactory, unique_name: str
+) -> None:
+    """pgbench -i's order (and pg_restore's): create, fill, then add the primary key. The
+    table joins the publication with the key; its rows, never streamed, come as reads."""
+    schema = f"s_{unique_name}"
+    h = make_harness(
+        init=False,
+        snapshot={"mode": "never", "automatic": True, "chunk_rows": 1000},
+        filters={"include": [f"{schema}.*"]},
+    )
+    h.sql(f"CREATE SCHEMA {schema}")
+    admin.init(h.settings)
+    h.start()
+    h.sql(f"CREATE TABLE {schema}.accounts (aid int NOT NULL, abalance int, filler char(84))")
+    h.sql(f"INSERT INTO {schema}.accounts SELECT g, 0, '' FROM generate_series(1, 5000) g")
+    h.sql(f"ALTER TABLE {schema}.accounts ADD PRIMARY KEY (aid)")
+    h.events(lambda seen: bool(markers(seen, "accounts", "end")), timeout=120)
+    reads = [e for e in h.seen if e["op"] == "read" and e["table"] == "accounts"]
+    assert sorted(e["key"]["aid"] for e in reads) == list(range(1, 5001))
+    requests = h.sql("SELECT reason, taken_by IS NOT NULL FROM _walcast.snapshot_requests"
+                     " WHERE schema_name = %s AND publication = %s",
+                     [schema, h.settings.replication.publication])  # fmt: skip
+    assert requests == [("joined the publication (ALTER TABLE)", True)]
+
+
+def test_kill_9_mid_incremental_snapshot_resumes_and_the_stream_still_equals_the_table(
+    make_harness: HarnessFactory, unique_name: str, env_file: Path, tmp_path: Path
+) -> None:
+    schema = f"s_{unique_name}"
+    h = make_harness(init=False, snapshot={"mode": "never"}, filters={"include": [f"{schema}.*"]})
+    h.sql(f"CREATE SCHEMA {schema}")
+    h.sql(f"CREATE TABLE {schema}.t (id int PRIMARY KEY, v int, pad text)")
+    h.sql(f"INSERT INTO {schema}.t SELECT g, 0, repeat('x', 40) FROM generate_series(1, 30000) g")
+    admin.init(h.settings)
+    s = h.settings
+    env = {
+        **os.environ,
+        "PG2KAFKA_REPLICATION__SLOT": s.replication.slot,
+        "PG2KAFKA_REPLICATION__PUBLICATION": s.replication.publication,
+        "PG2KAFKA_PRODUCER__TOPIC": s.producer.topic,
+        "PG2KAFKA_FILTERS__INCLUDE": f'["{schema}.*"]',
+        "PG2KAFKA_SNAPSHOT__MODE": "never",
+        "PG2KAFKA_SNAPSHOT__CHUNK_ROWS": "400",
+        "PG2KAFKA_SNAPSHOT__WORKERS": "1",
+        "PG2KAFKA_HTTP__ENABLED": "false",
+        "PG2KAFKA_LOG__FORMAT": "text",
+    }
+    cmd = [sys.executable, "-m", "services.pg2kafka", "--env-file", str(env_file), "run"]
+
+    def done_chunks() -> int:
+        return int(h.sql("SELECT count(*) FROM _walcast.snapshot_chunks c JOIN"
+                         " _walcast.snapshots s ON s.id = c.snapshot_id WHERE s.slot = %s"
+                         " AND c.state = 'done'", [s.replication.slot])[0][0])  # fmt: skip
+
+    log = (tmp_path / "pg2kafka.log").open("w")
+    first = subprocess.Popen(cmd, env=env, cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        admin.snapshot_request(s, [f"{schema}.t"])
+        deadline = time.monotonic() + 120
+        while done_chunks() < 5:
+            assert first.poll() is None, f"pg2kafka exited: {Path(log.name).read_text()[-3000:]}"
+            assert time.monotonic() < deadline, "no 5 chunks done within 120 s"
+            time.sleep(0.1)
+        h.sql(f"UPDATE {schema}.t SET v = 1 WHERE id % 97 = 0")  # changes around the kill
+        first.send_signal(signal.SIGKILL)
+        first.wait(30)
+        assert done_chunks() < 76, "the snapshot finished before the kill: nothing to resume"
+        h.sql(f"DELETE FROM {schema}.t WHERE id % 101 = 0")
+        second = subprocess.Popen(cmd, env=env, cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
+        try:
+            h.events(lambda seen: bool(markers(seen, "t", "end")), timeout=180)
+            h.sql(f"INSERT INTO {schema}.t VALUES (0, 0, 'last')")
+            h.events(lambda seen: any(e["op"] == "insert" for e in data(seen, "t")), timeout=60)
+        finally:
+            second.terminate()
+            second.wait(60)
+    finally:
+        if first.poll() is None:
+            first.kill()
+        log.close()
+    want = {
+        r[0]: {"id": r[0], "v": r[1], "pad": r[2]}
+        for r in h.sql(f"SELECT id, v, pad FROM {schema}.t")
+    }
+    assert sink_state(h.seen, "t") == want
+    reads = [e for e in h.seen if e["op"] == "read"]
+    times = Counter(e["new"]["id"] for e in reads)
+    again = {e["snapshot"]["chunk"] for e in reads if times[e["new"]["id"]] > 1}
+    assert len(again) <= 2, again  # at most the chunk in flight at the kill came twice
+    (run,) = [r for r in admin.snapshot_status(s) if r["kind"] == "incremental"]
+    assert run["state"] == "done"

@@ -1,0 +1,467 @@
+"""Incremental snapshots: tables snapshotted on a running pipeline, chunk by chunk, without
+pausing the stream and without a long transaction (DBLog, Netflix 2019).
+
+Requests arrive in ``_walcast.snapshot_requests`` (the signal table): from
+``pg2kafka snapshot --table``, from an operator's INSERT, from the DDL trigger when a
+table joins the publication with rows in it (it gained a key or an identity: ``pgbench
+-i``, ``pg_restore``), and from ``init`` when the filters grow. The CDC stream takes them
+every few seconds and plans a run: key ranges of each keyed table (page ranges of a
+table keyed by its whole row), ``snapshot.chunk_rows`` rows each.
+
+A reader thread handles one chunk at a time:
+
+1. writes a *low watermark* into the WAL (a transactional logical message);
+2. reads the slot's ``restart_lsn`` (the chunk's version, minus one: see
+   docs/snapshots-design.md) and the chunk's rows, in one short transaction;
+3. hands the rows to the stream and writes a *high watermark*.
+
+The stream sees the low watermark, then every change committed meanwhile, then the high
+watermark. A row whose key changed between the two is dropped from the chunk — the
+stream carried that change already, and a read row of a deleted key must not bring it
+back — and the chunk's other rows are sent right there, in the stream's order, as part
+of the high watermark's transaction: the slot's position passes the chunk only once
+Kafka acknowledged its rows (checkpoint last), and the chunk is recorded done after
+that. A crash before then reads the chunk again. A chunk whose low watermark this
+session did not see (it reconnected in between), or whose table was truncated inside the
+window, is read again.
+
+A chunk's version is above the table's last truncate or re-creation the stream saw
+(``floor``): sinks keep only what is newer than a truncate.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import orjson
+import psycopg
+from psycopg import sql
+
+from services.pg2kafka import pgoutput as pg
+from services.pg2kafka.changes import EventBuilder, iso_utc
+from services.pg2kafka.filters import TableFilter
+from services.pg2kafka.postgres import Catalog
+from services.pg2kafka.replication import SESSION_OPTIONS, format_lsn
+from services.pg2kafka.settings import Pg2KafkaSettings
+from services.pg2kafka.snapshot import (
+    Bounds,
+    Chunk,
+    Job,
+    SnapshotProducer,
+    SnapshotStore,
+    TableSpec,
+    chunk_where,
+    describe_tables,
+    plan_chunks,
+)
+from services.pg2kafka.types import TypeRegistry
+from shared.contract.event import ChangeEvent, SnapshotInfo
+
+if TYPE_CHECKING:
+    from services.pg2kafka.cdc import CdcHandler
+    from services.pg2kafka.session import ReplicationSession
+
+log = logging.getLogger(__name__)
+
+WATERMARK = "walcast.snapshot"
+REQUEST_POLL_S = 2.0
+ChunkId = tuple[int, str, str, int]  # (run, schema, table, chunk)
+_VOID = b""  # in a window's key set: the table was truncated inside it
+
+
+def chunk_id(chunk: Chunk) -> ChunkId:
+    return (chunk.snapshot_id, chunk.schema, chunk.table, chunk.chunk)
+
+
+@dataclass
+class ChunkRead:
+    """A chunk's rows, read and waiting for their high watermark."""
+
+    chunk: Chunk
+    version: int
+    events: list[ChangeEvent]
+    taken: threading.Event = field(default_factory=threading.Event)
+    outcome: str = ""  # "sent" or "again"
+
+
+def key_ranges(conn: psycopg.Connection[Any], spec: TableSpec, chunk_rows: int) -> list[Bounds]:
+    """Chunks of ``chunk_rows`` keys: the boundaries from one ordered pass over the key
+    (an index-only scan of the primary key), first and last range open."""
+    keys = [sql.Identifier(c.name) for c in spec.relation.columns if c.is_key]
+    listed = sql.SQL(", ").join(keys)
+    texts = sql.SQL(", ").join(sql.SQL("{}::text").format(k) for k in keys)
+    query = sql.SQL(
+        "SELECT json_build_array({texts}) FROM (SELECT {keys}, row_number() OVER"
+        " (ORDER BY {keys}) AS walcast_rn FROM {table}) s"
+        " WHERE walcast_rn % {n} = 0 ORDER BY {keys}"
+    ).format(
+        texts=texts,
+        keys=listed,
+        table=sql.Identifier(spec.schema, spec.name),
+        n=sql.Literal(chunk_rows),
+    )
+    bounds = [list(r[0]) for r in conn.execute(query).fetchall()]
+    out: list[Bounds] = []
+    lower: list[str] | None = None
+    for upper in bounds:
+        out.append((None, None, None, lower, upper))
+        lower = upper
+    out.append((None, None, None, lower, None))
+    return out
+
+
+class Incremental:
+    """The incremental snapshots of one CDC stream; lives across its sessions. Hooks
+    (``changed``, ``floor``, ``watermark``, ``housekeeping``, ``session_ended``) run on the
+    session's thread; readers on their own."""
+
+    def __init__(self, settings: Pg2KafkaSettings, stop: threading.Event) -> None:
+        self.settings = settings
+        self.stop = stop
+        self.conninfo = settings.postgres.conninfo()
+        self.filter = TableFilter(settings.filters.include, settings.filters.exclude)
+        self.lock = threading.Lock()
+        self.reads: dict[ChunkId, ChunkRead] = {}
+        self.windows: dict[ChunkId, set[bytes]] = {}
+        self.window_tables: dict[tuple[str, str], list[ChunkId]] = {}
+        self.floors: dict[tuple[str, str], int] = {}
+        self.sent: list[tuple[int, ChunkRead, int]] = []  # (txn seq, read, rows) unconfirmed
+        self.remaining: dict[tuple[int, str, str], int] = {}  # chunks not yet sent
+        self.table_rows: dict[tuple[int, str, str], int] = {}  # rows sent
+        self.readers: list[threading.Thread] = []
+        self.store: SnapshotStore | None = None
+        self.next_poll = 0.0
+        self.floors_loaded = False
+        self.resumed = False  # chunks a dead leader held were requeued (once per process)
+
+    # -- on the session's thread ---------------------------------------------------------
+
+    def changed(self, ev: ChangeEvent) -> None:
+        """A change the stream sent: inside a chunk's window, its key leaves the chunk."""
+        ids = self.window_tables.get((ev["schema"], ev["table"]))
+        if ids:
+            key = orjson.dumps(ev.get("key") or ev.get("new") or ev.get("old"))
+            for cid in ids:
+                self.windows[cid].add(key)
+
+    def floor(self, schema: str, table: str, lsn: int) -> None:
+        """The table was truncated or created again at ``lsn``."""
+        where = (schema, table)
+        self.floors[where] = max(self.floors.get(where, 0), lsn)
+        for cid in self.window_tables.get(where, []):
+            self.windows[cid].add(_VOID)
+        store = self._store()
+        store.conn.execute(
+            "UPDATE _walcast.snapshot_tables t SET floor_lsn = %s FROM _walcast.snapshots s"
+            " WHERE s.id = t.snapshot_id AND s.state = 'running' AND s.slot = %s"
+            " AND t.schema_name = %s AND t.table_name = %s",
+            [format_lsn(lsn), self.settings.replication.slot, schema, table],
+        )
+
+    def watermark(
+        self, session: ReplicationSession, handler: CdcHandler, lsn: int, msg: pg.Message
+    ) -> None:
+        try:
+            mark = orjson.loads(msg.content)
+            cid: ChunkId = (int(mark["run"]), str(mark["schema"]), str(mark["table"]),
+                            int(mark["chunk"]))  # fmt: skip
+            kind = mark["mark"]
+        except (orjson.JSONDecodeError, KeyError, TypeError, ValueError):
+            log.warning("ignoring a malformed snapshot watermark at %s", format_lsn(lsn))
+            return
+        if kind == "low":
+            self.windows[cid] = set()
+            self.window_tables.setdefault(cid[1:3], []).append(cid)
+            return
+        changed = self.windows.pop(cid, None)
+        ids = self.window_tables.get(cid[1:3], [])
+        if cid in ids:
+            ids.remove(cid)
+            if not ids:
+                del self.window_tables[cid[1:3]]
+        with self.lock:
+            read = self.reads.pop(cid, None)
+        if read is None:
+            return  # a reader of an earlier run of this process, or of another process
+        if changed is None or _VOID in changed:
+            read.outcome = "again"  # the window is not whole: read it again
+            read.taken.set()
+            return
+        # Above the table's last truncate or re-creation: sinks keep only what is newer
+        # than a truncate. (No change of the table can sit between the truncate's record
+        # and the next: the truncate's lock waited for every transaction writing it.)
+        floor = self.floors.get(cid[1:3])
+        version = read.version if floor is None else max(read.version, floor + 1)
+        rows = 0
+        for ev in read.events:
+            if orjson.dumps(ev["key"] or ev["new"]) in changed:
+                continue
+            ev["lsn"] = ev["commit_lsn"] = version
+            handler.send(session, ev)
+            rows += 1
+        table = (cid[0], cid[1], cid[2])
+        if table not in self.remaining:
+            self.remaining[table], self.table_rows[table] = self._store().table_counts(*table)
+        self.remaining[table] -= 1
+        self.table_rows[table] += rows
+        if self.remaining[table] <= 0:
+            start = self._store().start_version(*table)
+            marker = end_marker(self.settings, cid, start, self.table_rows[table])
+            handler.send_table_wide(session, marker)
+        self.sent.append((session.seq, read, rows))
+        read.outcome = "sent"
+        read.taken.set()
+
+    def housekeeping(self, session: ReplicationSession, handler: CdcHandler) -> None:
+        """Record the chunks Kafka acknowledged (their transaction is confirmable), take
+        new requests, keep readers running while there is work."""
+        if not self.floors_loaded:
+            store = self._store()
+            self.floors = store.floors(self.settings.replication.slot)
+            self.floors_loaded = True
+            if not self.resumed:
+                # Chunks a dead leader's readers held (this process leads now): again.
+                self.resumed = True
+                for job in store.running_incremental(self.settings.replication.slot):
+                    if n := store.requeue_running(job):
+                        log.info("incremental snapshot %d resumed: %d chunk(s) to read again",
+                                 job.id, n)  # fmt: skip
+        if self.sent:
+            store = self._store()
+            still = []
+            for seq, read, rows in self.sent:
+                if not session.tracker.is_done(seq):
+                    still.append((seq, read, rows))
+                    continue
+                c = read.chunk
+                if store.chunk_done(c, rows, read.version):
+                    store.table_done(Job(c.snapshot_id, "", "", 0, ""), c.schema, c.table)
+                    log.info("incremental snapshot of %s.%s done", c.schema, c.table)
+                    store.finish_if_complete(c.snapshot_id)
+            self.sent = still
+        now = time.monotonic()
+        if now >= self.next_poll:
+            self.next_poll = now + REQUEST_POLL_S
+            self.take_requests()
+            self.readers = [t for t in self.readers if t.is_alive()]
+            if not self.readers and self._store().running_incremental(
+                self.settings.replication.slot
+            ):
+                for n in range(self.settings.snapshot.workers):
+                    t = threading.Thread(target=self.read_chunks, name=f"incremental-{n}",
+                                         daemon=True)  # fmt: skip
+                    t.start()
+                    self.readers.append(t)
+
+    def session_ended(self) -> None:
+        """Chunks sent but not confirmed, and open windows, die with the session: read
+        them again."""
+        store = self._store()
+        for _, read, _ in self.sent:
+            store.requeue(read.chunk)
+        self.sent = []
+        self.windows.clear()
+        self.window_tables.clear()
+        self.remaining.clear()
+        self.table_rows.clear()
+        self.floors_loaded = False
+        with self.lock:
+            waiting = list(self.reads.values())
+            self.reads.clear()
+        for read in waiting:
+            read.outcome = "again"
+            read.taken.set()
+
+    def close(self) -> None:
+        if self.store is not None:
+            self.store.close()
+            self.store = None
+
+    def _store(self) -> SnapshotStore:
+        if self.store is None or self.store.conn.closed:
+            self.store = SnapshotStore(self.conninfo)
+        return self.store
+
+    # -- requests ------------------------------------------------------------------------
+
+    def take_requests(self) -> None:
+        """Plan one run for the requests waiting for this publication."""
+        s = self.settings
+        store = self._store()
+        conn = store.conn
+        with conn.transaction():
+            rows = conn.execute(
+                "SELECT id, schema_name, table_name, reason FROM _walcast.snapshot_requests"
+                " WHERE publication = %s AND taken_at IS NULL ORDER BY id FOR UPDATE SKIP LOCKED",
+                [s.replication.publication],
+            ).fetchall()
+            if not rows:
+                return
+            wanted: dict[tuple[str, str], list[int]] = {}
+            declined = []
+            for rid, schema, table, reason in rows:
+                if not s.snapshot.automatic and str(reason).startswith("joined"):
+                    declined.append(rid)
+                else:
+                    wanted.setdefault((str(schema), str(table)), []).append(int(rid))
+            if declined:
+                log.info("%d automatic snapshot request(s) declined (snapshot.automatic"
+                         " is off)", len(declined))  # fmt: skip
+                conn.execute(
+                    "UPDATE _walcast.snapshot_requests SET taken_at = now() WHERE id = ANY(%s)",
+                    [declined],
+                )
+            if not wanted:
+                return
+            tables = describe_tables(conn, s.replication.publication, self.filter, set(wanted))
+            found = {(t.schema, t.name) for t in tables}
+            for where, ids in wanted.items():
+                if where not in found:
+                    log.warning(
+                        "snapshot of %s.%s not possible: not in publication %s (not matched by"
+                        " the filters, or without a replica identity)",
+                        where[0], where[1], s.replication.publication,
+                    )  # fmt: skip
+                    conn.execute(
+                        "UPDATE _walcast.snapshot_requests SET taken_at = now() WHERE id = ANY(%s)",
+                        [ids],
+                    )
+            if not tables:
+                return
+            version = store.restart_lsn(s.replication.slot) - 1
+            chunk_rows = s.snapshot.chunk_rows
+            pages = s.snapshot.chunk_pages
+
+            def planner(t: TableSpec) -> list[Bounds]:
+                keyed = any(c.is_key for c in t.relation.columns)
+                whole_row = all(c.is_key for c in t.relation.columns)
+                if keyed and not whole_row:
+                    return key_ranges(conn, t, chunk_rows)
+                return plan_chunks(t, pages)
+
+            job = store.create(s.replication.slot, "incremental", version, tables, planner,
+                               "request", None)  # fmt: skip
+            conn.execute(
+                "UPDATE _walcast.snapshot_requests SET taken_at = now(), taken_by = %s"
+                " WHERE id = ANY(%s)",
+                [job.id, [i for w in found for i in wanted.get(w, [])]],
+            )
+        log.info(
+            "incremental snapshot %d of %s, version %s",
+            job.id, ", ".join(f"{t.schema}.{t.name}" for t in tables), format_lsn(version),
+        )  # fmt: skip
+        producer = SnapshotProducer(s, s.producer.max_inflight_bytes)
+        try:
+            for t in tables:
+                producer.marker(s.postgres.database, t.schema, t.name, version,
+                                {"id": job.id, "phase": "start"})  # fmt: skip
+            producer.flush()
+        finally:
+            producer.close()
+
+    # -- readers -------------------------------------------------------------------------
+
+    def read_chunks(self) -> None:
+        """A reader thread: chunks of the running incremental runs until none is left."""
+        s = self.settings
+        store = SnapshotStore(self.conninfo)
+        catalog = Catalog(self.conninfo)
+        builder = EventBuilder(s.postgres.database, TypeRegistry(catalog.type_info))
+        chunk: Chunk | None = None
+        try:
+            with psycopg.connect(self.conninfo, autocommit=True, options=SESSION_OPTIONS,
+                                 application_name=f"pg2kafka-snapshot:{s.replication.slot}"
+                                 ) as conn:  # fmt: skip
+                while not self.stop.is_set():
+                    runs = store.running_incremental(s.replication.slot)
+                    chunk = next((c for r in runs if (c := store.claim(r)) is not None), None)
+                    if chunk is None:
+                        return
+                    if not self.read_chunk(conn, store, builder, chunk):
+                        store.requeue(chunk)
+                    chunk = None
+        except Exception:
+            # The next housekeeping round starts a reader again; the chunk is read again.
+            log.exception("incremental snapshot reader failed; it starts again")
+            if chunk is not None:
+                with contextlib.suppress(psycopg.Error):
+                    store.requeue(chunk)
+        finally:
+            store.close()
+            catalog.close()
+
+    def read_chunk(
+        self,
+        conn: psycopg.Connection[Any],
+        store: SnapshotStore,
+        builder: EventBuilder,
+        chunk: Chunk,
+    ) -> bool:
+        """Read one chunk between its watermarks and wait for the stream to take it; False
+        when it must be read again."""
+        s = self.settings
+        specs = describe_tables(conn, s.replication.publication, self.filter,
+                                {(chunk.schema, chunk.table)})  # fmt: skip
+        if not specs:
+            log.warning("%s.%s left the publication: its snapshot ends", chunk.schema,
+                        chunk.table)  # fmt: skip
+            store.chunk_done(chunk, 0, 0)
+            return True
+        rel = specs[0].relation
+        mark = {"run": chunk.snapshot_id, "schema": chunk.schema, "table": chunk.table,
+                "chunk": chunk.chunk}  # fmt: skip
+        emit = "SELECT pg_catalog.pg_logical_emit_message(true, %s, %s)"
+        conn.execute(emit, [WATERMARK, orjson.dumps({**mark, "mark": "low"}).decode()])
+        version = store.restart_lsn(s.replication.slot) - 1
+        table: sql.Composable = sql.Identifier(chunk.schema, chunk.table)
+        if chunk.relation is not None:
+            row = conn.execute(
+                "SELECT n.nspname, c.relname FROM pg_catalog.pg_class c JOIN"
+                " pg_catalog.pg_namespace n ON n.oid = c.relnamespace WHERE c.oid = %s",
+                [chunk.relation],
+            ).fetchone()
+            if row is None:
+                return False
+            table = sql.SQL("ONLY {}").format(sql.Identifier(str(row[0]), str(row[1])))
+        where = chunk_where(conn, rel, chunk)
+        cols = sql.SQL(", ").join(sql.Identifier(c.name) for c in rel.columns)
+        query = sql.SQL("SELECT {} FROM {} WHERE {}").format(cols, table, where)
+        read_at = iso_utc(time.time_ns() // 1000)
+        info: SnapshotInfo = {"id": chunk.snapshot_id, "chunk": chunk.chunk}
+        events = []
+        with conn.transaction(), conn.cursor(binary=False) as cur:
+            cur.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+            for n, values in enumerate(_text_rows(cur, query, len(rel.columns))):
+                events.append(builder.read(rel, values, version, n, read_at, info))
+        read = ChunkRead(chunk, version, events)
+        cid = chunk_id(chunk)
+        with self.lock:
+            self.reads[cid] = read
+        conn.execute(emit, [WATERMARK, orjson.dumps({**mark, "mark": "high"}).decode()])
+        while not read.taken.wait(0.5):
+            if self.stop.is_set():
+                return False
+        return read.outcome == "sent"
+
+
+def _text_rows(cur: psycopg.Cursor[Any], query: sql.Composable, width: int) -> Any:
+    """The rows as the server's text output (what pgoutput sends), column by column."""
+    with cur.copy(sql.SQL("COPY ({}) TO STDOUT").format(query)) as copy:
+        copy.set_types(["text"] * width)
+        yield from copy.rows()
+
+
+def end_marker(settings: Pg2KafkaSettings, cid: ChunkId, start: int, rows: int) -> ChangeEvent:
+    info: SnapshotInfo = {"id": cid[0], "phase": "end", "rows": rows}
+    return {"v": 1, "op": "snapshot", "db": settings.postgres.database, "schema": cid[1],
+            "table": cid[2], "lsn": start, "seq": 0, "commit_lsn": start, "xid": 0,
+            "commit_ts": iso_utc(time.time_ns() // 1000), "key": {}, "new": None,
+            "old": None, "snapshot": info}  # fmt: skip
+
+
+__all__ = ["WATERMARK", "Incremental", "key_ranges"]
