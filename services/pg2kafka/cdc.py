@@ -193,7 +193,7 @@ class CdcStream(SlotStream):
         target: StreamTarget | None = None,
     ) -> None:
         super().__init__(settings, metrics, stop, target or StreamTarget.cdc(settings))
-        self.incremental = Incremental(settings, stop)
+        self.incremental = Incremental(settings, stop, metrics)
 
     def run_once(self) -> None:
         """As leader: the initial snapshot when one is owed (``snapshot.mode``), then one

@@ -46,24 +46,26 @@ from services.pg2kafka import pgoutput as pg
 from services.pg2kafka.changes import EventBuilder, iso_utc
 from services.pg2kafka.filters import TableFilter
 from services.pg2kafka.postgres import Catalog
-from services.pg2kafka.replication import SESSION_OPTIONS, format_lsn
+from services.pg2kafka.replication import SESSION_OPTIONS, format_lsn, identify_system
 from services.pg2kafka.settings import Pg2KafkaSettings
 from services.pg2kafka.snapshot import (
     Bounds,
     Chunk,
     Job,
-    SnapshotProducer,
+    Progress,
     SnapshotStore,
     TableSpec,
     chunk_where,
     describe_tables,
     plan_chunks,
+    start_markers,
 )
 from services.pg2kafka.types import TypeRegistry
 from shared.contract.event import ChangeEvent, SnapshotInfo
 
 if TYPE_CHECKING:
     from services.pg2kafka.cdc import CdcHandler
+    from services.pg2kafka.metrics import Metrics
     from services.pg2kafka.session import ReplicationSession
 
 log = logging.getLogger(__name__)
@@ -120,9 +122,13 @@ class Incremental:
     (``changed``, ``floor``, ``watermark``, ``housekeeping``, ``session_ended``) run on the
     session's thread; readers on their own."""
 
-    def __init__(self, settings: Pg2KafkaSettings, stop: threading.Event) -> None:
+    def __init__(
+        self, settings: Pg2KafkaSettings, stop: threading.Event, metrics: Metrics | None = None
+    ) -> None:
         self.settings = settings
         self.stop = stop
+        self.metrics = metrics
+        self.progress: dict[int, Progress] = {}  # run -> its progress reporting
         self.conninfo = settings.postgres.conninfo()
         self.filter = TableFilter(settings.filters.include, settings.filters.exclude)
         self.lock = threading.Lock()
@@ -138,6 +144,7 @@ class Incremental:
         self.next_poll = 0.0
         self.floors_loaded = False
         self.resumed = False  # chunks a dead leader held were requeued (once per process)
+        self.disabled = False  # the role may not use the snapshot tables
 
     # -- on the session's thread ---------------------------------------------------------
 
@@ -155,6 +162,8 @@ class Incremental:
         self.floors[where] = max(self.floors.get(where, 0), lsn)
         for cid in self.window_tables.get(where, []):
             self.windows[cid].add(_VOID)
+        if self.disabled:
+            return
         store = self._store()
         store.conn.execute(
             "UPDATE _walcast.snapshot_tables t SET floor_lsn = %s FROM _walcast.snapshots s"
@@ -219,7 +228,22 @@ class Incremental:
 
     def housekeeping(self, session: ReplicationSession, handler: CdcHandler) -> None:
         """Record the chunks Kafka acknowledged (their transaction is confirmable), take
-        new requests, keep readers running while there is work."""
+        new requests, keep readers running while there is work. A role that may not use
+        the snapshot tables (pg2kafka not run as their owner, or migrations older than
+        V010) streams on without incremental snapshots, told once."""
+        if self.disabled:
+            return
+        try:
+            self._housekeeping(session, handler)
+        except (psycopg.errors.InsufficientPrivilege, psycopg.errors.UndefinedTable) as exc:
+            self.disabled = True
+            log.warning(
+                "incremental snapshots off: %s (run pg2kafka as the role that ran init, or"
+                " grant it the _walcast snapshot tables)",
+                str(exc).splitlines()[0],
+            )
+
+    def _housekeeping(self, session: ReplicationSession, handler: CdcHandler) -> None:
         if not self.floors_loaded:
             store = self._store()
             self.floors = store.floors(self.settings.replication.slot)
@@ -242,12 +266,15 @@ class Incremental:
                 if store.chunk_done(c, rows, read.version):
                     store.table_done(Job(c.snapshot_id, "", "", 0, ""), c.schema, c.table)
                     log.info("incremental snapshot of %s.%s done", c.schema, c.table)
-                    store.finish_if_complete(c.snapshot_id)
+                    if store.finish_if_complete(c.snapshot_id):
+                        self.report(store, c.snapshot_id, final=True)
             self.sent = still
         now = time.monotonic()
         if now >= self.next_poll:
             self.next_poll = now + REQUEST_POLL_S
             self.take_requests()
+            for job in self._store().running_incremental(self.settings.replication.slot):
+                self.report(self._store(), job.id)
             self.readers = [t for t in self.readers if t.is_alive()]
             if not self.readers and self._store().running_incremental(
                 self.settings.replication.slot
@@ -257,6 +284,18 @@ class Incremental:
                                          daemon=True)  # fmt: skip
                     t.start()
                     self.readers.append(t)
+
+    def report(self, store: SnapshotStore, run: int, final: bool = False) -> None:
+        """The run's progress in the log and the metrics (``Progress`` decides when)."""
+        if self.metrics is None:
+            return
+        progress = self.progress.get(run)
+        if progress is None:
+            job = Job(run, self.settings.replication.slot, "incremental", 0, "running")
+            progress = self.progress[run] = Progress(self.settings, self.metrics, job)
+        progress.report(store.progress(progress.job), final=final)
+        if final:
+            del self.progress[run]
 
     def session_ended(self) -> None:
         """Chunks sent but not confirmed, and open windows, die with the session: read
@@ -344,8 +383,9 @@ class Incremental:
                     return key_ranges(conn, t, chunk_rows)
                 return plan_chunks(t, pages)
 
+            system = identify_system(self.conninfo)
             job = store.create(s.replication.slot, "incremental", version, tables, planner,
-                               "request", None)  # fmt: skip
+                               "request", system)  # fmt: skip
             conn.execute(
                 "UPDATE _walcast.snapshot_requests SET taken_at = now(), taken_by = %s"
                 " WHERE id = ANY(%s)",
@@ -355,14 +395,7 @@ class Incremental:
             "incremental snapshot %d of %s, version %s",
             job.id, ", ".join(f"{t.schema}.{t.name}" for t in tables), format_lsn(version),
         )  # fmt: skip
-        producer = SnapshotProducer(s, s.producer.max_inflight_bytes)
-        try:
-            for t in tables:
-                producer.marker(s.postgres.database, t.schema, t.name, version,
-                                {"id": job.id, "phase": "start"})  # fmt: skip
-            producer.flush()
-        finally:
-            producer.close()
+        start_markers(s, job, tables, system)
 
     # -- readers -------------------------------------------------------------------------
 

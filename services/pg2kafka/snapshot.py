@@ -839,7 +839,7 @@ class Progress:
         self.started = time.monotonic()
         self.first_rows: int | None = None
         self.last_log = 0.0
-        self.tty = sys.stderr.isatty()
+        self.tty = sys.stderr.isatty() and job.kind == "initial"  # a bar only before streaming
 
     def report(self, tables: list[dict[str, Any]], final: bool = False) -> None:
         now = time.monotonic()
@@ -1111,19 +1111,23 @@ def initial_snapshot(
                 " WHERE publication = %s AND taken_at IS NULL",
                 [job.id, rep.publication],
             )
-            start_markers(settings, job, tables)
+            start_markers(settings, job, tables, system)
             return run_job(settings, metrics, stop, job, tables, exported, tick)
     finally:
         store.close()
 
 
-def start_markers(settings: Pg2KafkaSettings, job: Job, tables: list[TableSpec]) -> None:
+def start_markers(
+    settings: Pg2KafkaSettings, job: Job, tables: list[TableSpec], system: tuple[str, int]
+) -> None:
+    """Each table's start marker, with the source the rows are read from."""
     producer = SnapshotProducer(settings, settings.producer.max_inflight_bytes)
     try:
         for t in tables:
             producer.marker(
                 settings.postgres.database, t.schema, t.name, job.version,
-                {"id": job.id, "phase": "start"},
+                {"id": job.id, "phase": "start",
+                 "source": {"system": system[0], "timeline": system[1]}},
             )  # fmt: skip
         producer.flush()
     finally:

@@ -93,6 +93,7 @@ class SnapshotInfo(TypedDict, total=False):
     chunk: int  # read rows: the chunk the row was read in
     phase: str  # markers: "start" or "end"
     rows: int  # end marker: rows the table's snapshot delivered
+    source: dict[str, Any]  # start marker: {"system": identifier, "timeline": n} of the server read
 
 
 class ChangeEvent(TypedDict, total=False):

@@ -131,6 +131,9 @@ def test_initial_snapshot_of_a_database_with_rows(
         assert all(seen.index(start) < i < seen.index(ends[0]) for i in table_reads), t
         assert ends[0]["snapshot"]["rows"] == len(table_reads)
         assert start["snapshot"]["id"] == ends[0]["snapshot"]["id"]
+        source = start["snapshot"]["source"]  # the server the rows were read from
+        assert source["system"].isdigit()
+        assert source["timeline"] >= 1
     # The chunks: several per big table, each read once, all recorded done.
     chunks = h.sql(
         "SELECT c.table_name, count(*), count(*) FILTER (WHERE c.state = 'done'), sum(c.rows)"
@@ -413,8 +416,19 @@ def test_incremental_snapshot_on_request_while_writes_go_on(
     extra = sorted(set(got) - set(want))[:10]
     wrong = sorted(k for k in want if k in got and got[k] != want[k])[:10]
     assert (missing, extra, wrong) == ([], [], []), "the sink would not equal the table"
-    (run,) = [r for r in admin.snapshot_status(h.settings) if r["kind"] == "incremental"]
-    assert run["state"] == "done"
+    deadline = time.monotonic() + 60
+    while (run := admin.snapshot_status(h.settings)[0])["state"] != "done":
+        assert time.monotonic() < deadline, f"the run is not recorded done: {run}"
+        time.sleep(0.2)
+    assert run["kind"] == "incremental"
+    (table,) = run["tables"]
+    assert table["rows"] == len({e["new"]["id"] for e in reads})
+    assert table["chunks_done"] == table["chunks"]
+    assert h.service is not None
+    metric = h.service.registry.get_sample_value(
+        "walcast_pg2kafka_snapshot_rows", {"table": f"{schema}.t"}
+    )
+    assert metric == table["rows"]
 
 
 def test_a_table_that_gains_its_key_is_snapshotted_by_itself(
@@ -509,3 +523,39 @@ def test_kill_9_mid_incremental_snapshot_resumes_and_the_stream_still_equals_the
     assert len(again) <= 2, again  # at most the chunk in flight at the kill came twice
     (run,) = [r for r in admin.snapshot_status(s) if r["kind"] == "incremental"]
     assert run["state"] == "done"
+
+
+def test_a_table_added_to_the_filters_later_is_snapshotted(
+    make_harness: HarnessFactory, unique_name: str
+) -> None:
+    """The filters grow (an operator adds a table, runs init, restarts pg2kafka): init
+    asks for the new table's snapshot, since its rows were never streamed."""
+    schema = f"s_{unique_name}"
+    snapshot = {"mode": "initial", "automatic": True, "chunk_rows": 700}
+    first = make_harness(init=False, snapshot=snapshot,
+                         filters={"include": [f"{schema}.a"]})  # fmt: skip
+    first.sql(f"CREATE SCHEMA {schema}")
+    first.sql(f"CREATE TABLE {schema}.a (id int PRIMARY KEY)")
+    first.sql(f"CREATE TABLE {schema}.b (id int PRIMARY KEY, v text)")
+    first.sql(f"INSERT INTO {schema}.b SELECT g, 'b' || g FROM generate_series(1, 2500) g")
+    admin.init(first.settings)
+    first.start()
+    first.events(lambda seen: bool(markers(seen, "a", "end")))
+    assert not [e for e in first.seen if e.get("table") == "b"]
+    first.stop()
+    assert first.consumer is not None
+    first.consumer.close()  # the next harness reads the topic in the same group
+    first.consumer = None
+
+    later = make_harness(init=False, snapshot=snapshot,
+                         filters={"include": [f"{schema}.a", f"{schema}.b"]})  # fmt: skip
+    report = admin.init(later.settings)
+    assert f"snapshot request for {schema}.b" in report.created
+    later.start()
+    later.sql(f"UPDATE {schema}.b SET v = 'changed' WHERE id = 7")
+    later.events(lambda seen: bool(markers(seen, "b", "end")), timeout=120)
+    reads = [e for e in later.seen if e["op"] == "read" and e["table"] == "b"]
+    assert sorted({e["new"]["id"] for e in reads}) == list(range(1, 2501))
+    want = {r[0]: {"id": r[0], "v": r[1]} for r in later.sql(f"SELECT id, v FROM {schema}.b")}
+    later.events(lambda seen: sink_state(seen, "b") == want, timeout=60)
+    later.stop()  # one slot, two harnesses: the first one's tear-down needs it free
