@@ -475,8 +475,8 @@ class Chaos:
         parts = [TopicPartition(self.topic, p, 0) for p in md.partitions]
         ends = {p.partition: c.get_watermark_offsets(p, timeout=10)[1] for p in parts}
         c.assign(parts)
-        seen: set[tuple[int, int]] = set()
-        last: dict[tuple[int, str], int] = {}
+        seen: set[tuple[int, int, int]] = set()
+        last: dict[tuple[int, str], tuple[int, int]] = {}
         done = {p: ends[p] == 0 for p in ends}
         events = 0
         try:
@@ -490,14 +490,16 @@ class Chaos:
                 events += 1
                 if ev.get("op") not in ("insert", "update", "delete"):
                     continue
-                pos = (ev["commit_lsn"], ev["seq"])
+                epoch = ev.get("epoch", 0)  # a new source's changes order after the old's
+                pos = (epoch, ev["commit_lsn"], ev["seq"])
                 if pos in seen:
                     continue  # an exact redelivery
                 seen.add(pos)
                 k = (msg.partition(), f"{ev['table']}:{json.dumps(ev['key'], sort_keys=True)}")
-                if ev["lsn"] < last.get(k, -1):
+                version = (epoch, ev["lsn"])
+                if version < last.get(k, (-1, -1)):
                     self.report.lsn_order_violations += 1
-                last[k] = max(ev["lsn"], last.get(k, -1))
+                last[k] = max(version, last.get(k, (-1, -1)))
         finally:
             c.close()
         self.report.events = events

@@ -94,8 +94,9 @@ class IndexState:
     alias: str
     index: str
     columns: dict[str, str]  # column -> Postgres type, as mapped
-    # Changes at or below this LSN stay out: the last truncate's LSN, or S - 1 after a
-    # snapshot's end marker at version S (its rows, version S, still land).
+    # Changes at or below this version stay out: the last truncate's version, or S - 1
+    # after a snapshot's end marker at version S (its rows, version S, still land). A
+    # version is the LSN in epoch 0 (its stored name predates epochs).
     truncated_lsn: int = 0
     meta: dict[str, Any] = field(default_factory=dict)
 
@@ -321,36 +322,38 @@ class Indexer(BatchSink[Batch]):
         been indexed from another partition before this copy arrived."""
         alias = self.alias_for(ev)
         st = self.state(alias, ev, {})
-        if ev.lsn <= st.truncated_lsn:
+        version = ev.version()
+        if version <= st.truncated_lsn:
             return  # a redelivered truncate, or its copy from another partition
         deleted = self.retry(
-            lambda: self.engine.delete_older(st.index, ev.lsn), f"truncate {alias}"
+            lambda: self.engine.delete_older(st.index, version), f"truncate {alias}"
         )
-        st.truncated_lsn = ev.lsn
+        st.truncated_lsn = version
         self.retry(lambda: self._save_meta(st), f"record the truncate of {alias}")
         self.metrics.schema_changes.labels("truncate").inc()
         log.info("truncated %s: %d documents removed", alias, deleted)
 
     def snapshot(self, ev: EventView) -> None:
         """A snapshot marker (docs/events.md, "Snapshots"). The start changes nothing. The
-        end, at version S (its LSN), says every row the table now has was delivered with
-        a version >= S: a document older than S is of a row that no longer exists, and
-        goes, as in a truncate at S — but the floor kept is S - 1 and the deletes are
-        versioned S - 1, so the snapshot's own rows (version S) still land after it (from
-        another partition, under primary-key partitioning). A redelivered end marker, or
-        its copy from another partition, does nothing."""
+        end, at version S (its LSN, after the epoch), says every row the table now has
+        was delivered with a version >= S: a document older than S is of a row that no
+        longer exists, and goes, as in a truncate at S — but the floor kept is S - 1 and
+        the deletes are versioned S - 1, so the snapshot's own rows (version S) still land
+        after it (from another partition, under primary-key partitioning). A redelivered
+        end marker, or its copy from another partition, does nothing."""
         info = ev.snapshot
         alias = self.alias_for(ev)
+        version = ev.version()
         if info["phase"] != "end":
             self.metrics.schema_changes.labels("snapshot_start").inc()
-            log.info("snapshot %s of %s started (version %d)", info["id"], alias, ev.lsn)
+            log.info("snapshot %s of %s started (version %d)", info["id"], alias, version)
             return
         st = self.state(alias, ev, {})
-        floor = ev.lsn - 1
+        floor = version - 1
         if floor <= st.truncated_lsn:
             return  # applied before, or a truncate after the snapshot's start
         deleted = self.retry(
-            lambda: self.engine.delete_older(st.index, ev.lsn, reopen=True),
+            lambda: self.engine.delete_older(st.index, version, reopen=True),
             f"remove the rows snapshot {info['id']} did not find in {alias}",
         )
         st.truncated_lsn = floor
@@ -359,7 +362,7 @@ class Indexer(BatchSink[Batch]):
         log.info(
             "snapshot %s of %s ended (version %d, %s rows delivered): %d documents of rows"
             " no longer in the table removed",
-            info["id"], alias, ev.lsn, info.get("rows"), deleted,
+            info["id"], alias, version, info.get("rows"), deleted,
         )  # fmt: skip
 
     def ddl(self, ev: EventView) -> None:
@@ -386,11 +389,12 @@ class Indexer(BatchSink[Batch]):
         after = {str(c["name"]): str(c["type"]) for c in columns if isinstance(c, dict)}
         numbers = column_numbers(columns)
         st = self.state(alias, ev, {})
-        recreated = str(d.get("tag", "")).upper() == "CREATE TABLE" and ev.lsn > st.truncated_lsn
+        version = ev.version()
+        recreated = str(d.get("tag", "")).upper() == "CREATE TABLE" and version > st.truncated_lsn
         if recreated:
             # Created (again): the documents of a table dropped under this name go.
-            gone = self.retry(lambda: self.engine.delete_older(st.index, ev.lsn), f"clear {alias}")
-            st.truncated_lsn = ev.lsn
+            gone = self.retry(lambda: self.engine.delete_older(st.index, version), f"clear {alias}")
+            st.truncated_lsn = version
             if gone:
                 log.info("table %s created again: %d documents of the old one removed", alias, gone)
         removed = [c for c in st.columns if c not in after]

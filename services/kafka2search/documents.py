@@ -78,7 +78,7 @@ class Batch:
         doc_id = document_id(ev.key)
         if doc_id is None:
             return "the table has no primary key or replica identity: no document id"
-        lsn: int = ev.lsn
+        lsn: int = ev.version()  # the epoch before the LSN (a new source)
         source: msgspec.Raw | dict[str, Any] | None = None
         missing: tuple[str, ...] = ()
         if ev.op != "delete":
@@ -126,7 +126,8 @@ class Batch:
 
 
 def bulk_body(docs: list[Doc]) -> bytes:
-    """NDJSON for the engine's bulk API: external versioning by LSN, so an older or
+    """NDJSON for the engine's bulk API: external versioning by the change's version (its
+    LSN, after the source's epoch: :meth:`EventView.version`), so an older or
     repeated change is refused (409) instead of overwriting newer data."""
     lines: list[bytes] = []
     dumps = orjson.dumps

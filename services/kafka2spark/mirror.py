@@ -24,7 +24,8 @@ Idempotence — Spark runs a batch again after a crash, with the same records an
 
 * appends (changelog, quarantine) use Delta's idempotent writes (``txnAppId`` +
   ``txnVersion`` = the batch id): a repeated append is skipped by Delta itself;
-* the MERGE is guarded by the row's LSN (``_walcast_lsn``): a change not newer than the
+* the MERGE is guarded by the row's version (``_walcast_lsn``: the LSN, after the
+  source's epoch — ``epoch * 2^48 + lsn``, docs/snapshots.md): a change not newer than the
   stored row changes nothing; a truncate records its LSN in the table's properties, so it
   is not applied twice and older changes stay out; a snapshot's end marker (version S)
   removes the rows older than S and records S - 1 there the same way, so the snapshot's
@@ -60,13 +61,21 @@ from services.kafka2spark.schema import ENVELOPE, spark_type
 from services.kafka2spark.settings import Kafka2SparkSettings
 from shared.contract.ddl import column_numbers
 from shared.contract.ddl import renames as ddl_renames
-from shared.contract.event import CONTROL_OPS, DATA_OPS, EVENT_VERSION
+from shared.contract.event import (
+    CONTROL_OPS,
+    DATA_OPS,
+    EPOCH_SHIFT,
+    EVENT_VERSION,
+    MAX_EPOCH,
+    MAX_EPOCH_LSN,
+)
 from shared.contract.event import SNAPSHOT_PHASES as PHASES
 from shared.naming import DELTA_DIRECTORY, table_name
 
 log = logging.getLogger(__name__)
 
-LSN = "_walcast_lsn"
+LSN = "_walcast_lsn"  # the row's version: its LSN, after epoch * 2^48 (a new source)
+SOURCE_LSN = "__source_lsn"  # the event's own lsn, for the changelog
 TRUNCATED = "walcast.truncated_lsn"
 SCHEMA_AT = "walcast.schema_at"  # "lsn:seq" of the last DDL applied
 NUMBERS = "walcast.column_numbers"  # JSON: column -> attnum, to recognise renames
@@ -345,6 +354,11 @@ class DeltaMirror:
             {
                 "source_table": F.concat_ws(".", "schema", "table"),
                 TKEY: F.concat_ws(".", "db", "schema", "table"),
+                # From here on ``lsn`` is the row's version: the epoch before the LSN
+                # (shared.contract.event.version); the changelog keeps both as sent.
+                SOURCE_LSN: F.col("lsn"),
+                "lsn": F.col("lsn")
+                + F.coalesce(F.col("epoch"), F.lit(0)).cast("long") * F.lit(2**EPOCH_SHIFT),
             }
         )
         try:
@@ -402,12 +416,14 @@ class DeltaMirror:
         rows = events.select(
             "source_table",
             F.to_date(ts).alias("commit_date"),
-            "op", "db", "schema", "table", "lsn", "seq", "commit_lsn", "xid",
+            "op", "db", "schema", "table", F.col(SOURCE_LSN).alias("lsn"), "seq", "commit_lsn",
+            "xid",
             ts.alias("commit_ts"),
             "key", "new", "old", "unchanged_toast", "types",
             F.to_json("ddl").alias("ddl"),
             "topic", "partition", "offset", "kafka_ts",
             F.to_json("snapshot").alias("snapshot"),
+            F.coalesce(F.col("epoch"), F.lit(0)).alias("epoch"),
         )  # fmt: skip
         n = rows.count()
         if n:
@@ -1069,6 +1085,15 @@ def _reason() -> Column:
         .when(
             F.col("e.lsn").isNull() | (F.col("e.lsn") < 0),
             F.lit("field 'lsn' missing or not a non-negative integer"),
+        )
+        .when(
+            F.col("e.epoch").isNotNull()
+            & ((F.col("e.epoch") < 0) | (F.col("e.epoch") > MAX_EPOCH)),
+            F.lit(f"field 'epoch' not an integer from 0 to {MAX_EPOCH}"),
+        )
+        .when(
+            (F.coalesce(F.col("e.epoch"), F.lit(0)) > 0) & (F.col("e.lsn") > MAX_EPOCH_LSN),
+            F.lit(f"field 'lsn' above 2^{EPOCH_SHIFT}-1 in an epoch above 0"),
         )
         .when(
             F.col("e.oversized").isNotNull(),

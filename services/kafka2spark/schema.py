@@ -86,5 +86,6 @@ ENVELOPE = T.StructType(
                 ]
             ),
         ),
+        T.StructField("epoch", T.LongType()),
     ]
 )

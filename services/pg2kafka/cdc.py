@@ -19,9 +19,11 @@ from services.pg2kafka.filters import TableFilter
 from services.pg2kafka.incremental import WATERMARK, Incremental
 from services.pg2kafka.metrics import Metrics
 from services.pg2kafka.postgres import LeaderLock
+from services.pg2kafka.replication import identify_system
 from services.pg2kafka.routing import Routing, table_key
 from services.pg2kafka.session import ReplicationSession, SlotStream
 from services.pg2kafka.settings import Pg2KafkaSettings
+from services.pg2kafka.source import SourceLedger
 from services.pg2kafka.topics import StreamTarget
 from shared.contract.event import ChangeEvent, JsonEventSerializer
 from shared.interfaces import Serializer
@@ -43,9 +45,13 @@ class CdcHandler:
         settings: Pg2KafkaSettings,
         target: StreamTarget,
         incremental: Incremental | None = None,
+        ledger: SourceLedger | None = None,
     ) -> None:
         self.settings = settings
         self.incremental = incremental
+        self.ledger = ledger
+        # The source's epoch (services/pg2kafka/source.py): on every event from 1 on.
+        self.epoch = ledger.current.epoch if ledger is not None and ledger.current else 0
         self.target = target
         self.filter = TableFilter(settings.filters.include, settings.filters.exclude)
         self.mode = settings.producer.partition_key
@@ -111,6 +117,8 @@ class CdcHandler:
     def housekeeping(self, session: ReplicationSession) -> bool:
         if self.incremental is not None:
             self.incremental.housekeeping(session, self)
+        if self.ledger is not None:
+            self.ledger.advance(session.source.confirmed_lsn)
         return False
 
     def while_waiting(self, session: ReplicationSession) -> None:
@@ -132,6 +140,8 @@ class CdcHandler:
         return self.routing.topic(ev["db"], ev["schema"], ev["table"])
 
     def send(self, session: ReplicationSession, ev: ChangeEvent) -> None:
+        if self.epoch:
+            ev["epoch"] = self.epoch
         value = self._encode(ev)
         topic = self.topic_for(session, ev)
         key = self.key_for(ev)
@@ -173,6 +183,8 @@ class CdcHandler:
         if self.mode != "primary_key":
             self.send(session, ev)
             return
+        if self.epoch:
+            ev["epoch"] = self.epoch
         value = self.serializer.encode(ev)
         key = table_key(ev["schema"], ev["table"])
         topic = self.topic_for(session, ev)
@@ -202,11 +214,14 @@ class CdcStream(SlotStream):
 
         s = self.settings
         leader = LeaderLock(s.postgres.conninfo(), self.target.slot)
+        ledger = SourceLedger(s)
         try:
             if not leader.acquire(self.stop, s.replication.standby_poll_s, self.live.tick):
                 return
+            epoch = self.begin_epoch(ledger)
+            self.incremental.epoch = epoch
             if s.snapshot.mode != "never":
-                outcome = initial_snapshot(s, self.metrics, self.stop, self.live.tick)
+                outcome = initial_snapshot(s, self.metrics, self.stop, self.live.tick, epoch)
                 self.live.progressed = outcome in ("done", "cancelled")
                 if outcome == "stopped":
                     return
@@ -221,9 +236,30 @@ class CdcStream(SlotStream):
                     self.stop.set()
                     return
             session = self.session(leader)
-            handler = CdcHandler(self.settings, self.target, self.incremental)
+            handler = CdcHandler(self.settings, self.target, self.incremental, ledger)
             handler.check_keyless(session)
             session.run(handler)
         finally:
             self.incremental.close()
+            ledger.close()
             leader.release()
+
+    def begin_epoch(self, ledger: SourceLedger) -> int:
+        """The epoch this leadership streams under: the stream's, or the next one when the
+        server is not the source the stream carried (services/pg2kafka/source.py). The
+        snapshots a new source needs are asked for before the epoch is recorded."""
+        from services.pg2kafka.snapshot import after_source_change
+
+        record, reason = ledger.start(identify_system(self.settings.postgres.conninfo()))
+        self.metrics.epoch.set(record.epoch)
+        if reason is None:
+            return record.epoch
+        log.warning(
+            "the source changed: %s. Epoch %d begins: its changes order after every change"
+            " the sinks hold, whatever their LSNs",
+            reason,
+            record.epoch,
+        )
+        log.warning("after the change of source: %s", after_source_change(self.settings, reason))
+        ledger.commit(record)
+        return record.epoch

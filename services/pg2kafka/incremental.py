@@ -145,6 +145,7 @@ class Incremental:
         self.floors_loaded = False
         self.resumed = False  # chunks a dead leader held were requeued (once per process)
         self.disabled = False  # the role may not use the snapshot tables
+        self.epoch = 0  # the source's epoch (services/pg2kafka/source.py), set per leadership
 
     # -- on the session's thread ---------------------------------------------------------
 
@@ -323,7 +324,8 @@ class Incremental:
 
     def _store(self) -> SnapshotStore:
         if self.store is None or self.store.conn.closed:
-            self.store = SnapshotStore(self.conninfo)
+            self.store = SnapshotStore(self.conninfo, self.epoch)
+        self.store.epoch = self.epoch  # a new leadership may have found a new source
         return self.store
 
     # -- requests ------------------------------------------------------------------------

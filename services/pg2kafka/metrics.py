@@ -72,6 +72,12 @@ class Metrics:
         self.confirmed = Gauge(
             f"{prefix}_confirmed_lsn", "LSN confirmed to the slot", registry=registry
         )
+        self.epoch = Gauge(
+            f"{prefix}_source_epoch",
+            "the source's epoch the CDC stream's events carry: it grows when pg2kafka finds a"
+            " restored or promoted database (docs/snapshots.md)",
+            registry=registry,
+        )
         self.quarantined = Gauge(
             f"{prefix}_quarantined_events",
             "subscription events in _walcast.subscription_errors (failed at the application's"

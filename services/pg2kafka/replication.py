@@ -25,6 +25,7 @@ import struct
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import NamedTuple
 
 import psycopg
 from psycopg import pq
@@ -233,15 +234,28 @@ def created_slot_snapshot(conninfo: str, slot: str) -> Iterator[tuple[str, str]]
         yield consistent_point, snapshot
 
 
-def identify_system(conninfo: str) -> tuple[str, int]:
-    """The server's system identifier and timeline (``IDENTIFY_SYSTEM``): which source a
-    snapshot's rows came from. A restored or promoted server answers differently."""
+class Identity(NamedTuple):
+    """What ``IDENTIFY_SYSTEM`` says of a server: which cluster (``system``), which
+    history (``timeline``) and how far its WAL is flushed (``wal_lsn``). A restored or
+    promoted server answers differently (services/pg2kafka/source.py)."""
+
+    system: str
+    timeline: int
+    wal_lsn: int
+
+
+def identify_system(conninfo: str) -> Identity:
+    """The server's :class:`Identity`."""
     with psycopg.connect(conninfo, replication="database", autocommit=True) as conn:
         result = conn.pgconn.exec_(b"IDENTIFY_SYSTEM")
         if result.status != pq.ExecStatus.TUPLES_OK:
             message = (result.error_message or b"").decode(errors="replace").strip()
             raise RetriableError(f"IDENTIFY_SYSTEM failed: {message}")
-        return (result.get_value(0, 0) or b"").decode(), int(result.get_value(0, 1) or b"0")
+        return Identity(
+            (result.get_value(0, 0) or b"").decode(),
+            int(result.get_value(0, 1) or b"0"),
+            pgoutput.parse_lsn((result.get_value(0, 2) or b"0/0").decode()),
+        )
 
 
 class SlotInvalidatedError(PermanentError):
@@ -299,6 +313,7 @@ def _stream_end(pgconn: pq.abc.PGconn, slot: str) -> Exception:
 
 
 __all__ = [
+    "Identity",
     "PostgresReplicationSource",
     "SlotInvalidatedError",
     "created_slot_snapshot",

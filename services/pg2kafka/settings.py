@@ -139,6 +139,11 @@ class ProducerSettings(Section):
     # max.message.bytes must allow it too. 1 MB rows plus their envelope need headroom.
     max_message_bytes: int = Field(default=16 * 1024 * 1024, ge=1_000_000)
     create_topic: bool = False
+    # walcast's own compacted topic (created when missing, one partition): per stream
+    # (keyed by `topic`) the source it carries, its epoch and how far it got — how
+    # pg2kafka tells a restored or promoted database from the one it streamed
+    # (docs/snapshots.md, "A different source").
+    source_topic: str = Field(default="walcast.sources", min_length=1, max_length=249)
     topic_partitions: int = Field(default=6, ge=1)
     topic_replication_factor: int = Field(default=1, ge=1)
 

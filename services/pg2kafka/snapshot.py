@@ -61,6 +61,7 @@ from services.pg2kafka.filters import TableFilter
 from services.pg2kafka.postgres import Catalog
 from services.pg2kafka.replication import (
     SESSION_OPTIONS,
+    Identity,
     created_slot_snapshot,
     format_lsn,
     identify_system,
@@ -126,6 +127,7 @@ class Job:
     kind: str
     version: int
     state: str
+    epoch: int = 0  # the source's epoch its events carry (not stored: the stream's, now)
 
 
 def describe_tables(
@@ -223,8 +225,9 @@ class SnapshotStore:
     """``_walcast.snapshots`` / ``snapshot_tables`` / ``snapshot_chunks`` (V010) on its own
     autocommit connection: one per thread."""
 
-    def __init__(self, conninfo: str) -> None:
+    def __init__(self, conninfo: str, epoch: int = 0) -> None:
         self.conn: psycopg.Connection[tuple[Any, ...]] = psycopg.connect(conninfo, autocommit=True)
+        self.epoch = epoch  # given to the jobs it hands out
 
     def close(self) -> None:
         self.conn.close()
@@ -237,7 +240,7 @@ class SnapshotStore:
         tables: list[TableSpec],
         planner: Callable[[TableSpec], list[Bounds]],
         requested_by: str,
-        system: tuple[str, int] | None,
+        system: Identity | None,
     ) -> Job:
         lsn = format_lsn(version)
         with self.conn.transaction():
@@ -283,7 +286,7 @@ class SnapshotStore:
                             for n, (rel, first, end, lo, hi) in enumerate(chunks)
                         ],
                     )
-        return Job(job_id, slot, kind, version, "running")
+        return Job(job_id, slot, kind, version, "running", self.epoch)
 
     def unfinished(self, slot: str, kind: str) -> Job | None:
         row = self.conn.execute(
@@ -291,7 +294,9 @@ class SnapshotStore:
             " WHERE slot = %s AND kind = %s AND state = 'running' ORDER BY id DESC LIMIT 1",
             [slot, kind],
         ).fetchone()
-        return None if row is None else Job(int(row[0]), slot, kind, int(row[1]), str(row[2]))
+        if row is None:
+            return None
+        return Job(int(row[0]), slot, kind, int(row[1]), str(row[2]), self.epoch)
 
     def state(self, job: Job) -> str:
         row = self.conn.execute(
@@ -404,7 +409,7 @@ class SnapshotStore:
             " AND kind = 'incremental' AND state = 'running' ORDER BY id",
             [slot],
         ).fetchall()
-        return [Job(int(r[0]), slot, "incremental", int(r[1]), "running") for r in rows]
+        return [Job(int(r[0]), slot, "incremental", int(r[1]), "running", self.epoch) for r in rows]
 
     def table_counts(self, job_id: int, schema: str, table: str) -> tuple[int, int]:
         """(chunks not recorded done, rows recorded) of one table of a run."""
@@ -498,9 +503,11 @@ class SnapshotProducer:
         self,
         settings: Pg2KafkaSettings,
         inflight_bytes: int,
+        epoch: int = 0,
         while_waiting: Callable[[], None] = lambda: None,
     ) -> None:
         self.settings = settings
+        self.epoch = epoch
         self.sink = BulkKafkaSink(
             producer_config(settings),
             max_inflight_bytes=inflight_bytes,
@@ -516,6 +523,8 @@ class SnapshotProducer:
                            "table": table, "lsn": version, "seq": 0, "commit_lsn": version,
                            "xid": 0, "commit_ts": iso_utc(time.time_ns() // 1000),
                            "key": {}, "new": None, "old": None, "snapshot": info}  # fmt: skip
+        if self.epoch:
+            ev["epoch"] = self.epoch
         value = orjson.dumps(ev)
         topic = self.routing.topic(db, schema, table)
         if self.routing.mode == "primary_key":
@@ -650,8 +659,9 @@ class Reader:
         fixed_key = (
             rel.schema.encode() if routing.mode == "schema" else table_key(rel.schema, rel.table)
         )
+        epoch = self.job.epoch
         head, middle, tail = pg_json_frame(
-            self.settings.postgres.database, rel, version, read_at, info, self.builder
+            self.settings.postgres.database, rel, version, read_at, info, self.builder, epoch
         )
         join = b"".join
         new_field = b',"new":'
@@ -685,6 +695,8 @@ class Reader:
                                 value = oversized(orjson.loads(value), len(value))
                         else:
                             ev = self.builder.read(rel, values, version, rows, read_at, info)
+                            if epoch:
+                                ev["epoch"] = epoch
                             value = orjson.dumps(ev)
                             key = routing.key(ev)
                             if len(value) + len(key) > limit:
@@ -745,6 +757,7 @@ def pg_json_frame(
     read_at: str,
     info: SnapshotInfo,
     builder: EventBuilder,
+    epoch: int = 0,
 ) -> tuple[bytes, bytes, bytes]:
     """The bytes around a read row's seq, key and row, in the contract's field order."""
     dumps = orjson.dumps
@@ -752,7 +765,8 @@ def pg_json_frame(
     head = b'{"v":%d,"op":"read","db":%b,"schema":%b,"table":%b,"lsn":%d,"seq":' % (
         EVENT_VERSION, dumps(db), dumps(rel.schema), dumps(rel.table), version)  # fmt: skip
     middle = b',"commit_lsn":%d,"xid":0,"commit_ts":%b,"key":' % (version, dumps(read_at))
-    tail = b',"old":null,"types":%b,"snapshot":%b}' % (dumps(types), dumps(info))
+    tail = b',"old":null,"types":%b,"snapshot":%b' % (dumps(types), dumps(info))
+    tail += b',"epoch":%d}' % epoch if epoch else b"}"
     return head, middle, tail
 
 
@@ -910,7 +924,7 @@ def reader_process(
     ``failures`` as (permanent, message, hint) for pg2kafka to raise."""
     configure_logging(settings.log.level, settings.log.format)
     control = RunControl(halt, rate, halt=halt, parent=parent)
-    producer = SnapshotProducer(settings, budget)
+    producer = SnapshotProducer(settings, budget, job.epoch)
     by_name = {(t.schema, t.name): t for t in tables}
     try:
         Reader(settings, job, by_name, control, snapshot_name, producer).run()
@@ -947,7 +961,7 @@ class Readers:
         share = None if rate is None else rate / workers
         budget = max(settings.producer.max_inflight_bytes // workers, 1024 * 1024)
         self.control = RunControl(stop, share, halt=self.halted)
-        self.producer = SnapshotProducer(settings, budget)
+        self.producer = SnapshotProducer(settings, budget, job.epoch)
         by_name = {(t.schema, t.name): t for t in tables}
         reader = Reader(settings, job, by_name, self.control, snapshot_name, self.producer)
         self.thread = threading.Thread(target=reader.run, name="snapshot-0", daemon=True)
@@ -1059,6 +1073,7 @@ def initial_snapshot(
     metrics: Metrics,
     stop: threading.Event,
     tick: Callable[[], None] = lambda: None,
+    epoch: int = 0,
 ) -> str:
     """Before streaming, as leader: create the slot with an exported snapshot and read
     every published table under it, or finish an interrupted initial snapshot. Returns
@@ -1067,7 +1082,7 @@ def initial_snapshot(
     rep = settings.replication
     conninfo = settings.postgres.conninfo()
     table_filter = TableFilter(settings.filters.include, settings.filters.exclude)
-    store = SnapshotStore(conninfo)
+    store = SnapshotStore(conninfo, epoch)
     try:
         encoding = store.conn.execute("SHOW server_encoding").fetchone()
         if encoding is not None and encoding[0] == "SQL_ASCII":
@@ -1118,10 +1133,10 @@ def initial_snapshot(
 
 
 def start_markers(
-    settings: Pg2KafkaSettings, job: Job, tables: list[TableSpec], system: tuple[str, int]
+    settings: Pg2KafkaSettings, job: Job, tables: list[TableSpec], system: Identity
 ) -> None:
     """Each table's start marker, with the source the rows are read from."""
-    producer = SnapshotProducer(settings, settings.producer.max_inflight_bytes)
+    producer = SnapshotProducer(settings, settings.producer.max_inflight_bytes, job.epoch)
     try:
         for t in tables:
             producer.marker(
@@ -1132,6 +1147,47 @@ def start_markers(
         producer.flush()
     finally:
         producer.close()
+
+
+def after_source_change(settings: Pg2KafkaSettings, reason: str) -> str:
+    """A new source (services/pg2kafka/source.py): every published table is read again,
+    so that the end markers remove from the sinks the rows the new source does not have.
+    Unfinished runs end (their rows carry the old epoch: finishing them would remove what
+    they read before); when the slot came along, every table is requested as an
+    incremental snapshot; without a slot, the initial snapshot that follows reads them
+    all. Returns what happens, for the log."""
+    rep = settings.replication
+    with psycopg.connect(settings.postgres.conninfo(), autocommit=True) as conn:
+        slot = conn.execute(
+            "SELECT 1 FROM pg_catalog.pg_replication_slots WHERE slot_name = %s", [rep.slot]
+        ).fetchone()
+        if settings.snapshot.mode == "never":
+            return (
+                "snapshot.mode is never: the sinks keep the rows of the old source that this"
+                " one does not have, until they change or a table is snapshotted"
+            )
+        try:
+            with conn.transaction():
+                conn.execute(
+                    "UPDATE _walcast.snapshots SET state = 'failed', finished_at = now(),"
+                    " error = %s WHERE slot = %s AND state = 'running'",
+                    [f"the source changed: {reason}"[:1000], rep.slot],
+                )
+                if slot is None:
+                    return "no slot on this server: the initial snapshot reads every table"
+                tables = conn.execute(
+                    "INSERT INTO _walcast.snapshot_requests (publication, schema_name,"
+                    " table_name, reason) SELECT pubname, schemaname, tablename,"
+                    " 'source changed' FROM pg_catalog.pg_publication_tables"
+                    " WHERE pubname = %s RETURNING id",
+                    [rep.publication],
+                ).fetchall()
+        except (psycopg.errors.InsufficientPrivilege, psycopg.errors.UndefinedTable) as exc:
+            return (
+                f"the role may not use the snapshot tables ({str(exc).strip()}): no table is"
+                " snapshotted; the sinks keep the old source's rows this one lacks"
+            )
+    return f"slot {rep.slot} came along: {len(tables)} table(s) requested as incremental snapshots"
 
 
 def drop_slot(settings: Pg2KafkaSettings) -> None:
@@ -1148,6 +1204,7 @@ def drop_slot(settings: Pg2KafkaSettings) -> None:
 __all__ = [
     "SnapshotStore",
     "TableSpec",
+    "after_source_change",
     "describe_tables",
     "drop_slot",
     "initial_snapshot",

@@ -37,6 +37,19 @@ import orjson
 EVENT_VERSION = 1
 MAX_LSN = 2**63 - 1
 """The largest LSN a consumer accepts: the search engines' external version is a Java long."""
+EPOCH_SHIFT = 48
+"""A row's version is ``epoch << EPOCH_SHIFT | lsn``: the source's epoch orders before its
+LSN (docs/snapshots.md, "A different source"). 2^48 bytes is 256 TiB of WAL; pg2kafka
+refuses a server whose WAL position is beyond it."""
+MAX_EPOCH = 2**15 - 1
+"""The largest epoch: its version still fits a Java long."""
+MAX_EPOCH_LSN = 2**EPOCH_SHIFT - 1
+"""The largest LSN an event of epoch 1 or later carries."""
+
+
+def version(epoch: int, lsn: int) -> int:
+    """The number sinks compare: the epoch first, then the LSN (epoch 0: the LSN)."""
+    return (epoch << EPOCH_SHIFT) | lsn if epoch else lsn
 
 
 class Op(StrEnum):
@@ -61,7 +74,7 @@ OPS: frozenset[str] = frozenset(Op)
 
 FIELDS: tuple[str, ...] = (
     "v", "op", "db", "schema", "table", "lsn", "seq", "commit_lsn", "xid", "commit_ts",
-    "key", "new", "old", "unchanged_toast", "types", "ddl", "oversized", "snapshot",
+    "key", "new", "old", "unchanged_toast", "types", "ddl", "oversized", "snapshot", "epoch",
 )  # fmt: skip
 """The envelope's fields, in the order the producer writes them."""
 REQUIRED: tuple[str, ...] = ("v", "op", "db", "lsn", "seq", "commit_lsn", "xid", "commit_ts")
@@ -117,6 +130,7 @@ class ChangeEvent(TypedDict, total=False):
     ddl: DdlChange
     oversized: int  # bytes of the change that was too large for Kafka (a reference event)
     snapshot: SnapshotInfo  # read rows and snapshot markers
+    epoch: int  # the source's epoch, when above 0 (a restored or promoted source)
 
 
 class Position(NamedTuple):
@@ -176,6 +190,12 @@ class EventView(msgspec.Struct, gc=False):
     ddl: Any = None
     oversized: Any = None
     snapshot: Any = None
+    epoch: Any = None
+
+    def version(self) -> int:
+        """What a sink compares to order two writes of a row: ``lsn`` within an epoch,
+        and any change of a later epoch (a new source) after every one of an earlier."""
+        return (self.epoch << EPOCH_SHIFT) | self.lsn if self.epoch else self.lsn  # type: ignore[no-any-return]
 
     def column_types(self) -> Mapping[str, str]:
         """Column → Postgres type name; shared between events, never to be mutated."""
@@ -241,6 +261,11 @@ def decode(value: bytes | None) -> EventView:
                 raise EventDecodeError(f"field {name!r} missing or not a string")
     if type(ev.lsn) is not int or not 0 <= ev.lsn <= MAX_LSN:
         raise EventDecodeError("field 'lsn' missing or not an integer from 0 to 2^63-1")
+    if ev.epoch is not None:
+        if type(ev.epoch) is not int or not 0 <= ev.epoch <= MAX_EPOCH:
+            raise EventDecodeError(f"field 'epoch' not an integer from 0 to {MAX_EPOCH}")
+        if ev.epoch and ev.lsn > MAX_EPOCH_LSN:
+            raise EventDecodeError(f"field 'lsn' above 2^{EPOCH_SHIFT}-1 in epoch {ev.epoch}")
     if ev.oversized is not None:
         raise EventDecodeError(
             f"a reference to a change of {ev.oversized!r} bytes, larger than Kafka accepts"

@@ -251,7 +251,10 @@ def test_kafka_outage_under_load_is_bounded_and_lossless(
         # updates keep flowing while pg2kafka waits on Kafka (backpressure).
         PG2KAFKA_REPLICATION__WAL_SENDER_TIMEOUT_S="5",
     )
-    wait_until(lambda: ready(proc.log), "pg2kafka to lead", 30)
+    # Streaming, not only leading: the outage must hit a running stream (a leader first
+    # reads and records its stream's source in Kafka: services/pg2kafka/source.py).
+    wait_until(lambda: "streaming slot" in proc.log.read_text(errors="replace"),
+               "pg2kafka to stream", 60)  # fmt: skip
     baseline_rss = rss_bytes(proc.pid)
     walcast = str(REPO / "deploy/local/walcast")
     stop = subprocess.run([walcast, "down", "kafka"], capture_output=True, text=True, check=False)

@@ -4,59 +4,24 @@ cluster with wal_level=replica (the stack's own server is correctly configured).
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
-import tempfile
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
-from tests.e2e.conftest import REPO, free_port
+from tests.e2e.conftest import REPO
+from tests.pgcluster import PgCluster
 
 
 @pytest.fixture
 def replica_level_postgres() -> Iterator[int]:
-    bindir = sorted(Path("/usr/lib/postgresql").glob("*/bin/initdb"))[-1].parent
-    root = Path(tempfile.mkdtemp(prefix="walcast-pgtest-"))
-    data = root / "data"
-    as_owner: list[str] = []
-    if os.geteuid() == 0:
-        shutil.chown(root, "postgres", "postgres")
-        root.chmod(0o755)
-        as_owner = ["runuser", "-u", "postgres", "--"]
-    port = free_port()
-    subprocess.run(
-        [*as_owner, str(bindir / "initdb"), "-D", str(data), "-U", "postgres", "--auth=trust"],
-        check=True,
-        capture_output=True,
-    )
-    subprocess.run(
-        [
-            *as_owner,
-            str(bindir / "pg_ctl"),
-            "-D",
-            str(data),
-            "-l",
-            str(root / "log"),
-            "-w",
-            "-o",
-            f"-p {port} -k {root} -c listen_addresses=127.0.0.1 -c wal_level=replica",
-            "start",
-        ],
-        check=True,
-        capture_output=True,
-    )
+    cluster = PgCluster()
     try:
-        yield port
+        cluster.start(wal_level="replica")
+        yield cluster.port
     finally:
-        subprocess.run(
-            [*as_owner, str(bindir / "pg_ctl"), "-D", str(data), "-m", "immediate", "stop"],
-            check=False,
-            capture_output=True,
-        )
-        shutil.rmtree(root, ignore_errors=True)
+        cluster.remove()
 
 
 def test_wal_level_not_logical_is_refused_with_the_fix(

@@ -108,6 +108,14 @@ class Harness:
         return int(rows[0][0])
 
 
+def difference(want: dict[str, Any], got: dict[str, Any]) -> tuple[list[Any], ...]:
+    """(missing, extra, wrong) keys, ten of each at most, with the wrong values."""
+    missing = sorted(set(want) - set(got))[:10]
+    extra = sorted(set(got) - set(want))[:10]
+    wrong = [(k, want[k], got[k]) for k in sorted(want) if k in got and got[k] != want[k]][:10]
+    return missing, extra, wrong
+
+
 def data(events: list[dict[str, Any]], table: str) -> list[dict[str, Any]]:
     return [e for e in events if e.get("table") == table and e["op"] != "ddl"]
 

@@ -16,7 +16,7 @@ from deltalake import DeltaTable
 from pyspark.sql import SparkSession
 
 from services.pg2kafka import admin
-from tests.integration.conftest import HarnessFactory
+from tests.integration.conftest import HarnessFactory, difference
 from tests.integration.kafka2search.conftest import (  # noqa: F401 - fixtures
     IndexerFactory,
     engine_kind,
@@ -27,14 +27,6 @@ from tests.integration.kafka2spark.conftest import (  # noqa: F401 - fixtures
     make_mirror,
     spark,
 )
-
-
-def difference(want: dict[str, Any], got: dict[str, Any]) -> tuple[list[Any], ...]:
-    """(missing, extra, wrong) keys, ten of each at most, with the wrong values."""
-    missing = sorted(set(want) - set(got))[:10]
-    extra = sorted(set(got) - set(want))[:10]
-    wrong = [(k, want[k], got[k]) for k in sorted(want) if k in got and got[k] != want[k]][:10]
-    return missing, extra, wrong
 
 
 def ends(seen: list[dict[str, Any]], table: str) -> int:

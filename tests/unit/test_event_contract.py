@@ -155,3 +155,35 @@ def test_a_snapshot_id_beyond_a_long_is_refused() -> None:
 def test_the_schema_asks_the_end_marker_for_its_row_count() -> None:
     with pytest.raises(jsonschema.ValidationError, match="'rows' is a required property"):
         jsonschema.validate(marker(id=3, phase="end"), SCHEMA)
+
+
+# -- epochs: the version across a change of source ---------------------------------------
+
+
+def test_the_epoch_orders_before_the_lsn() -> None:
+    """A change of a later epoch (a restored or promoted source) outranks every change of
+    an earlier one, however low its LSN; without ``epoch`` the version is the LSN."""
+    old = event.decode(json.dumps(READ | {"lsn": 0x5_0000_0000}).encode())
+    new = event.decode(json.dumps(READ | {"lsn": 0x100, "epoch": 1}).encode())
+    assert old.version() == 0x5_0000_0000 == event.version(0, 0x5_0000_0000)
+    assert new.version() == (1 << event.EPOCH_SHIFT) + 0x100 == event.version(1, 0x100)
+    assert new.version() > old.version()
+    jsonschema.validate(READ | {"epoch": 1}, SCHEMA)
+    top = event.version(event.MAX_EPOCH, event.MAX_EPOCH_LSN)
+    assert top <= event.MAX_LSN  # a search engine's external version (a Java long)
+
+
+@pytest.mark.parametrize(
+    ("fields", "reason"),
+    [
+        pytest.param({"epoch": -1}, "'epoch' not an integer", id="negative"),
+        pytest.param({"epoch": "1"}, "'epoch' not an integer", id="text"),
+        pytest.param({"epoch": event.MAX_EPOCH + 1}, "'epoch' not an integer", id="too-large"),
+        pytest.param({"epoch": 2, "lsn": 2**48}, "above 2^48-1 in epoch 2", id="lsn-too-large"),
+    ],
+)
+def test_a_bad_epoch_is_refused_with_the_reason(fields: dict[str, Any], reason: str) -> None:
+    with pytest.raises(event.EventDecodeError, match=re.escape(reason)):
+        event.decode(json.dumps(READ | fields).encode())
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(READ | fields, SCHEMA)
