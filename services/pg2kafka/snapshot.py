@@ -1161,11 +1161,6 @@ def after_source_change(settings: Pg2KafkaSettings, reason: str) -> str:
         slot = conn.execute(
             "SELECT 1 FROM pg_catalog.pg_replication_slots WHERE slot_name = %s", [rep.slot]
         ).fetchone()
-        if settings.snapshot.mode == "never":
-            return (
-                "snapshot.mode is never: the sinks keep the rows of the old source that this"
-                " one does not have, until they change or a table is snapshotted"
-            )
         try:
             with conn.transaction():
                 conn.execute(
@@ -1173,6 +1168,12 @@ def after_source_change(settings: Pg2KafkaSettings, reason: str) -> str:
                     " error = %s WHERE slot = %s AND state = 'running'",
                     [f"the source changed: {reason}"[:1000], rep.slot],
                 )
+                if settings.snapshot.mode == "never":
+                    return (
+                        "snapshot.mode is never: the sinks keep the rows of the old source"
+                        " that this one does not have, until they change or a table is"
+                        " snapshotted"
+                    )
                 if slot is None:
                     return "no slot on this server: the initial snapshot reads every table"
                 tables = conn.execute(

@@ -115,7 +115,9 @@ class SourceLedger:
     def __init__(self, settings: Pg2KafkaSettings) -> None:
         self.settings = settings
         self.topic = settings.producer.source_topic
-        self.key = settings.producer.topic.encode()
+        # The stream is where its events go: the topic template when tables are routed
+        # one by one (two pipelines writing the same topics are one stream to the sinks).
+        self.key = (settings.producer.topic_template or settings.producer.topic).encode()
         self.config = settings.kafka.client_config()
         self.current: SourceRecord | None = None
         self._producer: Producer | None = None
@@ -133,6 +135,11 @@ class SourceLedger:
         before = self.read()
         reason = judge(before, now)
         if before is None:
+            log.info(
+                "no record of stream %s in %s: a new stream, at epoch 0 (a record deleted"
+                " by hand would hide a change of source from the next start)",
+                self.key.decode(), self.topic,
+            )  # fmt: skip
             record = SourceRecord(0, now.system, now.timeline, 0, slot)
             self.commit(record)
             return record, None
