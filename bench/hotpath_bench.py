@@ -150,6 +150,11 @@ def _stream_dispatch() -> tuple[Callable[[int, Any], None], Any]:
         handler = CdcHandler(settings, target)
         session.sink.close()
         session.sink = _NullSink()  # type: ignore[assignment]
+        # The topic as if learnt from Kafka at start-up (no broker here).
+        topics = getattr(session, "topics", None)
+        if topics is not None and hasattr(topics, "max_value_bytes"):
+            topics.partitions[target.topic] = 1
+            topics.max_value_bytes[target.topic] = settings.producer.max_message_bytes
 
         def dispatch(lsn: int, msg: Any) -> None:
             session.dispatch(handler, lsn, msg)

@@ -34,6 +34,9 @@ from shared.settings import load_settings
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--events", type=int, default=1_000_000)
+    parser.add_argument(
+        "--replay-batch", type=int, help="subscriptions.replay_batch (default: the setting's)"
+    )
     args = parser.parse_args()
     env = read_env()
     dsn = env["WALCAST_PG_DSN"]
@@ -45,12 +48,14 @@ def main() -> int:
         "slot": f"bench_replay_{run}",
         "publication": f"bench_replay_{run}",
         "topic": f"bench.replay.{run}",
+        **({"replay_batch": args.replay_batch} if args.replay_batch else {}),
     }
     overrides = {
         "replication": {"slot": f"bench_rcdc_{run}", "publication": f"bench_rcdc_{run}"},
         "filters": {"include": [f"public.bench_none_{run}"]},
         "producer": {"topic": f"bench.rcdc.{run}", "create_topic": True, "topic_partitions": 1},
         "subscriptions": sub,
+        "snapshot": {"mode": "never"},  # init creates the CDC slot; run streams it
     }
     settings = load_settings(Pg2KafkaSettings, env_file=STATE / "walcast.env", **overrides)
     admin.init(settings)
@@ -144,11 +149,13 @@ def main() -> int:
         "replay_events_per_s": round(args.events / replay_s),
         "ratio": round(read_s / replay_s, 3),
         "replay_s": round(replay_s, 1),
+        "replay_batch": settings.subscriptions.replay_batch,
     }
     print(f"\n{'measure':<40}{'events/s':>12}")
     print(f"{'COPY read of the queue (baseline)':<40}{results['copy_read_events_per_s']:>12,}")
     print(f"{'pg2kafka replay into Kafka (acks=all)':<40}{results['replay_events_per_s']:>12,}")
     print(f"{'ratio':<40}{results['ratio']:>12}")
+    print(f"{'subscriptions.replay_batch':<40}{results['replay_batch']:>12,}")
     (RESULTS / "replay.json").write_text(orjson.dumps(results, option=orjson.OPT_INDENT_2).decode())
     return 0
 

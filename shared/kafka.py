@@ -199,16 +199,23 @@ class BulkKafkaSink:
             self.failure = err
 
     def write(
-        self, topic: str, value: bytes, key: bytes | None, partition: int | None = None
+        self,
+        topic: str,
+        value: bytes,
+        key: bytes | None,
+        partition: int | None = None,
+        headers: list[tuple[str, bytes]] | None = None,
     ) -> None:
         """Queue one record (the hot loop may call ``producer.produce`` itself and come
         here only on ``BufferError``)."""
+        kwargs: dict[str, Any] = {}
+        if partition is not None:
+            kwargs["partition"] = partition
+        if headers:
+            kwargs["headers"] = headers
         while True:
             try:
-                if partition is None:
-                    self.producer.produce(topic, value, key)
-                else:
-                    self.producer.produce(topic, value, key, partition=partition)
+                self.producer.produce(topic, value, key, **kwargs)
                 return
             except BufferError:
                 self.wait_for_room()

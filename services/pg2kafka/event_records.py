@@ -41,12 +41,19 @@ def event_message(
     if lsn is not None:
         headers.append(("walcast-lsn", str(lsn).encode()))
     metadata = row.get("metadata")
-    if isinstance(metadata, str):
-        meta = _loads(metadata)
-        if isinstance(meta, dict):
-            for k, v in meta.items():
-                headers.append((str(k), v.encode() if isinstance(v, str) else _dumps(v)))
+    headers.extend(metadata_headers(metadata if isinstance(metadata, str) else None))
     return Outgoing(topic, event_key(payload, key_field), payload.encode(), headers)
+
+
+def metadata_headers(metadata: str | None) -> list[tuple[str, bytes]]:
+    """An events row's metadata object as headers: strings as their text, other values as
+    JSON."""
+    if metadata is None:
+        return []
+    meta = _loads(metadata)
+    if not isinstance(meta, dict):
+        return []
+    return [(str(k), v.encode() if isinstance(v, str) else _dumps(v)) for k, v in meta.items()]
 
 
 class _Number(str):

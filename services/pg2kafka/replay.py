@@ -30,8 +30,8 @@ from psycopg import sql
 
 from services.pg2kafka.event_records import (
     KafkaUnavailableError,
-    event_message,
-    fit,
+    event_key,
+    metadata_headers,
     too_large,
 )
 from services.pg2kafka.metrics import Metrics
@@ -40,7 +40,7 @@ from services.pg2kafka.replication import created_slot_snapshot
 from services.pg2kafka.settings import Pg2KafkaSettings
 from services.pg2kafka.topics import RECORD_OVERHEAD, StreamTarget
 from shared.errors import RetriableError
-from shared.kafka import KafkaSink, topic_max_message_bytes
+from shared.kafka import BulkKafkaSink, Outgoing, topic_max_message_bytes
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +57,7 @@ def replay_queue(
     midway raises ``KafkaUnavailableError``."""
     sub = settings.subscriptions
     s = settings
-    sink = KafkaSink(
+    sink = BulkKafkaSink(
         {
             **s.kafka.client_config(),
             "linger.ms": s.producer.linger_ms,
@@ -68,36 +68,55 @@ def replay_queue(
         max_inflight_bytes=s.producer.max_inflight_bytes,
         while_waiting=tick,
     )
-    sink.set_listener(lambda _seq: None)
-    topic_limit = topic_max_message_bytes(s.kafka.client_config(), target.topic)
+    topic = target.topic
+    topic_limit = topic_max_message_bytes(s.kafka.client_config(), topic)
     limit = min(s.producer.max_message_bytes, topic_limit or s.producer.max_message_bytes)
     limit -= RECORD_OVERHEAD
+    query = replay_query(sub.stream_id, sub.replay_batch, sub.key_field)
+    key_path = sub.key_field.split(".") if sub.key_field else []
+    produce = sink.producer.produce
+    headers_of = _MetadataHeaders()
+    stream_header = ("walcast-stream-id", str(sub.stream_id).encode())
     total = 0
+    after = 0  # the last seq sent: each batch reads on from it, past deleted index entries
     started = time.monotonic()
 
     def one_batch(conn: psycopg.Connection[Any]) -> int:
-        rows: list[tuple[int, dict[str, Any]]] = []
-        copy_sql = (
-            "COPY (SELECT q.seq, e.id, e.payload::text, e.metadata::text, e.stream_id,"
-            " e.created_at::text FROM _walcast.replay_queue q LEFT JOIN _walcast.events e"
-            " ON e.created_at = q.event_created_at AND e.id = q.event_id"
-            f" WHERE q.stream_id = {int(sub.stream_id)} ORDER BY q.seq"
-            f" LIMIT {int(sub.replay_batch)}) TO STDOUT"
-        )
-        with conn.cursor() as cur, cur.copy(copy_sql) as copy:
-            copy.set_types(["int8", "int8", "text", "text", "int8", "text"])
-            for seq, eid, payload, metadata, stream_id, created in copy.rows():
-                row = {"id": eid, "payload": payload, "metadata": metadata,
-                       "stream_id": stream_id, "created_at": created}  # fmt: skip
-                rows.append((seq, row))
-        last = conn.execute(
-            "SELECT max(seq) FROM (SELECT seq FROM _walcast.replay_queue WHERE stream_id = %s"
-            " ORDER BY seq LIMIT %s) q",
-            [sub.stream_id, sub.replay_batch],
-        ).fetchone()
-        if not rows and (last is None or last[0] is None):
+        nonlocal after
+        seqs = 0
+        missing: list[int] = []
+        with conn.cursor() as cur, cur.copy(query, {"after": after, "path": key_path}) as copy:
+            copy.set_types(["int8", "text", "text", "text", "text", "text", "bool"])
+            for seq, eid, payload, metadata, created, key_text, key_in_python in copy.rows():
+                # The hot loop: Postgres wrote the value and (nearly always) the key; a
+                # record costs its headers and one produce call.
+                after = seq
+                seqs += 1
+                if payload is None:
+                    if eid is None:
+                        missing.append(seq)
+                    continue
+                value = payload.encode()
+                if key_in_python:
+                    key = event_key(payload, sub.key_field)
+                else:
+                    key = None if key_text is None else key_text.encode()
+                headers = [
+                    ("walcast-event-id", eid.encode()),
+                    stream_header,
+                    ("walcast-created-at", created.encode()),
+                    *headers_of(metadata),
+                ]
+                if len(value) + (len(key) if key else 0) > limit:
+                    row = {"id": int(eid), "stream_id": sub.stream_id, "created_at": created}
+                    big = too_large(Outgoing(topic, key, value, headers), row, metrics)
+                    value = big.value
+                try:
+                    produce(topic, value, key, headers=headers)
+                except BufferError:
+                    sink.write(topic, value, key, headers=headers)
+        if seqs == 0:
             return 0
-        missing = [seq for seq, row in rows if row["id"] is None]
         if missing:
             # Maintenance keeps partitions the queue references (V007); a partition
             # dropped by hand takes its events with it. Said, counted, never silent.
@@ -109,30 +128,21 @@ def replay_queue(
                 missing[0],
                 missing[-1],
             )
-        for _seq, row in rows:
-            if row["id"] is None:
-                continue
-            out = event_message(target.topic, row, sub.key_field, None)
-            if out is not None:
-                if fit(out, limit) is None:
-                    out = too_large(out, row, metrics)
-                sink.write(out, 0)
         try:
             sink.flush(sub.failover_after_s)
         except RetriableError as exc:
             raise KafkaUnavailableError(f"replay interrupted: {exc}") from exc
-        upto = int(last[0]) if last and last[0] is not None else rows[-1][0]
         # Acknowledged: remember the position, then let the batch go (one transaction).
         with conn.transaction():
             conn.execute(
                 "UPDATE _walcast.streams SET replay_position = %s WHERE id = %s",
-                [orjson.dumps({"seq": upto}).decode(), sub.stream_id],
+                [orjson.dumps({"seq": after}).decode(), sub.stream_id],
             )
             conn.execute(
                 "DELETE FROM _walcast.replay_queue WHERE stream_id = %s AND seq <= %s",
-                [sub.stream_id, upto],
+                [sub.stream_id, after],
             )
-        return max(len(rows), 1)
+        return seqs
 
     try:
         with psycopg.connect(s.postgres.conninfo(), autocommit=True) as conn:
@@ -174,6 +184,61 @@ def replay_queue(
             return True
     finally:
         sink.close()
+
+
+def replay_query(stream_id: int, batch: int, key_field: str | None) -> sql.Composed:
+    """COPY of the next ``batch`` queued events after seq ``%(after)s`` (``%(path)s``:
+    ``key_field`` split at its dots), in seq order: seq, event
+    id, payload, metadata, created_at, the record key, and whether Python must compute the
+    key. Postgres writes the key when its bytes are sure to equal what the live path
+    (:func:`~.event_records.event_key`) makes of the payload: a string at ``key_field``
+    (its text), else the ``tg_name`` fallback. A key that is a number, boolean, object or
+    array is JSON text whose spelling Postgres and orjson may write differently, so that
+    row says ``true`` and Python computes it, as it does for every row when a part of
+    ``key_field`` looks like an array index (``#>`` would index arrays; the live path does
+    not). An event gone from ``_walcast.events`` comes with a null id."""
+    payload = sql.SQL("e.payload")
+    fallback = sql.SQL(
+        "WHEN jsonb_typeof(e.payload -> 'tg_name') = 'string' THEN e.payload ->> 'tg_name'"
+    )
+    parts = key_field.split(".") if key_field else []
+    if any(p.lstrip("-").isdigit() for p in parts):
+        key: sql.Composable = sql.SQL("NULL::text, e.id IS NOT NULL")
+    elif parts:
+        node = sql.SQL("(e.payload #> %(path)s::text[])")
+        key = sql.SQL(
+            "CASE WHEN jsonb_typeof({p}) <> 'object' THEN NULL"
+            " WHEN jsonb_typeof({n}) = 'string' THEN {n} #>> '{{}}'"
+            " WHEN jsonb_typeof({n}) <> 'null' THEN NULL {f} END,"
+            " coalesce(jsonb_typeof({p}) = 'object'"
+            " AND jsonb_typeof({n}) NOT IN ('string', 'null'), false)"
+        ).format(p=payload, n=node, f=fallback)
+    else:
+        key = sql.SQL("CASE {f} END, false").format(f=fallback)
+    return sql.SQL(
+        "COPY (SELECT q.seq, e.id, e.payload::text, e.metadata::text, e.created_at::text, {key}"
+        " FROM _walcast.replay_queue q LEFT JOIN _walcast.events e"
+        " ON e.created_at = q.event_created_at AND e.id = q.event_id"
+        " WHERE q.stream_id = {stream} AND q.seq > %(after)s"
+        " ORDER BY q.seq LIMIT {batch}) TO STDOUT"
+    ).format(key=key, stream=sql.Literal(int(stream_id)), batch=sql.Literal(int(batch)))
+
+
+class _MetadataHeaders:
+    """The headers of an events row's metadata, by its text: metadata repeats from row to
+    row (a subscription's constant), so each distinct text is parsed once."""
+
+    def __init__(self, size: int = 1024) -> None:
+        self.known: dict[str | None, list[tuple[str, bytes]]] = {}
+        self.size = size
+
+    def __call__(self, metadata: str | None) -> list[tuple[str, bytes]]:
+        found = self.known.get(metadata)
+        if found is None:
+            if len(self.known) >= self.size:
+                self.known.clear()
+            found = self.known[metadata] = metadata_headers(metadata)
+        return found
 
 
 def recover_slot(

@@ -221,7 +221,7 @@ class SubscriptionSettings(Section):
     # a probe every probe_interval_s finds Kafka again.
     failover_after_s: float = Field(default=30.0, gt=0)
     probe_interval_s: float = Field(default=5.0, gt=0)
-    replay_batch: int = Field(default=5000, ge=1)
+    replay_batch: int = Field(default=50_000, ge=1)
     # Invalidated-slot recovery: how often a delivered-snapshot candidate is taken. The
     # stored snapshot trails delivery by about this much; after an invalidation, events
     # delivered within that window are sent again (at least once), none is lost.

@@ -9,11 +9,12 @@ import time
 from decimal import Decimal
 from typing import Any
 
+import pytest
 from confluent_kafka import Consumer
 from confluent_kafka.admin import AdminClient
 from psycopg.types.json import Jsonb
 
-from services.pg2kafka import admin, replay
+from services.pg2kafka import admin, event_records, replay
 from services.pg2kafka.app import build
 from services.pg2kafka.subscriptions import SubscriptionStream
 from tests.integration.conftest import HarnessFactory
@@ -191,6 +192,107 @@ def test_a_replay_says_when_queued_events_are_gone(
         assert events.metrics.replay_missing._value.get() == 1
         assert events.metrics.replayed._value.get() >= 1
         assert events.checkpoint() is None  # live again, the gap said and counted
+    finally:
+        h.sql("DELETE FROM _walcast.replay_queue WHERE stream_id = %s", [stream])
+        h.sql("DELETE FROM _walcast.events WHERE stream_id = %s", [stream])
+        h.sql("DELETE FROM _walcast.streams WHERE id = %s", [stream])
+        admin.tear_down(h.settings)
+        client = AdminClient(h.settings.kafka.client_config())
+        if topic in client.list_topics(timeout=10).topics:
+            client.delete_topics([topic])[topic].result(30)
+
+
+@pytest.mark.parametrize("key_field", ["group_id", "meta.group", "items.0", None])
+def test_a_replay_sends_what_the_live_path_sends(
+    make_harness: HarnessFactory, unique_name: str, key_field: str | None
+) -> None:
+    """The replay has Postgres write each record's value and, where its bytes are sure to
+    match, its key; every record must equal what the live path
+    (:func:`event_records.event_message`, from the same row) makes of it: key, value and
+    headers, for keys of every JSON type, nested key fields, a key field that looks like
+    an array index, payloads that are not objects, and metadata of every shape."""
+    stream = 6 * 10**9 + random.randint(0, 10**8)
+    topic = f"{unique_name}.events"
+    h = make_harness(
+        subscriptions={"enabled": True, "stream_id": stream, "slot": f"{unique_name}_ev",
+                       "publication": f"{unique_name}_ev", "topic": topic,
+                       "key_field": key_field},
+    )  # fmt: skip
+    payloads = [
+        '{"group_id": "a", "tg_name": "t"}',
+        '{"group_id": 5}',
+        '{"group_id": 1.50}',
+        '{"group_id": 1e309}',
+        '{"group_id": {"x": [1, 2.0], "y": "z"}}',
+        '{"group_id": true}',
+        '{"group_id": null, "tg_name": "fallback"}',
+        '{"group_id": "\\u00fc \\"q\\" \\\\ \\n tab\\t"}',
+        '{"tg_name": "only"}',
+        '{"tg_name": 3}',
+        '{"meta": {"group": "nested"}, "tg_name": "t"}',
+        '{"meta": {"group": 12}}',
+        '{"meta": "not an object", "tg_name": "t"}',
+        '{"items": ["first", "second"], "tg_name": "t"}',
+        '{"items": {"0": "zero"}}',
+        "[1, 2]",
+        '"a string"',
+        "7",
+    ]
+    metadata = [None, '{"topic": "orders", "priority": {"level": 1}, "n": 2.5}', '{"s": "v"}',
+                '["not", "an", "object"]']  # fmt: skip
+    try:
+        events = build(h.settings).events
+        assert isinstance(events, SubscriptionStream)
+        for i, payload in enumerate(payloads):
+            h.sql(
+                "INSERT INTO _walcast.events (payload, metadata, stream_id)"
+                " VALUES (%s::jsonb, %s::jsonb, %s)",
+                [payload, metadata[i % len(metadata)], stream],
+            )
+        h.sql(
+            "INSERT INTO _walcast.replay_queue (stream_id, event_created_at, event_id)"
+            " SELECT %s, created_at, id FROM _walcast.events WHERE stream_id = %s ORDER BY id",
+            [stream, stream],
+        )
+        rows = h.sql(
+            "SELECT id, payload::text, metadata::text, stream_id, created_at::text"
+            " FROM _walcast.events WHERE stream_id = %s ORDER BY id",
+            [stream],
+        )
+        expected = {}
+        for eid, payload, meta, sid, created in rows:
+            row = {"id": eid, "payload": payload, "metadata": meta, "stream_id": sid,
+                   "created_at": created}  # fmt: skip
+            out = event_records.event_message(topic, row, key_field, None)
+            assert out is not None
+            expected[str(eid).encode()] = (out.key, out.value, out.headers)
+        events.set_checkpoint("a test outage")
+        assert replay.replay_queue(
+            h.settings, events.target, events.metrics, threading.Event(), lambda: None
+        )
+        got = {}
+        consumer = Consumer(
+            {
+                "bootstrap.servers": h.settings.kafka.bootstrap_servers,
+                "group.id": f"{unique_name}-replay",
+                "auto.offset.reset": "earliest",
+            }
+        )
+        consumer.subscribe([topic])
+        deadline = time.monotonic() + 60
+        try:
+            while len(got) < len(expected) and time.monotonic() < deadline:
+                msg = consumer.poll(0.5)
+                if msg is None or msg.error():
+                    continue
+                headers = msg.headers() or []
+                eid = dict(headers)["walcast-event-id"]
+                got[eid] = (msg.key(), msg.value(), headers)
+        finally:
+            consumer.close()
+        assert set(got) == set(expected), f"received {len(got)} of {len(expected)} events"
+        for eid, want in expected.items():
+            assert got[eid] == want, f"event {eid!r}: replay sent {got[eid]}, live sends {want}"
     finally:
         h.sql("DELETE FROM _walcast.replay_queue WHERE stream_id = %s", [stream])
         h.sql("DELETE FROM _walcast.events WHERE stream_id = %s", [stream])
