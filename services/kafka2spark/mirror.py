@@ -246,18 +246,6 @@ class BatchResult:
         return ", ".join(f"{name} {sec:.1f}s" for name, sec in ordered)
 
 
-@dataclass(frozen=True)
-class _Segment:
-    """What the plan learnt of one (table, segment) of a batch. ``uniform``: no change
-    left out unchanged TOAST values and every insert and update supplies the same columns,
-    so the newest change of a key supplies every column any change of it does — the
-    merge takes it as it is, without carrying values forward from older changes."""
-
-    key: list[str]
-    keyless: int
-    uniform: bool
-
-
 @dataclass
 class _Control:
     table: str
@@ -452,7 +440,7 @@ class DeltaMirror:
 
     def _mirror(self, events: DataFrame, batch_id: int, result: BatchResult) -> None:
         with result.phase("plan"):
-            controls, data, tables, segments = self._plan(events)
+            controls, data, tables, key_cols, keyless = self._plan(events)
         try:
             held = self.held()
             for name in sorted(set(tables) | set(controls)):
@@ -466,7 +454,9 @@ class DeltaMirror:
                     continue
                 try:
                     with result.phase(f"table {label}"):
-                        self._table(path, label, name, t, ctl, data, segments, batch_id, result)
+                        self._table(
+                            path, label, name, t, ctl, data, key_cols, keyless, batch_id, result
+                        )
                 except Exception as exc:
                     if not _table_failure(exc):
                         raise  # not this table's: the batch fails and runs again
@@ -490,11 +480,12 @@ class DeltaMirror:
         dict[str, list[_Control]],
         DataFrame,
         dict[str, dict[str, Any]],
-        dict[tuple[str, int], _Segment],
+        dict[tuple[str, int], list[str]],
+        dict[tuple[str, int], int],
     ]:
         """The batch's control events per table, its data events cut into segments by
         them (persisted: the caller unpersists), and per (table, segment) the column
-        types, key columns and shape (:class:`_Segment`) — three small Spark jobs."""
+        types and key columns — three small Spark jobs."""
         controls = [
             _Control(
                 r[TKEY],
@@ -537,25 +528,13 @@ class DeltaMirror:
             )
             names = F.map_keys(F.from_json("key", "map<string,string>"))
             keys = (
-                data.select(
-                    TKEY,
-                    "segment",
-                    names.alias("k"),
-                    F.col("unchanged_toast").alias("toast"),
-                    F.when(F.col("op") != "delete", F.array_sort(F.json_object_keys("new"))).alias(
-                        "supplies"
-                    ),
-                )
+                data.select(TKEY, "segment", names.alias("k"))
                 .groupBy(TKEY, "segment")
                 .agg(
                     F.array_distinct(F.flatten(F.collect_set("k"))).alias("k"),
                     F.sum(F.when(F.coalesce(F.size("k"), F.lit(0)) <= 0, 1).otherwise(0)).alias(
                         "keyless"
                     ),
-                    F.sum(F.when(F.coalesce(F.size("toast"), F.lit(0)) > 0, 1).otherwise(0)).alias(
-                        "toast"
-                    ),
-                    F.countDistinct("supplies").alias("shapes"),
                 )
                 .collect()
             )
@@ -567,15 +546,12 @@ class DeltaMirror:
                 seg = info["segments"].setdefault(int(r["segment"]), {})
                 if r["column"] is not None:
                     seg[r["column"]] = (r["type"], int(r["newest"]))
-            segments = {
-                (r[TKEY], int(r["segment"])): _Segment(
-                    sorted(r["k"] or []),
-                    int(r["keyless"] or 0),
-                    not r["toast"] and int(r["shapes"] or 0) <= 1,
-                )
-                for r in keys
-            }
-            return by_table, data, tables, segments
+            key_cols: dict[tuple[str, int], list[str]] = {}
+            keyless: dict[tuple[str, int], int] = {}
+            for r in keys:
+                key_cols[(r[TKEY], int(r["segment"]))] = list(r["k"] or [])
+                keyless[(r[TKEY], int(r["segment"]))] = int(r["keyless"] or 0)
+            return by_table, data, tables, key_cols, keyless
         except BaseException:
             data.unpersist()
             raise
@@ -588,7 +564,8 @@ class DeltaMirror:
         t: dict[str, Any] | None,
         ctl: list[_Control],
         data: DataFrame,
-        segments: dict[tuple[str, int], _Segment],
+        key_cols: dict[tuple[str, int], list[str]],
+        keyless: dict[tuple[str, int], int],
         batch_id: int,
         result: BatchResult,
     ) -> None:
@@ -603,10 +580,17 @@ class DeltaMirror:
         for seg in range(len(ctl) + 1):
             if t is not None and seg in t["segments"]:
                 rows = data.where((F.col(TKEY) == name) & (F.col("segment") == seg))
-                shape = segments.get((name, seg), _Segment([], 0, False))
-                merged = self._merge(path, label, rows, t["segments"][seg], shape, batch_id, seg)
+                merged = self._merge(
+                    path,
+                    label,
+                    rows,
+                    t["segments"][seg],
+                    sorted(key_cols.get((name, seg), [])),
+                    batch_id,
+                    seg,
+                )
                 result.merged[label] = result.merged.get(label, 0) + merged
-                skipped = shape.keyless
+                skipped = keyless.get((name, seg), 0)
                 if skipped:
                     result.keyless[label] = result.keyless.get(label, 0) + skipped
                     log.warning(
@@ -712,11 +696,10 @@ class DeltaMirror:
         name: str,
         rows: DataFrame,
         types: dict[str, tuple[str, int]],
-        shape: _Segment,
+        key: list[str],
         batch_id: int,
         segment: int,
     ) -> int:
-        key = shape.key
         if not key:
             log.warning("%s has no primary key or replica identity: not mirrored", name)
             return 0
@@ -819,19 +802,15 @@ class DeltaMirror:
             )
             self._quarantine(corrupt, batch_id, f"values-{path.name}-{segment}")
             good = src.where(F.col(CORRUPT).isNull())
-            return self._merge_good(path, good, names, key, shape.uniform)
+            return self._merge_good(path, good, names, key)
         finally:
             src.unpersist()
 
-    def _merge_good(
-        self, path: Path, src: DataFrame, names: dict[str, str], key: list[str], uniform: bool
-    ) -> int:
+    def _merge_good(self, path: Path, src: DataFrame, names: dict[str, str], key: list[str]) -> int:
         """Newest change per key; each column from the newest change that supplied it
         (an update leaves out unchanged TOAST values, and a change older than a DDL lacks
         the columns it added), else the stored value. ``names``: Postgres name → mirror
-        name of every column. ``uniform`` (:class:`_Segment`): the newest change supplies
-        whatever an older one does, so no value is carried forward — one window less, the
-        costliest step of the merge."""
+        name of every column."""
         from delta.tables import DeltaTable
 
         columns = list(names)
@@ -846,38 +825,22 @@ class DeltaMirror:
             .rowsBetween(Window.unboundedPreceding, Window.currentRow)
         )
         values = [c for c in columns if c not in key]
-        if uniform:
-            src = src.select(
-                W_LSN,
-                W_SEQ,
-                W_OP,
-                *[F.col(mq(k)) for k in key],
-                *[F.col(mq(c)) for c in values],
-                *[
-                    (~F.array_contains(W_PRESENT, c)).alias(f"{W_KEEP}{i}")
-                    for i, c in enumerate(values)
-                ],
+        for i, c in enumerate(values):
+            supplied = (
+                (F.col(W_OP) != "delete")
+                & F.array_contains(W_PRESENT, c)
+                & ~F.array_contains(W_TOAST, c)  # Postgres names, as the event has them
             )
-        else:
-            for i, c in enumerate(values):
-                supplied = (
-                    (F.col(W_OP) != "delete")
-                    & F.array_contains(W_PRESENT, c)
-                    & ~F.array_contains(W_TOAST, c)  # Postgres names, as the event has them
-                )
-                carried = F.last(F.when(supplied, F.struct(F.col(mq(c)).alias("v"))), True)
-                src = src.withColumn(f"{W_CARRY}{i}", carried.over(running))
-            src = src.select(
-                W_LSN,
-                W_SEQ,
-                W_OP,
-                *[F.col(mq(k)) for k in key],
-                *[F.col(f"{W_CARRY}{i}.v").alias(names[c]) for i, c in enumerate(values)],
-                *[
-                    F.col(f"{W_CARRY}{i}").isNull().alias(f"{W_KEEP}{i}")
-                    for i in range(len(values))
-                ],
-            )
+            carried = F.last(F.when(supplied, F.struct(F.col(mq(c)).alias("v"))), True)
+            src = src.withColumn(f"{W_CARRY}{i}", carried.over(running))
+        src = src.select(
+            W_LSN,
+            W_SEQ,
+            W_OP,
+            *[F.col(mq(k)) for k in key],
+            *[F.col(f"{W_CARRY}{i}.v").alias(names[c]) for i, c in enumerate(values)],
+            *[F.col(f"{W_CARRY}{i}").isNull().alias(f"{W_KEEP}{i}") for i in range(len(values))],
+        )
         newest = Window.partitionBy(*by_key).orderBy(F.col(W_LSN).desc(), F.col(W_SEQ).desc())
         src = (
             src.withColumn(W_RANK, F.row_number().over(newest)).where(F.col(W_RANK) == 1)
