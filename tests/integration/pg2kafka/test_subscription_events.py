@@ -17,7 +17,7 @@ from psycopg.types.json import Jsonb
 from services.pg2kafka import admin, event_records, replay
 from services.pg2kafka.app import build
 from services.pg2kafka.subscriptions import SubscriptionStream
-from tests.integration.conftest import HarnessFactory
+from tests.integration.conftest import Harness, HarnessFactory
 
 
 def test_events_reach_their_topic_with_key_and_headers(
@@ -193,13 +193,7 @@ def test_a_replay_says_when_queued_events_are_gone(
         assert events.metrics.replayed._value.get() >= 1
         assert events.checkpoint() is None  # live again, the gap said and counted
     finally:
-        h.sql("DELETE FROM _walcast.replay_queue WHERE stream_id = %s", [stream])
-        h.sql("DELETE FROM _walcast.events WHERE stream_id = %s", [stream])
-        h.sql("DELETE FROM _walcast.streams WHERE id = %s", [stream])
-        admin.tear_down(h.settings)
-        client = AdminClient(h.settings.kafka.client_config())
-        if topic in client.list_topics(timeout=10).topics:
-            client.delete_topics([topic])[topic].result(30)
+        _forget_stream(h, stream, topic)
 
 
 @pytest.mark.parametrize("key_field", ["group_id", "meta.group", "items.0", None])
@@ -294,10 +288,15 @@ def test_a_replay_sends_what_the_live_path_sends(
         for eid, want in expected.items():
             assert got[eid] == want, f"event {eid!r}: replay sent {got[eid]}, live sends {want}"
     finally:
-        h.sql("DELETE FROM _walcast.replay_queue WHERE stream_id = %s", [stream])
-        h.sql("DELETE FROM _walcast.events WHERE stream_id = %s", [stream])
-        h.sql("DELETE FROM _walcast.streams WHERE id = %s", [stream])
-        admin.tear_down(h.settings)
-        client = AdminClient(h.settings.kafka.client_config())
-        if topic in client.list_topics(timeout=10).topics:
-            client.delete_topics([topic])[topic].result(30)
+        _forget_stream(h, stream, topic)
+
+
+def _forget_stream(h: Harness, stream: int, topic: str) -> None:
+    """A test's stream gone: its queue, events and row, the walcast objects, the topic."""
+    h.sql("DELETE FROM _walcast.replay_queue WHERE stream_id = %s", [stream])
+    h.sql("DELETE FROM _walcast.events WHERE stream_id = %s", [stream])
+    h.sql("DELETE FROM _walcast.streams WHERE id = %s", [stream])
+    admin.tear_down(h.settings)
+    client = AdminClient(h.settings.kafka.client_config())
+    if topic in client.list_topics(timeout=10).topics:
+        client.delete_topics([topic])[topic].result(30)
