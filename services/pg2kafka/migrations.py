@@ -53,8 +53,11 @@ def available(component: str) -> list[Migration]:
     return sorted(found, key=lambda mig: mig.version)
 
 
-def migrate(conn: psycopg.Connection[Any], component: str = "pg2kafka") -> list[str]:
-    """Apply what is missing; return the names applied.
+def migrate(
+    conn: psycopg.Connection[Any], component: str = "pg2kafka", up_to: int | None = None
+) -> list[str]:
+    """Apply what is missing (up to version ``up_to``, when given: tests of an upgrade
+    start from an older schema); return the names applied.
 
     Runs as the role that will own the walcast objects. A superuser also gets DDL capture
     (event triggers); any other owner needs the grants in docs/security.md.
@@ -77,6 +80,8 @@ def migrate(conn: psycopg.Connection[Any], component: str = "pg2kafka") -> list[
             ).fetchall()
         }
         for mig in available(component):
+            if up_to is not None and mig.version > up_to:
+                break
             if mig.version in done:
                 if done[mig.version] in _SUPERSEDED.get((component, mig.version), ()):
                     conn.execute(

@@ -9,6 +9,8 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import psycopg
+import psycopg.conninfo
+import psycopg.sql
 import pytest
 from psycopg.types.json import Jsonb
 
@@ -400,3 +402,73 @@ def test_partition_maintenance_across_days_including_late_runs(db: Db) -> None:
         for name in names():
             if name.startswith(f"events_{day0.year}") or name.startswith(f"events_{day0.year + 1}"):
                 db.sql(f"DROP TABLE _walcast.{name}")
+
+
+def test_an_upgrade_to_v012_recompiles_expressions_and_triggers(
+    stack_env: dict[str, str], unique_name: str
+) -> None:
+    """A database whose subscriptions were written under V011 (SQL expression functions,
+    one exception block and one INSERT per subscription) gets PL/pgSQL functions and the
+    one-block trigger from the migration alone, and its events stay the same."""
+    admin = stack_env["WALCAST_PG_DSN"]
+    database = f"walcast_{unique_name}"
+    with psycopg.connect(admin, autocommit=True) as c:
+        c.execute(psycopg.sql.SQL("CREATE DATABASE {}").format(psycopg.sql.Identifier(database)))
+    dsn = psycopg.conninfo.make_conninfo(admin, dbname=database)
+    try:
+        with psycopg.connect(dsn, autocommit=True) as c:
+            migrate(c, up_to=11)
+        d = Db(dsn, unique_name)
+        d.sql("INSERT INTO _walcast.streams (id) VALUES (%s)", [d.stream])
+        d.sql("CREATE TABLE public.orders (id int PRIMARY KEY, total int, status text)")
+        for i in range(3):
+            d.subscribe(
+                f"s{i}",
+                schema_name="public",
+                table_name="orders",
+                when_clause=f"new.total > {i}",
+                column_names=["id"],
+                payload_extensions=[{"json_path": "s", "expression": "upper(new.status)"}],
+            )
+
+        def languages() -> list[str]:
+            return [
+                r[0]
+                for r in d.sql(
+                    "SELECT DISTINCT l.lanname FROM pg_proc p JOIN pg_language l"
+                    " ON l.oid = p.prolang WHERE p.pronamespace = '_walcast_sub'::regnamespace"
+                )
+            ]
+
+        def trigger_source() -> str:
+            return str(
+                d.sql(
+                    "SELECT p.prosrc FROM _walcast.generated_triggers g JOIN pg_proc p"
+                    " ON p.proname = g.function_name"
+                    " AND p.pronamespace = '_walcast'::regnamespace"
+                )[0][0]
+            )
+
+        assert languages() == ["sql"]
+        assert trigger_source().count("EXCEPTION WHEN") == 3
+        d.sql("INSERT INTO public.orders VALUES (1, 2, 'new')")  # s0, s1 match
+        with psycopg.connect(dsn, autocommit=True) as c:
+            assert "V012__cheaper_subscription_triggers" in migrate(c)
+        assert languages() == ["plpgsql"]
+        assert trigger_source().count("EXCEPTION WHEN") == 4  # one for all, one each
+        d.sql("INSERT INTO public.orders VALUES (2, 2, 'new')")
+        events = [e["payload"] for e in d.events()]
+        assert [(e["new"]["id"], e["tg_name"], e["s"]) for e in events] == [
+            (1, f"{unique_name}:s0", "NEW"),
+            (1, f"{unique_name}:s1", "NEW"),
+            (2, f"{unique_name}:s0", "NEW"),
+            (2, f"{unique_name}:s1", "NEW"),
+        ]
+        assert d.sql("SELECT count(*) FROM _walcast.subscription_errors") == [(0,)]
+    finally:
+        with psycopg.connect(admin, autocommit=True) as c:
+            c.execute(
+                psycopg.sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(
+                    psycopg.sql.Identifier(database)
+                )
+            )

@@ -281,6 +281,31 @@ def test_an_author_who_turns_their_function_into_invoker_gains_nothing(secdb: Se
     assert (err_key, sqlstate) == (key, "25006")  # read_only_sql_transaction
 
 
+def test_an_expression_is_lexed_the_same_whatever_the_writing_session_sets(
+    secdb: SecurityDb,
+) -> None:
+    """The author's function (PL/pgSQL) is compiled by the first session that calls it:
+    under that session's standard_conforming_strings a backslash would end a string
+    early, and text checked as one literal could be read as code. The function pins the
+    rules the text was checked under."""
+    key = subscribe(
+        secdb,
+        secdb.author,
+        column_names=["id"],
+        payload_extensions=[
+            {"json_path": "a", "expression": "'x\\' || ';'"},
+            {"json_path": "b", "expression": "E'\\\\' || 'y'"},
+        ],
+    )
+    with psycopg.connect(secdb.dsn(secdb.app), autocommit=True) as c:
+        c.execute("SET standard_conforming_strings = off")  # a new session: compiles it
+        c.execute("INSERT INTO app.users VALUES (1, 'a@x', 1, 1)")
+    (event,) = secdb.events()
+    assert (event["tg_name"], event["a"], event["b"]) == (key, "x\\;", "\\y")
+    assert secdb.errors() == []
+    no_escalation(secdb)
+
+
 def test_maintain_partitions_is_the_owners_and_bounded(secdb: SecurityDb) -> None:
     with pytest.raises(psycopg.errors.InsufficientPrivilege):
         secdb.sql(secdb.author, "SELECT _walcast.maintain_partitions(0, 1)")
