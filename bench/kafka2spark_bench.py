@@ -163,6 +163,7 @@ def stream_round(topic: str, mode: str, events: int, max_offsets: int) -> dict[s
             reader.option("subscribe", topic)
             .option("startingOffsets", "earliest")
             .option("maxOffsetsPerTrigger", max_offsets)
+            .option("minPartitions", s.source.min_partitions())  # as the job reads
             .load()
             .writeStream.foreachBatch(append)
             .option("checkpointLocation", str(root / "raw-checkpoint"))
@@ -242,8 +243,11 @@ def run_json(cmd: list[str], tree: Path = REPO) -> dict[str, Any]:
         # (a batch too large for the driver, say), and the other runs still count.
         tail = [ln for ln in proc.stderr.splitlines() if ln.strip() and not ln.startswith("%")]
         error = " | ".join(tail[-3:])[-500:]
-        print(f"{' '.join(cmd[2:])} failed: {error}", file=sys.stderr)
-        return {"failed": error}
+        RESULTS.mkdir(parents=True, exist_ok=True)
+        log = RESULTS / f"kafka2spark-failed-{uuid.uuid4().hex[:8]}.log"
+        log.write_text(proc.stderr)  # the JVM's own account of it, whole
+        print(f"{' '.join(cmd[2:])} failed: {error} (stderr: {log})", file=sys.stderr)
+        return {"failed": error, "stderr": str(log)}
     result: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
     return result
 

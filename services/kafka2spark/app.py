@@ -234,6 +234,7 @@ class Service:
             reader.option("subscribe", ",".join(s.source.topics))
             .option("startingOffsets", s.source.starting_offsets)
             .option("maxOffsetsPerTrigger", s.source.max_offsets_per_trigger)
+            .option("minPartitions", s.source.min_partitions())
             .load()
         )
         writer = (

@@ -26,6 +26,15 @@ class SourceSettings(Section):
     starting_offsets: Literal["earliest", "latest"] = "earliest"
     # Records per micro-batch at most (Spark's maxOffsetsPerTrigger); bounds batch memory.
     max_offsets_per_trigger: int = Field(default=200_000, ge=1)
+    # Records per Spark task at most: a batch is read in at least
+    # ceil(max_offsets_per_trigger / records_per_task) tasks (the Kafka source's
+    # minPartitions), so no task, and no cached block of the batch, holds more. One
+    # 500,000-record block made a 1 GB driver heap run out (the JVM exits on that).
+    records_per_task: int = Field(default=100_000, ge=1_000)
+
+    def min_partitions(self) -> int:
+        return -(-self.max_offsets_per_trigger // self.records_per_task)
+
     # After each batch its offsets are also committed to this consumer group, so the lag
     # shows in standard Kafka tooling. The checkpoint, not the group, is where the job
     # resumes from.

@@ -26,6 +26,10 @@ def test_quarantined_events_gauge(
     )
     with psycopg.connect(dsn, autocommit=True) as c:
         migrate(c)
+        # Another test's tear-down of the database's last CDC stream may have removed the
+        # DDL capture (init puts it back); this test checks that deleting a subscription
+        # stream leaves it in place, so it starts with it installed.
+        admin.install_ddl_capture(c)
         c.execute(
             "INSERT INTO _walcast.subscription_errors (key, stream_id, schema_name, table_name,"
             " operation, sqlstate, message) VALUES ('k', %s, 's', 't', 'INSERT', '22012',"

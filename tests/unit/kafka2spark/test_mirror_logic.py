@@ -12,7 +12,7 @@ from pyspark.sql import types as T  # noqa: N812 - the PySpark convention
 from services.kafka2spark.app import kafka_source_options
 from services.kafka2spark.mirror import column_name, mirror_names, postgres_name, quote, table_dir
 from services.kafka2spark.schema import spark_type
-from services.kafka2spark.settings import DeltaSettings, SparkSettings
+from services.kafka2spark.settings import DeltaSettings, SourceSettings, SparkSettings
 from shared.contract.ddl import renames
 from shared.settings import KafkaSettings
 
@@ -155,3 +155,16 @@ def test_case_twins_get_names_delta_tells_apart() -> None:
     later = mirror_names(list(names.values()), ["nAmE"])
     assert later["nAmE"].upper().casefold() not in folded
     assert postgres_name(later["nAmE"]) == "nAmE"
+
+
+@pytest.mark.parametrize(
+    ("max_offsets", "per_task", "tasks"),
+    [(200_000, 100_000, 2), (1_000_000, 100_000, 10), (150_000, 100_000, 2), (1, 1_000, 1)],
+)
+def test_a_batch_is_read_in_tasks_of_at_most_records_per_task(
+    max_offsets: int, per_task: int, tasks: int
+) -> None:
+    s = SourceSettings(max_offsets_per_trigger=max_offsets, records_per_task=per_task)
+    assert s.min_partitions() == tasks
+    with pytest.raises(ValidationError):
+        SourceSettings(records_per_task=999)
