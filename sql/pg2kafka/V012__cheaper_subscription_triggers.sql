@@ -222,31 +222,54 @@ BEGIN
 END
 $$;
 
--- Compiles the author's expressions into _walcast_sub.w_<h>(new, old), a function owned by
--- the author and run as the author (PL/pgSQL since V012), returning NULL when when_clause is false and else the
--- array of payload extension values. SECURITY INVOKER: it runs in the author's statement.
+-- The statement that (re)creates _walcast_sub.w_<h>(new, old), the author's expression
+-- function: NULL when when_clause is false, else the array of payload extension values.
+-- It executes nothing; its caller runs the statement (install_expression_function, as the
+-- author; this migration, over functions the author already owns).
+--
+-- PL/pgSQL, not SQL: a SQL function is planned again in every transaction that calls it
+-- (its stored body parsed back into a tree first), which made the expressions most of a
+-- subscription's cost per row; PL/pgSQL keeps the plan for the session. Its body is lexed
+-- when a session first calls it, so the lexing rules the text was checked under are
+-- pinned on the function (applied before the body is compiled, whoever calls it): standard
+-- strings, and backslash_quote on (in E'...' a \' is an escaped quote, as the check reads
+-- it, whatever the caller's client encoding). The body is one quoted literal (%L);
+-- use_column: names resolve as in a SQL function.
+CREATE OR REPLACE FUNCTION _walcast.expression_function_sql(s _walcast.subscriptions)
+RETURNS text
+LANGUAGE sql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT format(
+        'CREATE OR REPLACE FUNCTION _walcast_sub.%I(new _walcast_sub.%I, old _walcast_sub.%I)'
+        ' RETURNS jsonb LANGUAGE plpgsql STABLE SECURITY DEFINER'
+        ' SET search_path = pg_catalog, pg_temp SET standard_conforming_strings = on'
+        ' SET backslash_quote = on AS %L',
+        'w_' || h, 'r_' || h, 'r_' || h,
+        format(E'#variable_conflict use_column\nBEGIN\n    RETURN CASE WHEN (%s)::boolean' ||
+               E' THEN jsonb_build_array(%s) END;\nEND',
+               coalesce(s.when_clause, 'true'),
+               (SELECT coalesce(string_agg(
+                           format('(SELECT to_jsonb(x) FROM (SELECT (%s) AS x) AS _x)',
+                                  e ->> 'expression'), ', ' ORDER BY o), '')
+                  FROM jsonb_array_elements(s.payload_extensions) WITH ORDINALITY AS x(e, o))))
+      FROM (SELECT _walcast.subscription_hash(s.key, s.author) AS h) AS _h
+$$;
+
+-- Validates the author's expressions and compiles them (expression_function_sql). SECURITY
+-- INVOKER: it runs in the author's statement, as the author.
 CREATE OR REPLACE FUNCTION _walcast.install_expression_function(s _walcast.subscriptions)
 RETURNS void
 LANGUAGE plpgsql
 -- The text was checked under these lexing rules (backslashes only escape in E'...').
 SET standard_conforming_strings = on
+SET backslash_quote = on
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     h text := _walcast.subscription_hash(s.key, s.author);
     signature text := format('_walcast_sub.%I(new _walcast_sub.%I, old _walcast_sub.%I)',
                              'w_' || h, 'r_' || h, 'r_' || h);
-    -- PL/pgSQL, not SQL: a SQL function is planned again in every transaction that calls
-    -- it (its stored body parsed back into a tree first), which made the expressions most
-    -- of a subscription's cost per row; PL/pgSQL keeps the plan for the session. Its body
-    -- is lexed when a session first calls it, so the lexing rules the text was checked
-    -- under are pinned on the function (applied before the body is compiled), and the
-    -- body is one quoted literal (%L). use_column: names resolve as in a SQL function.
-    template text := 'CREATE OR REPLACE FUNCTION %s RETURNS jsonb LANGUAGE plpgsql STABLE'
-                     ' SECURITY DEFINER SET search_path = pg_catalog, pg_temp'
-                     ' SET standard_conforming_strings = on AS %L';
-    body text := E'#variable_conflict use_column\nBEGIN\n    RETURN CASE WHEN (%s)::boolean' ||
-                 E' THEN jsonb_build_array(%s) END;\nEND';
     value_sql text := '(SELECT to_jsonb(x) FROM (SELECT (%s) AS x) AS _x)';
     -- new and old as the author's function will see them: the readable columns.
     probe text := format('EXPLAIN (COSTS OFF) SELECT %%s FROM'
@@ -254,12 +277,11 @@ DECLARE
                          ' (SELECT (r).* FROM (SELECT NULL::_walcast_sub.%1$I AS r) AS _o) AS old',
                          'r_' || h);
     values_sql text;
-    ext jsonb;
     what text;
 BEGIN
     -- Each expression alone first, so an error names the one that is wrong. EXPLAIN, as the
     -- author, parses, plans and checks the author's privileges on every table and function
-    -- the expression uses; nothing is executed.
+    -- the expression uses; it runs in the author's own statement, never in anyone else's.
     FOR what, values_sql IN
         SELECT 'when_clause', format(probe, format('(%s)::boolean', s.when_clause))
          WHERE s.when_clause IS NOT NULL
@@ -279,34 +301,42 @@ BEGIN
                       HINT = 'new and old hold the columns the author may SELECT';
         END;
     END LOOP;
-    SELECT coalesce(string_agg(format(value_sql, e ->> 'expression'), ', ' ORDER BY o), '')
-      INTO values_sql
-      FROM jsonb_array_elements(s.payload_extensions) WITH ORDINALITY AS x(e, o);
-    EXECUTE format(template, signature,
-                   format(body, coalesce(s.when_clause, 'true'), values_sql));
+    EXECUTE _walcast.expression_function_sql(s);
     EXECUTE format('COMMENT ON FUNCTION %s IS %L', signature, 'walcast subscription ' || s.key);
     EXECUTE format('REVOKE ALL ON FUNCTION %s FROM PUBLIC', signature);
     EXECUTE format('GRANT EXECUTE ON FUNCTION %s TO walcast_sandbox', signature);
 END
 $$;
 
--- Recompile the expression functions of existing subscriptions as PL/pgSQL, as their
--- authors (SET ROLE, where the role running this may: a superuser, or a member of the
--- author). Others keep their SQL function, which works as before, only slower, until the
+REVOKE ALL ON FUNCTION _walcast.expression_function_sql(_walcast.subscriptions) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION _walcast.expression_function_sql(_walcast.subscriptions)
+    TO walcast_admin;
+
+-- Existing subscriptions' expression functions become PL/pgSQL where the role running
+-- this has the privileges of their author (a superuser, or a member): CREATE OR REPLACE
+-- of the function the author owns, which stays the author's. Nothing of the author's
+-- runs here: the text was validated when it was written and is only compiled (the
+-- PL/pgSQL validator parses, executes nothing). No SET ROLE: code run as the author
+-- could RESET ROLE back to the role running the migration. Functions of other authors
+-- (and of roles since dropped) keep working as SQL functions, only slower, until the
 -- author writes the subscription again.
 DO $$
 DECLARE
     s _walcast.subscriptions;
+    h text;
 BEGIN
-    FOR s IN SELECT * FROM _walcast.subscriptions x
-              WHERE _walcast.has_expressions(x) AND x.author IS NOT NULL
-                AND pg_has_role(current_user, x.author, 'MEMBER')
-              ORDER BY x.key
-    LOOP
+    FOR s IN SELECT * FROM _walcast.subscriptions x ORDER BY x.key LOOP
+        h := _walcast.subscription_hash(s.key, s.author);
+        CONTINUE WHEN s.author IS NULL OR to_regrole(quote_ident(s.author)) IS NULL
+            OR NOT _walcast.has_expressions(s)
+            OR NOT pg_has_role(current_user, to_regrole(quote_ident(s.author)), 'USAGE')
+            OR NOT EXISTS (SELECT 1 FROM pg_proc p
+                            WHERE p.pronamespace = '_walcast_sub'::regnamespace
+                              AND p.proname = 'w_' || h
+                              AND p.proowner = to_regrole(quote_ident(s.author))
+                              AND p.prosecdef);
         BEGIN
-            EXECUTE format('SET LOCAL ROLE %I', s.author);
-            PERFORM _walcast.install_expression_function(s);
-            RESET ROLE;
+            EXECUTE _walcast.expression_function_sql(s);
         EXCEPTION WHEN OTHERS THEN
             RAISE WARNING 'walcast: the expressions of subscription % stay as they were: %',
                 s.key, SQLERRM;

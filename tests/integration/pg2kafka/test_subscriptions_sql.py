@@ -446,14 +446,47 @@ def test_an_upgrade_to_v012_recompiles_expressions_and_triggers(
                     "SELECT p.prosrc FROM _walcast.generated_triggers g JOIN pg_proc p"
                     " ON p.proname = g.function_name"
                     " AND p.pronamespace = '_walcast'::regnamespace"
+                    " WHERE g.operation = 'INSERT'"
                 )[0][0]
             )
 
+        # A subscription whose when_clause calls a function that leaves a trace when run:
+        # the upgrade recompiles it without running anything of the author's (planning
+        # it would: the planner folds an immutable call on constants).
+        d.sql(
+            "CREATE FUNCTION public.trace(n int) RETURNS int LANGUAGE plpgsql IMMUTABLE AS"
+            " $$ BEGIN PERFORM set_config('walcast.trace', 'ran', false); RETURN n; END $$"
+        )
+        d.subscribe(
+            "traced",
+            operation="UPDATE",
+            schema_name="public",
+            table_name="orders",
+            when_clause="public.trace(1) > 0",
+            column_names=["id"],
+        )
+        # A subscription whose author has since been dropped (it owned nothing: no
+        # expressions) must not stop the upgrade.
+        gone = f"{unique_name}_gone"[:60]
+        d.sql(f'CREATE ROLE "{gone}"')
+        d.sql(f'GRANT walcast_admin TO "{gone}"')
+        d.sql(f'GRANT SELECT ON public.orders TO "{gone}"')
+        with psycopg.connect(dsn, autocommit=True) as c:
+            c.execute(f'SET ROLE "{gone}"')
+            c.execute(
+                "INSERT INTO _walcast.subscriptions (key, stream_id, operation, schema_name,"
+                " table_name) VALUES (%s, %s, 'DELETE', 'public', 'orders')",
+                [f"{unique_name}:gone", d.stream],
+            )
+        d.sql(f'DROP OWNED BY "{gone}"')
+        d.sql(f'DROP ROLE "{gone}"')
         assert languages() == ["sql"]
         assert trigger_source().count("EXCEPTION WHEN") == 3
         d.sql("INSERT INTO public.orders VALUES (1, 2, 'new')")  # s0, s1 match
         with psycopg.connect(dsn, autocommit=True) as c:
+            c.execute("SELECT set_config('walcast.trace', 'not run', false)")
             assert "V012__cheaper_subscription_triggers" in migrate(c)
+            assert c.execute("SELECT current_setting('walcast.trace')").fetchone() == ("not run",)
         assert languages() == ["plpgsql"]
         assert trigger_source().count("EXCEPTION WHEN") == 4  # one for all, one each
         d.sql("INSERT INTO public.orders VALUES (2, 2, 'new')")
