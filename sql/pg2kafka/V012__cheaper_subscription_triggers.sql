@@ -5,7 +5,11 @@
 -- subscriptions, all of them are evaluated in one exception block; only if one of them
 -- raises are they evaluated again one by one, each in its own block, so the failing one
 -- is quarantined and the others are not affected (as before). The row's events are then
--- written by one INSERT, in subscription key order.
+-- written by one INSERT, in subscription key order. The handlers also catch
+-- assert_failure and query_canceled, which WHEN OTHERS leaves out: an author's function
+-- raising either (ASSERT, or RAISE with that SQLSTATE) failed the application's commit
+-- before. A real cancel or statement timeout while a subscription is evaluated
+-- quarantines that event (kept with its row images) instead of failing the commit.
 --
 -- The author's expression function and the shim are PL/pgSQL instead of SQL: a SQL
 -- function is planned again in every transaction that calls it, a PL/pgSQL one once per
@@ -137,7 +141,8 @@ BEGIN
         fast := fast || seg;
         -- The same, alone: its failure quarantines its own event and nothing else.
         alone := alone || format(
-            E'    BEGIN\n%s    EXCEPTION WHEN OTHERS THEN\n' ||
+            E'    BEGIN\n%s' ||
+            E'    EXCEPTION WHEN OTHERS OR assert_failure OR query_canceled THEN\n' ||
             E'        %I := NULL;\n' ||
             E'        INSERT INTO _walcast.subscription_errors (key, stream_id, schema_name,' ||
             E' table_name, operation, sqlstate, message, new_row, old_row)\n' ||
@@ -165,7 +170,8 @@ BEGIN
         -- One subtransaction for all of them (each exception block is one); only when one
         -- fails are they evaluated again one by one, each in its own. The expressions are
         -- read-only (the shim), so evaluating one twice changes nothing.
-        body := E'    BEGIN\n' || fast || E'    EXCEPTION WHEN OTHERS THEN\n' || resets
+        body := E'    BEGIN\n' || fast
+            || E'    EXCEPTION WHEN OTHERS OR assert_failure OR query_canceled THEN\n' || resets
             || alone || E'    END;\n';
     END IF;
     IF k > 0 THEN

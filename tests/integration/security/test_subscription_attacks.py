@@ -333,6 +333,33 @@ def test_division_by_zero_in_a_when_clause_is_quarantined(secdb: SecurityDb) -> 
 
 
 @pytest.mark.parametrize(
+    ("statement", "sqlstate"),
+    [("ASSERT false", "P0004"), ("RAISE EXCEPTION USING ERRCODE = 'query_canceled'", "57014")],
+)
+def test_an_error_when_others_misses_is_quarantined_too(
+    secdb: SecurityDb, statement: str, sqlstate: str
+) -> None:
+    """assert_failure and query_canceled are not matched by WHEN OTHERS: an author whose
+    function raised one of them failed every commit on the table."""
+    bad = subscribe(secdb, secdb.author, column_names=["id"], when_clause="new.v > 0")
+    good = subscribe(secdb, secdb.author, column_names=["id"])
+    fn, argtypes = secdb.sql(
+        None,
+        "SELECT proname, pg_get_function_identity_arguments(oid) FROM pg_proc"
+        " WHERE pronamespace = '_walcast_sub'::regnamespace AND proname LIKE 'w\\_%%'",
+    )[0]
+    secdb.sql(
+        secdb.author,
+        f"CREATE OR REPLACE FUNCTION _walcast_sub.{fn}({argtypes}) RETURNS jsonb"
+        f" LANGUAGE plpgsql SECURITY DEFINER AS $body$ BEGIN {statement}; RETURN '[]'; END $body$",
+    )
+    secdb.sql(secdb.app, "INSERT INTO app.users VALUES (1, 'a@x', 1, 1)")  # commits
+    assert secdb.sql(None, "SELECT count(*) FROM app.users") == [(1,)]
+    assert [e["tg_name"] for e in secdb.events()] == [good]
+    assert [(k, code) for k, code, _ in secdb.errors()] == [(bad, sqlstate)]
+
+
+@pytest.mark.parametrize(
     "ddl",
     [
         "ALTER TABLE app.users DROP COLUMN email",
