@@ -247,6 +247,9 @@ def _loop_handle() -> tuple[Callable[[Any], None], Callable[[], Any], Callable[[
     from services.kafka2search.settings import Kafka2SearchSettings
     from shared.settings import load_settings
 
+    class NotFoundError(Exception):
+        status_code = 404
+
     class Engine(SearchEngine):
         name = "bench engine"
 
@@ -255,6 +258,12 @@ def _loop_handle() -> tuple[Callable[[Any], None], Callable[[], Any], Callable[[
 
         def resolve_alias(self, alias: str) -> str | None:
             return None
+
+        def request(self, method: str, path: str, *args: Any, **kwargs: Any) -> Any:
+            # The index registry: nothing registered yet (a new index, not a lost one).
+            if method == "GET":
+                raise NotFoundError(path)
+            return {}
 
         def create_index(self, *args: Any, **kwargs: Any) -> bool:
             return True
