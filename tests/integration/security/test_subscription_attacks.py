@@ -51,6 +51,16 @@ def no_escalation(db: SecurityDb) -> None:
     assert not db.is_superuser(db.owner)
 
 
+def author_function(db: SecurityDb) -> tuple[str, str]:
+    """(name, argument types) of the one author expression function (_walcast_sub.w_<h>)."""
+    ((name, argtypes),) = db.sql(
+        None,
+        "SELECT proname, pg_get_function_identity_arguments(oid) FROM pg_proc"
+        " WHERE pronamespace = '_walcast_sub'::regnamespace AND proname LIKE 'w\\_%%'",
+    )
+    return str(name), str(argtypes)
+
+
 def rejected(db: SecurityDb, match: str, **cols: Any) -> str:
     with pytest.raises(psycopg.Error, match=match) as info:
         subscribe(db, db.author, **cols)
@@ -243,11 +253,7 @@ def test_an_author_who_turns_their_function_into_invoker_gains_nothing(secdb: Se
         column_names=["id"],
         payload_extensions=[{"json_path": "who", "expression": "current_user"}],
     )
-    fn, argtypes = secdb.sql(
-        None,
-        "SELECT proname, pg_get_function_identity_arguments(oid) FROM pg_proc"
-        " WHERE pronamespace = '_walcast_sub'::regnamespace AND proname LIKE 'w\\_%%'",
-    )[0]
+    fn, argtypes = author_function(secdb)
     # Run as whoever calls it, and try to escalate, write and replace the shim.
     secdb.sql(
         secdb.author,
@@ -343,11 +349,7 @@ def test_an_error_when_others_misses_is_quarantined_too(
     function raised one of them failed every commit on the table."""
     bad = subscribe(secdb, secdb.author, column_names=["id"], when_clause="new.v > 0")
     good = subscribe(secdb, secdb.author, column_names=["id"])
-    fn, argtypes = secdb.sql(
-        None,
-        "SELECT proname, pg_get_function_identity_arguments(oid) FROM pg_proc"
-        " WHERE pronamespace = '_walcast_sub'::regnamespace AND proname LIKE 'w\\_%%'",
-    )[0]
+    fn, argtypes = author_function(secdb)
     secdb.sql(
         secdb.author,
         f"CREATE OR REPLACE FUNCTION _walcast_sub.{fn}({argtypes}) RETURNS jsonb"
