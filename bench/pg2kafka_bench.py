@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import resource
 import shutil
 import signal
 import statistics
@@ -156,6 +157,70 @@ class Bench:
                 fut.result(30)
 
 
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_s(pid: int) -> float | None:
+    """User + system CPU seconds of a process (all its threads), None once it is gone."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+
+
+class CpuMeter:
+    """CPU spent during one drain by the client, the slot's walsender and the Kafka broker:
+    which of the machine's two cores each uses per event. The walsender is found by the
+    slot's ``active_pid`` once the client has connected, and sampled until it exits (the
+    last sample counts: up to ``interval`` of its CPU may be missed)."""
+
+    def __init__(self, b: Bench, slot: str, interval: float = 0.05) -> None:
+        self.b, self.slot, self.interval = b, slot, interval
+        pid_file = STATE / "kafka" / "pid"
+        self.broker = int(pid_file.read_text()) if pid_file.exists() else None
+        self.broker_start = cpu_s(self.broker) if self.broker else None
+        self.walsender: int | None = None
+        self.walsender_cpu = 0.0
+        self._result: dict[str, float | None] | None = None
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+        self._thread.start()
+
+    def _sample(self) -> None:
+        while not self._done.is_set():
+            if self.walsender is None:
+                rows = self.b.sql(
+                    "SELECT active_pid FROM pg_replication_slots WHERE slot_name = %s",
+                    [self.slot],
+                )
+                if rows and rows[0][0]:
+                    self.walsender = int(rows[0][0])
+            if self.walsender is not None:
+                used = cpu_s(self.walsender)
+                if used is not None:
+                    self.walsender_cpu = used
+            time.sleep(self.interval)
+
+    def stop(self) -> dict[str, float | None]:
+        """CPU seconds of the walsender and the broker since the meter started (the
+        first call's: later calls only return it)."""
+        if self._result is not None:
+            return self._result
+        broker = None
+        if self.broker and self.broker_start is not None:
+            end = cpu_s(self.broker)
+            broker = None if end is None else end - self.broker_start
+        self._done.set()
+        self._thread.join()
+        self._result = {"walsender_cpu_s": self.walsender_cpu, "broker_cpu_s": broker}
+        return self._result
+
+
+def per_event_us(cpu: float | None, events: int) -> float | None:
+    return None if cpu is None else round(cpu / events * 1e6, 2)
+
+
 def rss_mb(pid: int) -> float:
     try:
         for line in Path(f"/proc/{pid}/status").read_text().splitlines():
@@ -253,6 +318,8 @@ def throughput(b: Bench, events: int, workload: str = "small") -> dict[str, Any]
 
     print(f"{workload}: draining with pg_recvlogical (baseline) ...", flush=True)
     started = time.monotonic()
+    children_before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    base_meter = CpuMeter(b, base)
     recv = subprocess.Popen(
         [
             pg_bin("pg_recvlogical"),
@@ -278,6 +345,11 @@ def throughput(b: Bench, events: int, workload: str = "small") -> dict[str, Any]
     )
     recv.wait(900)
     base_s = time.monotonic() - started
+    base_cpu = base_meter.stop()
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    recv_cpu = (
+        children.ru_utime + children.ru_stime - children_before.ru_utime - children_before.ru_stime
+    )
     if recv.returncode != 0:
         raise SystemExit(
             f"pg_recvlogical failed: {recv.stderr.read().decode() if recv.stderr else ''}"
@@ -286,6 +358,7 @@ def throughput(b: Bench, events: int, workload: str = "small") -> dict[str, Any]
     print(f"{workload}: draining with pg2kafka (acks=all) ...", flush=True)
     log = RESULTS / f"pg2kafka-throughput-{workload}.log"
     started = time.monotonic()
+    meter = CpuMeter(b, ours)
     proc = b.pg2kafka(ours, log, PG2KAFKA_REPLICATION__STATUS_INTERVAL_S="0.2")
     peak = [0.0]
     done = threading.Event()
@@ -299,7 +372,10 @@ def throughput(b: Bench, events: int, workload: str = "small") -> dict[str, Any]
     sampler.start()
     try:
         ended = b.wait_confirmed(ours, target, proc)
+        ours_cpu = cpu_s(proc.pid)
+        cpu = meter.stop()
     finally:
+        meter.stop()
         done.set()
         proc.send_signal(signal.SIGTERM)
         proc.wait(60)
@@ -309,6 +385,10 @@ def throughput(b: Bench, events: int, workload: str = "small") -> dict[str, Any]
     ).get_watermark_offsets(TopicPartition(ours, 0), timeout=10)
     if high < events:
         raise SystemExit(f"{workload}: {high:,} messages in Kafka for {events:,} changes")
+    walsender = per_event_us(cpu["walsender_cpu_s"], events)
+    broker = per_event_us(cpu["broker_cpu_s"], events)
+    ours_us = per_event_us(ours_cpu, events)
+    others = (walsender or 0) + (broker or 0)
     return {
         "workload": workload,
         "events": events,
@@ -319,6 +399,15 @@ def throughput(b: Bench, events: int, workload: str = "small") -> dict[str, Any]
         "ratio": round(base_s / ours_s, 3),
         "kafka_messages": high,
         "pg2kafka_peak_rss_mb": round(peak[0], 1),
+        # CPU µs per event. The machine's two cores bound any client: at best
+        # 2 s / (walsender + broker + client) per event.
+        "pg_recvlogical_cpu_us": per_event_us(recv_cpu, events),
+        "pg_recvlogical_walsender_cpu_us": per_event_us(base_cpu["walsender_cpu_s"], events),
+        "pg2kafka_cpu_us": ours_us,
+        "walsender_cpu_us": walsender,
+        "broker_cpu_us": broker,
+        "ceiling_if_pg2kafka_were_free_events_per_s": round(2e6 / others) if others else None,
+        "cpu_us_for_120k_events_per_s": round(2e6 / 120_000 - others, 2) if others else None,
         "memory_guard_mb": 100,
     }
 
@@ -444,6 +533,26 @@ def main() -> int:
                 ">= 0.8" if workload == "small" else "",
             ),
             (
+                f"{workload}: CPU/event pg2kafka | walsender | broker",
+                f"{tp['pg2kafka_cpu_us']} | {tp['walsender_cpu_us']} | {tp['broker_cpu_us']} µs",
+                "",
+                "pg2kafka <= 8 µs" if workload == "small" else "",
+            ),
+            (
+                f"{workload}: CPU/event pg_recvlogical | walsender",
+                f"{tp['pg_recvlogical_cpu_us']} | {tp['pg_recvlogical_walsender_cpu_us']} µs",
+                "",
+                "",
+            ),
+            (
+                f"{workload}: 2 cores' ceiling, pg2kafka free",
+                f"{tp['ceiling_if_pg2kafka_were_free_events_per_s']:,} ev/s"
+                if tp["ceiling_if_pg2kafka_were_free_events_per_s"]
+                else "n/a",
+                "",
+                f"pg2kafka budget at 120k: {tp['cpu_us_for_120k_events_per_s']} µs",
+            ),
+            (
                 f"{workload}: pg2kafka peak RSS",
                 f"{tp['pg2kafka_peak_rss_mb']} MB",
                 "",
@@ -458,9 +567,9 @@ def main() -> int:
             (f"commit->Kafka p99 at {rate:,} ev/s", f"{lat['p99_ms']} ms", "", "<= 25 ms"),
         ]
     print()
-    print(f"{'measure':<48}{'value':>16}{'time':>12}  target")
+    print(f"{'measure':<52}{'value':>24}{'time':>12}  target")
     for name, value, took, target in rows:
-        print(f"{name:<48}{value:>16}{took:>12}  {target}")
+        print(f"{name:<52}{value:>24}{took:>12}  {target}")
     out = RESULTS / "pg2kafka.json"
     out.write_text(orjson.dumps(results, option=orjson.OPT_INDENT_2).decode())
     print(f"\nwritten {out}")

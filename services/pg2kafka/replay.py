@@ -18,10 +18,13 @@ of the row waits on the first one's row lock until it committed.
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import queue
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
@@ -78,45 +81,40 @@ def replay_queue(
     headers_of = _MetadataHeaders()
     stream_header = ("walcast-stream-id", str(sub.stream_id).encode())
     total = 0
-    after = 0  # the last seq sent: each batch reads on from it, past deleted index entries
     started = time.monotonic()
 
-    def one_batch(conn: psycopg.Connection[Any]) -> int:
-        nonlocal after
-        seqs = 0
-        missing: list[int] = []
-        with conn.cursor() as cur, cur.copy(query, {"after": after, "path": key_path}) as copy:
-            copy.set_types(["int8", "text", "text", "text", "text", "text", "bool"])
-            for seq, eid, payload, metadata, created, key_text, key_in_python in copy.rows():
-                # The hot loop: Postgres wrote the value and (nearly always) the key; a
-                # record costs its headers and one produce call.
-                after = seq
-                seqs += 1
-                if payload is None:
-                    if eid is None:
-                        missing.append(seq)
-                    continue
-                value = payload.encode()
-                if key_in_python:
-                    key = event_key(payload, sub.key_field)
-                else:
-                    key = None if key_text is None else key_text.encode()
-                headers = [
-                    ("walcast-event-id", eid.encode()),
-                    stream_header,
-                    ("walcast-created-at", created.encode()),
-                    *headers_of(metadata),
-                ]
-                if len(value) + (len(key) if key else 0) > limit:
-                    row = {"id": int(eid), "stream_id": sub.stream_id, "created_at": created}
-                    big = too_large(Outgoing(topic, key, value, headers), row, metrics)
-                    value = big.value
-                try:
-                    produce(topic, value, key, headers=headers)
-                except BufferError:
-                    sink.write(topic, value, key, headers=headers)
-        if seqs == 0:
-            return 0
+    missing: list[int] = []
+
+    def send_rows(rows: list[tuple[Any, ...]]) -> None:
+        for seq, eid, payload, metadata, created, key_text, key_in_python in rows:
+            # The hot loop: Postgres wrote the value and (nearly always) the key; a
+            # record costs its headers and one produce call.
+            if payload is None:
+                if eid is None:
+                    missing.append(seq)
+                continue
+            value = payload.encode()
+            if key_in_python:
+                key = event_key(payload, sub.key_field)
+            else:
+                key = None if key_text is None else key_text.encode()
+            headers = [
+                ("walcast-event-id", eid.encode()),
+                stream_header,
+                ("walcast-created-at", created.encode()),
+                *headers_of(metadata),
+            ]
+            if len(value) + (len(key) if key else 0) > limit:
+                row = {"id": int(eid), "stream_id": sub.stream_id, "created_at": created}
+                big = too_large(Outgoing(topic, key, value, headers), row, metrics)
+                value = big.value
+            try:
+                produce(topic, value, key, headers=headers)
+            except BufferError:
+                sink.write(topic, value, key, headers=headers)
+
+    def acknowledge(conn: psycopg.Connection[Any], batch: _BatchEnd) -> None:
+        """Once Kafka acknowledged the batch: store the position, then let it go."""
         if missing:
             # Maintenance keeps partitions the queue references (V007); a partition
             # dropped by hand takes its events with it. Said, counted, never silent.
@@ -128,11 +126,13 @@ def replay_queue(
                 missing[0],
                 missing[-1],
             )
+            missing.clear()
         try:
             sink.flush(sub.failover_after_s)
         except RetriableError as exc:
             raise KafkaUnavailableError(f"replay interrupted: {exc}") from exc
         # Acknowledged: remember the position, then let the batch go (one transaction).
+        after = batch.last_seq
         with conn.transaction():
             conn.execute(
                 "UPDATE _walcast.streams SET replay_position = %s WHERE id = %s",
@@ -142,7 +142,6 @@ def replay_queue(
                 "DELETE FROM _walcast.replay_queue WHERE stream_id = %s AND seq <= %s",
                 [sub.stream_id, after],
             )
-        return seqs
 
     try:
         with psycopg.connect(s.postgres.conninfo(), autocommit=True) as conn:
@@ -151,18 +150,22 @@ def replay_queue(
                 [sub.stream_id],
             ).fetchone()
             metrics.replay_remaining.set(int(str(remaining[0])) if remaining else 0)
-            while not stop.is_set():
-                batch = one_batch(conn)
-                if batch == 0:
-                    break
-                total += batch
-                metrics.replayed.inc(batch)
-                metrics.replay_remaining.dec(batch)
-                log.info(
-                    "replayed %d events (%.0f/s)",
-                    total,
-                    total / max(time.monotonic() - started, 1e-6),
-                )
+            with _QueueReader(s.postgres.conninfo(), query, key_path) as reader:
+                for rows, batch_done in reader:
+                    send_rows(rows)
+                    if not batch_done:
+                        continue
+                    acknowledge(conn, batch_done)
+                    total += batch_done.rows
+                    metrics.replayed.inc(batch_done.rows)
+                    metrics.replay_remaining.dec(batch_done.rows)
+                    log.info(
+                        "replayed %d events (%.0f/s)",
+                        total,
+                        total / max(time.monotonic() - started, 1e-6),
+                    )
+                    if stop.is_set():
+                        break
             if stop.is_set():
                 return False
             # Queue empty: back to live from the slot, which continues after it. The
@@ -184,6 +187,112 @@ def replay_queue(
             return True
     finally:
         sink.close()
+
+
+@dataclass(frozen=True, slots=True)
+class _BatchEnd:
+    last_seq: int
+    rows: int
+
+
+class _QueueReader:
+    """Reads the replay queue on its own thread and connection, batch after batch, handing
+    rows over in chunks while the caller produces the ones before: Postgres' work then
+    overlaps Python's. Iterating yields ``(rows, batch_end)``: ``batch_end`` is set on a
+    batch's last chunk (the caller flushes and stores the position there). Each batch
+    reads on from the last seq read, so it never waits for the previous batch's delete.
+    Memory: at most ``chunks`` chunks of at most ``chunk_rows`` rows or ``chunk_bytes``
+    of payload wait (the caller's batch is in Kafka's queue, bounded by the producer)."""
+
+    def __init__(
+        self,
+        conninfo: str,
+        query: sql.Composed,
+        key_path: list[str],
+        *,
+        chunk_rows: int = 2000,
+        chunk_bytes: int = 4 << 20,
+        chunks: int = 8,
+    ) -> None:
+        self.conninfo, self.query, self.key_path = conninfo, query, key_path
+        self.chunk_rows, self.chunk_bytes = chunk_rows, chunk_bytes
+        self.handoff: queue.Queue[
+            tuple[list[tuple[Any, ...]], _BatchEnd | None] | BaseException | None
+        ] = queue.Queue(chunks)
+        self.cancelled = threading.Event()
+        self.thread = threading.Thread(target=self._run, name="replay-reader", daemon=True)
+
+    def __enter__(self) -> _QueueReader:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.cancelled.set()
+        while self.thread.is_alive():
+            with contextlib.suppress(queue.Empty):
+                self.handoff.get(timeout=0.1)  # unblock a waiting put
+
+    def __iter__(self) -> Iterator[tuple[list[tuple[Any, ...]], _BatchEnd | None]]:
+        while True:
+            item = self.handoff.get()
+            if item is None:
+                return
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+
+    def _put(
+        self, item: tuple[list[tuple[Any, ...]], _BatchEnd | None] | BaseException | None
+    ) -> bool:
+        while not self.cancelled.is_set():
+            try:
+                self.handoff.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def _run(self) -> None:
+        try:
+            with psycopg.connect(self.conninfo, autocommit=True) as conn:
+                after = 0
+                while True:
+                    read = self._batch(conn, after)
+                    if read is None:  # cancelled
+                        return
+                    if read == after:
+                        self._put(None)  # the queue is empty
+                        return
+                    after = read
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller, raised there
+            self._put(exc)
+
+    def _batch(self, conn: psycopg.Connection[Any], after: int) -> int | None:
+        """Hand one batch over; its last seq (``after`` when it was empty), None when
+        cancelled. The batch's last chunk carries its end (an empty chunk when the rows
+        ended at a chunk boundary)."""
+        chunk: list[tuple[Any, ...]] = []
+        size = rows = 0
+        last = after
+        params = {"after": after, "path": self.key_path}
+        with conn.cursor() as cur, cur.copy(self.query, params) as copy:
+            copy.set_types(_COLUMN_TYPES)
+            for row in copy.rows():
+                chunk.append(row)
+                last = row[0]
+                rows += 1
+                size += len(row[2] or "")
+                if len(chunk) >= self.chunk_rows or size >= self.chunk_bytes:
+                    if not self._put((chunk, None)):
+                        conn.close()  # mid-COPY: only closing ends it quietly
+                        return None
+                    chunk, size = [], 0
+        if rows == 0:
+            return after
+        return last if self._put((chunk, _BatchEnd(last, rows))) else None
+
+
+_COLUMN_TYPES = ["int8", "text", "text", "text", "text", "text", "bool"]
 
 
 def replay_query(stream_id: int, batch: int, key_field: str | None) -> sql.Composed:
