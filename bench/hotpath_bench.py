@@ -26,9 +26,11 @@ import argparse
 import gc
 import json
 import os
+import shutil
 import struct
 import subprocess
 import sys
+import sysconfig
 import tempfile
 import time
 from collections.abc import Callable
@@ -361,7 +363,24 @@ def _worktree(ref: str) -> Path:
     path = Path(tempfile.mkdtemp(prefix="walcast-hotpath-"))
     subprocess.run(["git", "-C", str(REPO), "worktree", "add", "--detach", str(path), ref],
                    check=True, capture_output=True)  # fmt: skip
+    _build_native(path)
     return path
+
+
+def _build_native(tree: Path) -> None:
+    """A tree with pg2kafka's Rust extension gets it built in place (as ``pip install``
+    would), sharing this tree's cargo target directory so only changed crates compile."""
+    crate = tree / "services" / "pg2kafka" / "native"
+    if not (crate / "Cargo.toml").exists():
+        return  # before the extension
+    target = REPO / "services" / "pg2kafka" / "native" / "target"
+    subprocess.run(
+        ["cargo", "build", "--release", "--quiet", "--manifest-path", str(crate / "Cargo.toml"),
+         "--target-dir", str(target)],
+        check=True,
+    )  # fmt: skip
+    suffix = sysconfig.get_config_var("EXT_SUFFIX")
+    shutil.copy(target / "release" / "lib_native.so", crate.parent / f"_native{suffix}")
 
 
 def _round_in(tree: Path, records: int) -> dict[str, dict[str, float]]:

@@ -173,10 +173,18 @@ class CpuMeter:
     """CPU spent during one drain by the client, the slot's walsender and the Kafka broker:
     which of the machine's two cores each uses per event. The walsender is found by the
     slot's ``active_pid`` once the client has connected, and sampled until it exits (the
-    last sample counts: up to ``interval`` of its CPU may be missed)."""
+    last sample counts: up to ``interval`` of its CPU may be missed).
+
+    When streaming began (the slot became active: the client started and connected) is
+    kept with the client's CPU at that moment (``client_pid``, set once it runs), so a
+    drain can be told with and without the client's start-up: a Python service spends
+    ~1 s importing and connecting, pg_recvlogical nearly nothing."""
 
     def __init__(self, b: Bench, slot: str, interval: float = 0.05) -> None:
         self.b, self.slot, self.interval = b, slot, interval
+        self.client_pid: int | None = None
+        self.active_at: float | None = None
+        self.client_cpu_at_active: float | None = None
         pid_file = STATE / "kafka" / "pid"
         self.broker = int(pid_file.read_text()) if pid_file.exists() else None
         self.broker_start = cpu_s(self.broker) if self.broker else None
@@ -196,11 +204,14 @@ class CpuMeter:
                 )
                 if rows and rows[0][0]:
                     self.walsender = int(rows[0][0])
+                    self.active_at = time.monotonic()
+                    if self.client_pid is not None:
+                        self.client_cpu_at_active = cpu_s(self.client_pid)
             if self.walsender is not None:
                 used = cpu_s(self.walsender)
                 if used is not None:
                     self.walsender_cpu = used
-            time.sleep(self.interval)
+            time.sleep(self.interval if self.walsender is not None else 0.005)
 
     def stop(self) -> dict[str, float | None]:
         """CPU seconds of the walsender and the broker since the meter started (the
@@ -343,9 +354,11 @@ def throughput(b: Bench, events: int, workload: str = "small") -> dict[str, Any]
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
     )
+    base_meter.client_pid = recv.pid
     recv.wait(900)
     base_s = time.monotonic() - started
     base_cpu = base_meter.stop()
+    base_streaming_s = time.monotonic() - (base_meter.active_at or started)
     children = resource.getrusage(resource.RUSAGE_CHILDREN)
     recv_cpu = (
         children.ru_utime + children.ru_stime - children_before.ru_utime - children_before.ru_stime
@@ -360,6 +373,7 @@ def throughput(b: Bench, events: int, workload: str = "small") -> dict[str, Any]
     started = time.monotonic()
     meter = CpuMeter(b, ours)
     proc = b.pg2kafka(ours, log, PG2KAFKA_REPLICATION__STATUS_INTERVAL_S="0.2")
+    meter.client_pid = proc.pid
     peak = [0.0]
     done = threading.Event()
 
@@ -380,6 +394,12 @@ def throughput(b: Bench, events: int, workload: str = "small") -> dict[str, Any]
         proc.send_signal(signal.SIGTERM)
         proc.wait(60)
     ours_s = ended - started
+    ours_streaming_s = ended - (meter.active_at or started)
+    ours_streaming_cpu = (
+        ours_cpu - meter.client_cpu_at_active
+        if ours_cpu is not None and meter.client_cpu_at_active is not None
+        else None
+    )
     _, high = Consumer(
         {"bootstrap.servers": b.bootstrap, "group.id": "bench"}
     ).get_watermark_offsets(TopicPartition(ours, 0), timeout=10)
@@ -397,6 +417,12 @@ def throughput(b: Bench, events: int, workload: str = "small") -> dict[str, Any]
         "pg2kafka_s": round(ours_s, 3),
         "pg2kafka_events_per_s": round(events / ours_s),
         "ratio": round(base_s / ours_s, 3),
+        # From the moment the slot became active (the client connected): without the
+        # client's start-up, which pg_recvlogical hardly has.
+        "pg_recvlogical_streaming_events_per_s": round(events / base_streaming_s),
+        "pg2kafka_streaming_events_per_s": round(events / ours_streaming_s),
+        "streaming_ratio": round(base_streaming_s / ours_streaming_s, 3),
+        "pg2kafka_streaming_cpu_us": per_event_us(ours_streaming_cpu, events),
         "kafka_messages": high,
         "pg2kafka_peak_rss_mb": round(peak[0], 1),
         # CPU µs per event. The machine's two cores bound any client: at best
@@ -531,6 +557,19 @@ def main() -> int:
                 f"{tp['ratio']:.2f}",
                 "",
                 ">= 0.8" if workload == "small" else "",
+            ),
+            (
+                f"{workload}: streaming (from connect): recvlogical | pg2kafka",
+                f"{tp['pg_recvlogical_streaming_events_per_s']:,} | "
+                f"{tp['pg2kafka_streaming_events_per_s']:,}",
+                f"{tp['streaming_ratio']:.2f}",
+                "",
+            ),
+            (
+                f"{workload}: CPU/event pg2kafka streaming (from connect)",
+                f"{tp['pg2kafka_streaming_cpu_us']} µs",
+                "",
+                "<= 8 µs" if workload == "small" else "",
             ),
             (
                 f"{workload}: CPU/event pg2kafka | walsender | broker",

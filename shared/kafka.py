@@ -36,7 +36,7 @@ from shared.interfaces import Checkpointer, Sink
 log = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # one per record: not frozen (frozen __init__ costs); never mutated
 class Outgoing:
     topic: str
     key: bytes | None
@@ -95,14 +95,21 @@ class KafkaSink(Sink[Outgoing, int]):
             self.last_ack_at = time.monotonic()
             self._on_durable(position)
 
-        kwargs: dict[str, Any] = {"on_delivery": delivered}
-        if item.headers:
-            kwargs["headers"] = item.headers
-        if item.partition is not None:
-            kwargs["partition"] = item.partition
+        kwargs: dict[str, Any] | None = None
+        if item.headers or item.partition is not None:
+            kwargs = {}
+            if item.headers:
+                kwargs["headers"] = item.headers
+            if item.partition is not None:
+                kwargs["partition"] = item.partition
         while True:
             try:
-                self.producer.produce(item.topic, item.value, item.key, **kwargs)
+                if kwargs is None:  # per record: most records have neither
+                    self.producer.produce(item.topic, item.value, item.key, on_delivery=delivered)
+                else:
+                    self.producer.produce(
+                        item.topic, item.value, item.key, on_delivery=delivered, **kwargs
+                    )
                 if self.outstanding == 0:
                     self.last_ack_at = time.monotonic()  # the silence starts now
                 self.outstanding += 1

@@ -19,8 +19,9 @@ from typing import Any
 import orjson
 
 from services.pg2kafka import pgoutput as pg
+from services.pg2kafka._native import RowEncoder
 from services.pg2kafka.ddl_secrets import scrub_statement
-from services.pg2kafka.types import TypeRegistry, text_converter
+from services.pg2kafka.types import TypeRegistry
 from shared.contract.event import EVENT_VERSION, SnapshotInfo
 from shared.contract.event import ChangeEvent as Event
 from shared.errors import PermanentError
@@ -63,10 +64,16 @@ def _ddl_shape(payload: Any) -> tuple[list[dict[str, Any]], list[dict[str, Any]]
 
 @dataclass(frozen=True, slots=True)
 class _RelInfo:
-    names: tuple[str, ...]
-    converters: tuple[Callable[[str], Any] | None, ...]  # None: the text itself
-    key_names: tuple[str, ...]
-    types: dict[str, str]
+    encoder: RowEncoder
+    columns: int
+    has_key: bool
+    types: orjson.Fragment  # the event's "types", encoded once
+
+
+Row = tuple[bytes, bytes, list[str] | None]
+"""One row as the event carries it: its JSON, its key's JSON (``{}`` when the relation has
+no key columns), ready to embed, and the unchanged-TOAST columns left out (or None). A
+plain tuple: one is built per row."""
 
 
 @dataclass
@@ -138,18 +145,22 @@ class EventBuilder:
         self._info.pop(msg.oid, None)
 
     def _rel_info(self, rel: pg.Relation) -> _RelInfo:
-        """Per-relation facts computed once, not per row: names, converters, key columns."""
+        """Per-relation facts computed once, not per row: the row encoder (names,
+        conversions, key columns) and the types."""
         info = self._info.get(rel.oid)
         if info is None:
-            convs = tuple(
-                None if (c := self.types.converter(col.type_oid)) is text_converter else c
-                for col in rel.columns
-            )
+            cols = rel.columns
             info = _RelInfo(
-                names=tuple(c.name for c in rel.columns),
-                converters=convs,
-                key_names=tuple(c.name for c in rel.columns if c.is_key),
-                types={c.name: self.types.name(c.type_oid) for c in rel.columns},
+                encoder=RowEncoder(
+                    [c.name for c in cols],
+                    [self.types.spec(c.type_oid) for c in cols],
+                    [c.is_key for c in cols],
+                ),
+                columns=len(cols),
+                has_key=any(c.is_key for c in cols),
+                types=orjson.Fragment(
+                    orjson.dumps({c.name: self.types.name(c.type_oid) for c in cols})
+                ),
             )
             self._info[rel.oid] = info
         return info
@@ -166,48 +177,28 @@ class EventBuilder:
             )
         return rel
 
-    def _row(
-        self, rel: pg.Relation, values: tuple[pg.Value, ...]
-    ) -> tuple[dict[str, Any], list[str]]:
+    def _row(self, rel: pg.Relation, values: tuple[pg.Value, ...]) -> Row:
         info = self._rel_info(rel)
-        row: dict[str, Any] = {}
-        toast: list[str] = []
-        if len(values) != len(info.names):
+        if len(values) != info.columns:
             raise PermanentError(
-                f"pgoutput protocol: {len(values)} values for {len(info.names)} columns"
+                f"pgoutput protocol: {len(values)} values for {info.columns} columns"
                 f" of {rel.schema}.{rel.table}"
             )
-        for name, conv, value in zip(info.names, info.converters, values, strict=True):
-            if value.__class__ is str:
-                if conv is None:
-                    row[name] = value
-                else:
-                    try:
-                        row[name] = conv(value)
-                    except (ValueError, TypeError, IndexError) as exc:
-                        # Bad input never stops the stream and never vanishes: the value
-                        # travels as the server's text, and is counted and logged.
-                        row[name] = value
-                        self.unconverted += 1
-                        self._kept_log.warning(
-                            f"{rel.schema}.{rel.table}.{name}",
-                            "kept %s.%s.%s as text: %s",
-                            rel.schema,
-                            rel.table,
-                            name,
-                            exc,
-                        )
-            elif value is None:
-                row[name] = None
-            else:  # UNCHANGED_TOAST
-                toast.append(name)
-        return row, toast
-
-    def _key(self, rel: pg.Relation, row: dict[str, Any]) -> dict[str, Any]:
-        return {name: row.get(name) for name in self._rel_info(rel).key_names}
-
-    def _types(self, rel: pg.Relation) -> dict[str, str]:
-        return self._rel_info(rel).types
+        row, key, toast, kept = info.encoder.encode(values)
+        if kept:
+            # Bad input never stops the stream and never vanishes: the value travels as
+            # the server's text, and is counted and logged.
+            for name, reason in kept:
+                self.unconverted += 1
+                self._kept_log.warning(
+                    f"{rel.schema}.{rel.table}.{name}",
+                    "kept %s.%s.%s as text: %s",
+                    rel.schema,
+                    rel.table,
+                    name,
+                    reason,
+                )
+        return row, key if key is not None else b"{}", toast
 
     def _envelope(self, op: str, lsn: int, rel: pg.Relation | None) -> Event:
         txn = self.txn
@@ -233,7 +224,7 @@ class EventBuilder:
         then an insert of the new row — so every event of a key stays under that key (and
         in one partition under primary-key keys)."""
         rel = self._rel(msg.relation_oid)
-        has_key = bool(self._rel_info(rel).key_names)
+        has_key = self._rel_info(rel).has_key
         if not has_key and self.no_identity == "skip":
             self.skipped_no_identity += 1
             if rel.oid not in self._warned:
@@ -245,50 +236,48 @@ class EventBuilder:
                     rel.table,
                 )
             return []
-        if isinstance(msg, pg.Insert):
-            new, toast = self._row(rel, msg.new)
-            return [self._event("insert", lsn, rel, self._key(rel, new), new, None, toast)]
+        if msg.__class__ is pg.Insert:
+            new = self._row(rel, msg.new)
+            return [self._event("insert", lsn, rel, new[1], new, None)]
         if isinstance(msg, pg.Delete):
-            before, _ = self._row(rel, msg.old)
-            key = self._key(rel, before)
-            return [
-                self._event(
-                    "delete", lsn, rel, key, None, key if msg.old_kind == "K" else before, []
-                )
-            ]
-        new, toast = self._row(rel, msg.new)
-        old: dict[str, Any] | None = None
+            before = self._row(rel, msg.old)
+            gone = before[1] if msg.old_kind == "K" else before[0]
+            return [self._event("delete", lsn, rel, before[1], None, gone)]
+        assert isinstance(msg, pg.Update)
+        new = self._row(rel, msg.new)
+        old: Row | None = None
         if msg.old is not None:
-            old, _ = self._row(rel, msg.old)
-        new_key = self._key(rel, new)
-        old_key = self._key(rel, old) if old is not None else new_key
-        if has_key and old_key != new_key:
+            old = self._row(rel, msg.old)
+        old_key = old[1] if old is not None else new[1]
+        if has_key and old_key != new[1]:  # the encoding is canonical: bytes compare
             # pgoutput sends the old key ('K') only when it changed, or the whole old row
             # ('O') under FULL identity; either way the row moved to another key.
-            gone = old_key if msg.old_kind == "K" else old
+            assert old is not None
+            gone = old[1] if msg.old_kind == "K" else old[0]
             return [
-                self._event("delete", lsn, rel, old_key, None, gone, []),
-                self._event("insert", lsn, rel, new_key, new, None, toast),
+                self._event("delete", lsn, rel, old[1], None, gone),
+                self._event("insert", lsn, rel, new[1], new, None),
             ]
-        return [self._event("update", lsn, rel, new_key, new, old, toast)]
+        return [self._event("update", lsn, rel, new[1], new, old[0] if old else None)]
 
     def _event(
         self,
         op: str,
         lsn: int,
         rel: pg.Relation,
-        key: dict[str, Any],
-        new: dict[str, Any] | None,
-        old: dict[str, Any] | None,
-        toast: list[str],
+        key: bytes,
+        new: Row | None,
+        old: bytes | None,
     ) -> Event:
         ev = self._envelope(op, lsn, rel)
-        ev["key"] = key if self._rel_info(rel).key_names else {}
-        ev["new"] = new
-        ev["old"] = old
-        if toast:
-            ev["unchanged_toast"] = toast
-        ev["types"] = self._types(rel)
+        info = self._rel_info(rel)
+        # No key columns: an empty key, which routes by table (shared.contract.event).
+        ev["key"] = orjson.Fragment(key) if info.has_key else {}
+        ev["new"] = orjson.Fragment(new[0]) if new is not None else None
+        ev["old"] = orjson.Fragment(old) if old is not None else None
+        if new is not None and new[2]:
+            ev["unchanged_toast"] = new[2]
+        ev["types"] = info.types
         return ev
 
     def read(
@@ -304,14 +293,14 @@ class EventBuilder:
         them (the same text pgoutput sends, so the same conversion): ``version`` is its
         ``lsn`` and ``commit_lsn``, ``seq`` its number in the chunk (see
         docs/snapshots.md for why a row carries the version it does)."""
-        new, _ = self._row(rel, values)
+        new = self._row(rel, values)
         ev: Event = {"v": EVENT_VERSION, "op": "read", "db": self.database, "schema": rel.schema,
                      "table": rel.table, "lsn": version, "seq": seq, "commit_lsn": version,
                      "xid": 0, "commit_ts": read_at}  # fmt: skip
-        ev["key"] = self._key(rel, new) if self._rel_info(rel).key_names else {}
-        ev["new"] = new
+        ev["key"] = orjson.Fragment(new[1]) if self._rel_info(rel).has_key else {}
+        ev["new"] = orjson.Fragment(new[0])
         ev["old"] = None
-        ev["types"] = self._types(rel)
+        ev["types"] = self._rel_info(rel).types
         ev["snapshot"] = snapshot
         return ev
 
@@ -373,7 +362,7 @@ class EventBuilder:
             ev["key"] = {}
             ev["new"] = None
             ev["old"] = None
-            ev["types"] = self._types(rel)
+            ev["types"] = self._rel_info(rel).types
             events.append(ev)
         return events
 

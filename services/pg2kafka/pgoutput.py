@@ -15,6 +15,8 @@ import struct
 from dataclasses import dataclass
 from typing import Final
 
+from services.pg2kafka._native import decode_tuple
+
 # Microseconds between the Unix epoch and the Postgres epoch (2000-01-01).
 PG_EPOCH_OFFSET_US: Final = 946_684_800_000_000
 
@@ -80,13 +82,16 @@ class TypeMessage:
     name: str
 
 
-@dataclass(frozen=True, slots=True)
+# The row messages are built once per change: plain slotted classes (a frozen dataclass's
+# __init__ sets each field through object.__setattr__, measurably slower). Treat them as
+# read-only all the same.
+@dataclass(slots=True)
 class Insert:
     relation_oid: int
     new: tuple[Value, ...]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Update:
     relation_oid: int
     new: tuple[Value, ...]
@@ -96,7 +101,7 @@ class Update:
     old: tuple[Value, ...] | None
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Delete:
     relation_oid: int
     old_kind: str  # 'K' or 'O'
@@ -140,9 +145,9 @@ _COMMIT = struct.Struct("!bQQq")
 class _Reader:
     __slots__ = ("buf", "pos")
 
-    def __init__(self, buf: bytes) -> None:
+    def __init__(self, buf: bytes, start: int = 0) -> None:
         self.buf = buf
-        self.pos = 1  # past the tag byte
+        self.pos = start + 1  # past the tag byte
 
     def need(self, n: int) -> None:
         if self.pos + n > len(self.buf):
@@ -198,10 +203,6 @@ class _Reader:
         return values
 
 
-_unpack_i16 = _I16.unpack_from
-_unpack_i32 = _I32.unpack_from
-
-
 # Postgres server encodings → Python codecs, for the ones a database may use besides UTF8.
 _CODECS = {
     "LATIN1": "latin-1", "LATIN2": "iso8859-2", "LATIN9": "iso8859-15", "WIN1250": "cp1250",
@@ -242,40 +243,12 @@ TEXT = TextPolicy()
 
 
 def _tuple_data(buf: bytes, pos: int) -> tuple[tuple[Value, ...], int]:
-    """TupleData at ``pos``: the hot path of decoding, hence locals and no helpers."""
-    end = len(buf)
-    if pos + 2 > end:
-        raise DecodeError("truncated message: tuple without column count")
-    (ncols,) = _unpack_i16(buf, pos)
-    pos += 2
-    values: list[Value] = []
-    append = values.append
-    for _ in range(ncols):
-        if pos >= end:
-            raise DecodeError("truncated message: missing column")
-        kind = buf[pos]
-        pos += 1
-        if kind == 0x74:  # 't' text
-            if pos + 4 > end:
-                raise DecodeError("truncated message: missing length")
-            (n,) = _unpack_i32(buf, pos)
-            pos += 4
-            if pos + n > end:
-                raise DecodeError(f"truncated message: value of {n} bytes")
-            raw = buf[pos : pos + n]
-            try:
-                append(raw.decode("utf-8"))
-            except UnicodeDecodeError:
-                append(TEXT.decode(raw))
-            pos += n
-        elif kind == 0x6E:  # 'n' null
-            append(None)
-        elif kind == 0x75:  # 'u' unchanged toast
-            append(UNCHANGED_TOAST)
-        else:
-            # 'b' (binary) only appears with the binary option, which we never request.
-            raise DecodeError(f"unsupported tuple column kind {chr(kind)!r}")
-    return tuple(values), pos
+    """TupleData at ``pos``: the hot path of decoding, compiled (values are built straight
+    from the buffer; text that is not UTF-8 goes through :data:`TEXT`)."""
+    try:
+        return decode_tuple(buf, pos, UNCHANGED_TOAST, TEXT.decode)  # type: ignore[return-value]
+    except ValueError as exc:
+        raise DecodeError(str(exc)) from None
 
 
 def to_unix_us(pg_us: int) -> int:
@@ -288,16 +261,20 @@ _NEW_TUPLE = ord("N")
 
 def decode(payload: bytes | memoryview) -> Decoded:
     """Decode one pgoutput message (the data part of an XLogData message)."""
-    if not payload:
+    return decode_at(payload.tobytes() if isinstance(payload, memoryview) else payload, 0)
+
+
+def decode_at(buf: bytes, start: int) -> Decoded:
+    """Decode the pgoutput message that starts at ``start`` of ``buf`` and runs to its end
+    (the replication stream's message, header and all: no copy of the payload)."""
+    if len(buf) <= start:
         raise DecodeError("empty message")
-    if isinstance(payload, memoryview):
-        payload = payload.tobytes()
-    first = payload[0]
-    if first == _TAG_INSERT and len(payload) >= 6 and payload[5] == _NEW_TUPLE:  # most messages
-        (oid,) = _U32.unpack_from(payload, 1)
-        values, _ = _tuple_data(payload, 6)
+    first = buf[start]
+    if first == _TAG_INSERT and len(buf) >= start + 6 and buf[start + 5] == _NEW_TUPLE:
+        (oid,) = _U32.unpack_from(buf, start + 1)  # the most frequent message
+        values, _ = _tuple_data(buf, start + 6)
         return Insert(oid, values)
-    r = _Reader(payload)
+    r = _Reader(buf, start)
     tag = chr(first)
     if tag == "B":
         final_lsn, ts, xid = r.unpack(_BEGIN)

@@ -148,7 +148,7 @@ class PostgresReplicationSource(Source[pgoutput.Decoded, int]):
                 wal_start, wal_end, _ = _XLOG_HEADER.unpack_from(buf, 1)
                 self.received_lsn = max(self.received_lsn, wal_start)
                 self.server_wal_end = max(self.server_wal_end, wal_end)
-                return wal_start, pgoutput.decode(memoryview(buf)[1 + _XLOG_HEADER.size :])
+                return wal_start, pgoutput.decode_at(buf, 1 + _XLOG_HEADER.size)
             if kind == b"k":
                 wal_end, _, reply = _KEEPALIVE.unpack_from(buf, 1)
                 self.server_wal_end = max(self.server_wal_end, wal_end)

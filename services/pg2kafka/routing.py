@@ -65,6 +65,8 @@ def table_key(schema: str, table: str) -> bytes:
     return f"{schema}.{table}".encode()
 
 
-def row_key(schema: str, table: str, key: dict[str, Any]) -> bytes:
-    """The Kafka key of a row's events under ``primary_key`` keys."""
+def row_key(schema: str, table: str, key: dict[str, Any] | orjson.Fragment) -> bytes:
+    """The Kafka key of a row's events under ``primary_key`` keys. ``key`` as a dict or as
+    its JSON (the row encoder's, byte-for-byte what orjson writes for the dict): the same
+    row gets the same Kafka key, hence partition, either way."""
     return orjson.dumps({"t": f"{schema}.{table}", "k": key})

@@ -1,10 +1,14 @@
-"""Postgres text output → JSON values, by type OID.
+"""Postgres text output → JSON values, by type OID: which conversion each type gets.
 
-The built-in types and their converters are the one type table,
-:mod:`shared.contract.pgtypes`. Types outside it (enums, domains, arrays of those,
-extension types) are looked up once (``TypeInfo`` via a callback that queries
+The built-in types and their kinds are the one type table,
+:mod:`shared.contract.pgtypes`; the kinds are implemented in the compiled per-event path
+(:mod:`services.pg2kafka._native`). Types outside the table (enums, domains, arrays of
+those, extension types) are looked up once (``TypeInfo`` via a callback that queries
 ``pg_type``) and cached by OID: domains convert as their base type, arrays element-wise,
 anything else travels as its text output.
+
+A column's conversion is a *spec*: a kind (``"i"``), or for an array ``"a"`` + the
+element delimiter + the element's spec (``"a,i"``).
 """
 
 from __future__ import annotations
@@ -13,10 +17,19 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from shared.contract import pgtypes
-from shared.contract.pgtypes import Converter, array_of
+import orjson
 
-text_converter: Converter = pgtypes.text  # callers may skip calling it: the text is the value
+from services.pg2kafka._native import convert_value
+from shared.contract import pgtypes
+from shared.contract.pgtypes import TEXT_KIND
+
+
+def array_spec(element: str, delimiter: str = ",") -> str:
+    """The spec of an array of ``element``. A delimiter that is not one ASCII character
+    (no built-in type has one) leaves the array as its text."""
+    if len(delimiter) != 1 or not delimiter.isascii():
+        return TEXT_KIND
+    return "a" + delimiter + element
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,24 +48,27 @@ TypeLookup = Callable[[int], TypeInfo | None]
 
 
 class TypeRegistry:
-    """Finds the converter for a type OID; unknown OIDs are asked of ``lookup`` once."""
+    """Finds the conversion spec for a type OID; unknown OIDs are asked of ``lookup`` once."""
 
     def __init__(self, lookup: TypeLookup | None = None) -> None:
         self._lookup = lookup
-        self._cache: dict[int, Converter] = {t.oid: t.convert for t in pgtypes.TYPES if t.oid}
+        self._cache: dict[int, str] = {t.oid: t.kind for t in pgtypes.TYPES if t.oid}
         for arr, elem in pgtypes.ELEMENT_OF.items():
-            self._cache[arr] = array_of(elem.convert)
+            self._cache[arr] = array_spec(elem.kind)
         self._names: dict[int, str] = {}
 
-    def converter(self, oid: int) -> Converter:
-        conv = self._cache.get(oid)
-        if conv is None:
-            conv = self._resolve(oid, depth=0)
-            self._cache[oid] = conv
-        return conv
+    def spec(self, oid: int) -> str:
+        found = self._cache.get(oid)
+        if found is None:
+            found = self._resolve(oid, depth=0)
+            self._cache[oid] = found
+        return found
 
     def convert(self, oid: int, value: str) -> Any:
-        return self.converter(oid)(value)
+        """One value as the event carries it, parsed back (for tests and tools; the stream
+        converts whole rows: :class:`~services.pg2kafka._native.RowEncoder`). ValueError
+        when it does not convert."""
+        return orjson.loads(convert_value(self.spec(oid), value))
 
     def name(self, oid: int) -> str:
         """The column's type as events carry it: ``pg_type.typname`` (built-ins from the
@@ -75,18 +91,17 @@ class TypeRegistry:
         if pgtypes.builtin_name(oid) is None:
             self._cache.pop(oid, None)
 
-    def _resolve(self, oid: int, depth: int) -> Converter:
+    def _resolve(self, oid: int, depth: int) -> str:
         if depth > 8 or self._lookup is None:
-            return text_converter
+            return TEXT_KIND
         if oid in self._cache:
             return self._cache[oid]
         info = self._lookup(oid)
         if info is None:
-            return text_converter
+            return TEXT_KIND
         self._names[oid] = info.name
         if info.element_oid:
-            elem = self._resolve(info.element_oid, depth + 1)
-            return array_of(elem, info.delimiter)
+            return array_spec(self._resolve(info.element_oid, depth + 1), info.delimiter)
         if info.kind == "d" and info.base_oid:
             return self._resolve(info.base_oid, depth + 1)
-        return text_converter  # enums, ranges, composites, extension types: their text output
+        return TEXT_KIND  # enums, ranges, composites, extension types: their text output

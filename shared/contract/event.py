@@ -110,7 +110,9 @@ class SnapshotInfo(TypedDict, total=False):
 
 
 class ChangeEvent(TypedDict, total=False):
-    """One change as the producer builds it (see docs/events.md for each field)."""
+    """One change as the producer builds it (see docs/events.md for each field). pg2kafka
+    holds ``key``, ``new``, ``old`` and ``types`` already encoded (``orjson.Fragment``:
+    its compiled row encoder writes them); decoding gives plain objects."""
 
     v: int
     op: str
@@ -122,11 +124,11 @@ class ChangeEvent(TypedDict, total=False):
     commit_lsn: int
     xid: int
     commit_ts: str
-    key: dict[str, Any]
-    new: dict[str, Any] | None
-    old: dict[str, Any] | None
+    key: dict[str, Any] | orjson.Fragment
+    new: dict[str, Any] | orjson.Fragment | None
+    old: dict[str, Any] | orjson.Fragment | None
     unchanged_toast: list[str]
-    types: dict[str, str]
+    types: dict[str, str] | orjson.Fragment
     ddl: DdlChange
     oversized: int  # bytes of the change that was too large for Kafka (a reference event)
     snapshot: SnapshotInfo  # read rows and snapshot markers

@@ -3,8 +3,10 @@ field and the Delta column.
 
 Every service derives what it knows about a type from :data:`TYPES`:
 
-* pg2kafka converts a column's text output with the row's ``convert`` and labels the
-  column with ``name`` (arrays: ``"_" + name``, as ``pg_type`` names them);
+* pg2kafka converts a column's text output by the row's ``kind`` and labels the column
+  with ``name`` (arrays: ``"_" + name``, as ``pg_type`` names them). The kinds are
+  implemented once, in pg2kafka's compiled per-event path
+  (``services/pg2kafka/native/src/lib.rs``; see :data:`KINDS`);
 * kafka2search maps a column to the row's ``search`` field mapping (arrays like their
   elements: the engines index arrays of any field);
 * kafka2spark declares a column as the row's ``spark`` type (arrays as arrays of it).
@@ -33,98 +35,25 @@ replication connection pins ``DateStyle=ISO``, ``TimeZone=UTC``,
 
 from __future__ import annotations
 
-import base64
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final
 
-import orjson
+KINDS: Final = {
+    "s": "the text itself",
+    "i": "integer",
+    "f": "double (NaN, ±Infinity stay strings)",
+    "b": "boolean",
+    "j": "json / jsonb text, embedded",
+    "x": "bytea hex → base64",
+    "d": "date, ISO-8601 with expanded years",
+    "t": "timestamp, ISO-8601",
+    "z": "timestamptz, ISO-8601 with ±hh:mm",
+}
+"""How a type's text output becomes its event value. An array of a type converts
+element-wise: its spec is ``"a" + delimiter + element spec`` (``"a,i"``)."""
 
-Converter = Callable[[str], Any]
-
-
-def _bool(v: str) -> bool:
-    return v == "t"
-
-
-def _float(v: str) -> float | str:
-    try:
-        f = float(v)
-    except ValueError:
-        return v
-    if f != f or f in (float("inf"), float("-inf")):
-        return v  # NaN / Infinity: JSON has no such numbers
-    return f
-
-
-def _json(v: str) -> orjson.Fragment:
-    """The server's JSON text, embedded in the event as is: parsed, ``12345678901234567.89``
-    would become ``1.2345678901234568e16``, big integers floats, and ``1e309`` an error.
-    Line breaks (only whitespace between tokens: JSON strings cannot hold them raw)
-    become spaces, so an event stays one line."""
-    if "\n" in v or "\r" in v:
-        v = v.replace("\r", " ").replace("\n", " ")
-    return orjson.Fragment(v)
-
-
-def _bytea(v: str) -> str:
-    if v.startswith("\\x"):
-        return base64.b64encode(bytes.fromhex(v[2:])).decode("ascii")
-    return base64.b64encode(v.encode()).decode("ascii")  # escape format: not expected
-
-
-def _common_era(v: str) -> bool:
-    """A year of four digits, not BC: the text needs no rewriting (the fast path)."""
-    return v[4:5] == "-" and v[-1] != "C"
-
-
-def _expanded_year(v: str) -> str:
-    """Postgres writes ``0044-03-15 BC`` and ``12345-01-01``; ISO-8601's expanded form,
-    with astronomical years, is ``-0043-03-15`` and ``+12345-01-01`` (what Spark and
-    Java's ISO parsers read). ``infinity`` / ``-infinity`` stay as they are."""
-    if v in ("infinity", "-infinity"):
-        return v
-    bc = v.endswith(" BC")
-    if bc:
-        v = v[:-3]
-    dash = v.index("-")
-    year = int(v[:dash])
-    if bc:
-        year = 1 - year
-    head = f"{year:04d}" if 0 <= year <= 9999 else f"{year:+05d}"
-    return head + v[dash:]
-
-
-def _date(v: str) -> str:
-    return v if _common_era(v) else _expanded_year(v)
-
-
-def _timestamp(v: str) -> str:
-    if not _common_era(v):
-        v = _expanded_year(v)
-        if v in ("infinity", "-infinity"):
-            return v
-    return v.replace(" ", "T", 1)
-
-
-def _timestamptz(v: str) -> str:
-    if not _common_era(v):
-        v = _expanded_year(v)
-        if v in ("infinity", "-infinity"):
-            return v
-    v = v.replace(" ", "T", 1)
-    # "+00" / "-05" / "+05:30": ISO-8601 wants hh:mm.
-    sign = max(v.rfind("+"), v.rfind("-"))
-    if sign > 10:
-        offset = v[sign + 1 :]
-        if len(offset) == 2:
-            v = v + ":00"
-    return v
-
-
-def text(v: str) -> str:
-    """The text output itself. Callers may skip calling it: the text is the value."""
-    return v
+TEXT_KIND: Final = "s"
 
 
 # Search field mappings (OpenSearch and Elasticsearch share them).
@@ -164,7 +93,7 @@ class PgType:
     oid: int
     name: str
     array_oid: int
-    convert: Converter
+    kind: str
     search: Mapping[str, Any]
     spark: str
 
@@ -174,50 +103,50 @@ class PgType:
 
 
 def _t(
-    oid: int, name: str, array_oid: int, convert: Converter, search: Mapping[str, Any], spark: str
+    oid: int, name: str, array_oid: int, kind: str, search: Mapping[str, Any], spark: str
 ) -> PgType:
-    return PgType(oid, name, array_oid, convert, search, spark)
+    return PgType(oid, name, array_oid, kind, search, spark)
 
 
 # fmt: off
 TYPES: tuple[PgType, ...] = (
-    _t(16,   "bool",        1000, _bool,        _BOOL,        "boolean"),
-    _t(17,   "bytea",       1001, _bytea,       _BINARY,      "binary"),
-    _t(18,   "char",        1002, text,         _KEYWORD,     "string"),
-    _t(19,   "name",        1003, text,         _KEYWORD,     "string"),
-    _t(20,   "int8",        1016, int,          _LONG,        "bigint"),
-    _t(21,   "int2",        1005, int,          _SHORT,       "smallint"),
-    _t(23,   "int4",        1007, int,          _INTEGER,     "int"),
-    _t(25,   "text",        1009, text,         _TEXT,        "string"),
-    _t(26,   "oid",         1028, int,          _LONG,        "bigint"),
-    _t(28,   "xid",         1011, int,          _LONG,        "bigint"),
-    _t(114,  "json",        199,  _json,        _OPAQUE_JSON, "string"),
-    _t(142,  "xml",         143,  text,         _KEYWORD,     "string"),
-    _t(650,  "cidr",        651,  text,         _KEYWORD,     "string"),
-    _t(700,  "float4",      1021, _float,       _FLOAT,       "float"),
-    _t(701,  "float8",      1022, _float,       _DOUBLE,      "double"),
-    _t(774,  "macaddr8",    775,  text,         _KEYWORD,     "string"),
-    _t(790,  "money",       791,  text,         _KEYWORD,     "string"),
-    _t(829,  "macaddr",     1040, text,         _KEYWORD,     "string"),
-    _t(869,  "inet",        1041, text,         _KEYWORD,     "string"),
-    _t(1042, "bpchar",      1014, text,         _TEXT,        "string"),
-    _t(1043, "varchar",     1015, text,         _TEXT,        "string"),
-    _t(1082, "date",        1182, _date,        _DATE,        "date"),
-    _t(1083, "time",        1183, text,         _KEYWORD,     "string"),
-    _t(1114, "timestamp",   1115, _timestamp,   _DATE,        "timestamp_ntz"),
-    _t(1184, "timestamptz", 1185, _timestamptz, _DATE,        "timestamp"),
-    _t(1186, "interval",    1187, text,         _KEYWORD,     "string"),
-    _t(1266, "timetz",      1270, text,         _KEYWORD,     "string"),
-    _t(1560, "bit",         1561, text,         _KEYWORD,     "string"),
-    _t(1562, "varbit",      1563, text,         _KEYWORD,     "string"),
+    _t(16,   "bool",        1000, "b",          _BOOL,        "boolean"),
+    _t(17,   "bytea",       1001, "x",          _BINARY,      "binary"),
+    _t(18,   "char",        1002, "s",          _KEYWORD,     "string"),
+    _t(19,   "name",        1003, "s",          _KEYWORD,     "string"),
+    _t(20,   "int8",        1016, "i",          _LONG,        "bigint"),
+    _t(21,   "int2",        1005, "i",          _SHORT,       "smallint"),
+    _t(23,   "int4",        1007, "i",          _INTEGER,     "int"),
+    _t(25,   "text",        1009, "s",          _TEXT,        "string"),
+    _t(26,   "oid",         1028, "i",          _LONG,        "bigint"),
+    _t(28,   "xid",         1011, "i",          _LONG,        "bigint"),
+    _t(114,  "json",        199,  "j",          _OPAQUE_JSON, "string"),
+    _t(142,  "xml",         143,  "s",          _KEYWORD,     "string"),
+    _t(650,  "cidr",        651,  "s",          _KEYWORD,     "string"),
+    _t(700,  "float4",      1021, "f",          _FLOAT,       "float"),
+    _t(701,  "float8",      1022, "f",          _DOUBLE,      "double"),
+    _t(774,  "macaddr8",    775,  "s",          _KEYWORD,     "string"),
+    _t(790,  "money",       791,  "s",          _KEYWORD,     "string"),
+    _t(829,  "macaddr",     1040, "s",          _KEYWORD,     "string"),
+    _t(869,  "inet",        1041, "s",          _KEYWORD,     "string"),
+    _t(1042, "bpchar",      1014, "s",          _TEXT,        "string"),
+    _t(1043, "varchar",     1015, "s",          _TEXT,        "string"),
+    _t(1082, "date",        1182, "d",          _DATE,        "date"),
+    _t(1083, "time",        1183, "s",          _KEYWORD,     "string"),
+    _t(1114, "timestamp",   1115, "t",          _DATE,        "timestamp_ntz"),
+    _t(1184, "timestamptz", 1185, "z",          _DATE,        "timestamp"),
+    _t(1186, "interval",    1187, "s",          _KEYWORD,     "string"),
+    _t(1266, "timetz",      1270, "s",          _KEYWORD,     "string"),
+    _t(1560, "bit",         1561, "s",          _KEYWORD,     "string"),
+    _t(1562, "varbit",      1563, "s",          _KEYWORD,     "string"),
     # numeric: the exact string in the event and in _source; indexed as double so ranges
     # and sorting work (a NaN stays in _source only).
-    _t(1700, "numeric",     1231, text,         _DOUBLE,      "string"),
-    _t(2950, "uuid",        2951, text,         _KEYWORD,     "string"),
-    _t(3614, "tsvector",    3643, text,         _KEYWORD,     "string"),
-    _t(3802, "jsonb",       3807, _json,        _OPAQUE_JSON, "string"),
+    _t(1700, "numeric",     1231, "s",          _DOUBLE,      "string"),
+    _t(2950, "uuid",        2951, "s",          _KEYWORD,     "string"),
+    _t(3614, "tsvector",    3643, "s",          _KEYWORD,     "string"),
+    _t(3802, "jsonb",       3807, "j",          _OPAQUE_JSON, "string"),
     # Extension types, known by name (their OIDs differ per database).
-    _t(0,    "citext",      0,    text,         _TEXT,        "string"),
+    _t(0,    "citext",      0,    "s",          _TEXT,        "string"),
 )
 # fmt: on
 
@@ -253,64 +182,3 @@ def search_mapping(name: str) -> Mapping[str, Any]:
     """The search field mapping of a column; arrays map like their elements."""
     row, _ = by_name(name)
     return row.search if row is not None else UNKNOWN_SEARCH
-
-
-def parse_array(literal: str, elem: Converter, delimiter: str = ",") -> list[Any]:
-    """Parse a Postgres array literal (``{1,NULL,"a b",{2,3}}``) into nested lists.
-
-    Handles quoting, backslash escapes, NULL and nesting. A leading dimension decoration
-    (``[0:2]={...}``) is skipped; the elements keep their order.
-    """
-    if literal.startswith("["):
-        literal = literal[literal.find("=") + 1 :]
-    pos = 0
-    n = len(literal)
-
-    def parse_level() -> list[Any]:
-        nonlocal pos
-        if literal[pos] != "{":
-            raise ValueError(f"malformed array literal: {literal!r}")
-        pos += 1
-        out: list[Any] = []
-        if pos < n and literal[pos] == "}":
-            pos += 1
-            return out
-        while pos < n:
-            ch = literal[pos]
-            if ch == "{":
-                out.append(parse_level())
-            elif ch == '"':
-                pos += 1
-                buf = []
-                while pos < n and literal[pos] != '"':
-                    if literal[pos] == "\\":
-                        pos += 1
-                    buf.append(literal[pos])
-                    pos += 1
-                pos += 1  # closing quote
-                out.append(elem("".join(buf)))
-            else:
-                start = pos
-                while pos < n and literal[pos] not in (delimiter, "}"):
-                    pos += 1
-                word = literal[start:pos].strip()
-                out.append(None if word == "NULL" else elem(word))
-            if pos >= n:
-                break
-            if literal[pos] == delimiter:
-                pos += 1
-            elif literal[pos] == "}":
-                pos += 1
-                return out
-        raise ValueError(f"unterminated array literal: {literal!r}")
-
-    return parse_level()
-
-
-def array_of(elem: Converter, delimiter: str = ",") -> Converter:
-    """A converter for arrays of ``elem``'s type."""
-
-    def convert(v: str) -> Any:
-        return parse_array(v, elem, delimiter)
-
-    return convert

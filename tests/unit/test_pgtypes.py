@@ -26,7 +26,8 @@ def test_every_service_derives_the_same_view_of_a_type(row: pgtypes.PgType) -> N
     registry = TypeRegistry()
     if row.oid:
         assert registry.name(row.oid) == row.name
-        assert registry.converter(row.oid) is row.convert
+        assert registry.spec(row.oid) == row.kind
+        assert registry.spec(row.array_oid) == "a," + row.kind
         assert registry.name(row.array_oid) == row.array_name
     assert field_mapping(row.name) == row.search
     assert field_mapping(row.array_name) == row.search
