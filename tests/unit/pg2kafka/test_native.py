@@ -151,3 +151,32 @@ def test_decode_tuple_refuses_what_is_not_the_protocol(buf: bytes, message: str)
         return
     with pytest.raises(ValueError, match=message):
         decode_tuple(buf, 0, None, str)
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"), [("007", b"7"), ("-0", b"0"), ("-012", b"-12"), ("0", b"0")]
+)
+def test_integers_are_written_as_numbers_whatever_their_spelling(
+    text: str, expected: bytes
+) -> None:
+    """Postgres writes integers canonically; a JSON number never has leading zeros."""
+    assert convert_value("i", text) == expected
+
+
+def test_a_nesting_no_postgres_array_has_is_refused_not_a_crash() -> None:
+    """Postgres arrays have at most 6 dimensions; a million levels ran the parser's
+    recursion out of stack (the process died)."""
+    with pytest.raises(ValueError, match="nested deeper"):
+        convert_value("a,i", "{" * 1_000_000)
+    assert orjson.loads(convert_value("a,i", "{" * 6 + "1" + "}" * 6)) == [[[[[[1]]]]]]
+
+
+def test_unquoted_elements_lose_only_the_whitespace_postgres_trims() -> None:
+    assert orjson.loads(convert_value("a,s", "{ x ,\ty\n}")) == ["x", "y"]
+    # A no-break space is not whitespace to Postgres' array parser: part of the element.
+    assert orjson.loads(convert_value("a,s", "{\u00a0x}")) == ["\u00a0x"]
+
+
+def test_decode_tuple_refuses_a_position_past_the_buffer() -> None:
+    with pytest.raises(ValueError, match="column count"):
+        decode_tuple(b"abc", 2**64 - 1, None, str)

@@ -114,9 +114,26 @@ fn write_str(out: &mut Vec<u8>, s: &str) {
     out.push(b'"');
 }
 
-fn is_int(v: &str) -> bool {
-    let digits = v.strip_prefix('-').unwrap_or(v);
-    !digits.is_empty() && digits.bytes().all(|b| b.is_ascii_digit())
+/// An integer's text as orjson writes the number: Postgres writes integers canonically,
+/// but `-0` or leading zeros would still read as the same number (Python's int() did).
+fn write_int(out: &mut Vec<u8>, v: &str) -> Result<(), String> {
+    let (neg, digits) = match v.strip_prefix('-') {
+        Some(rest) => (true, rest),
+        None => (false, v),
+    };
+    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(format!("not an integer: {v:?}"));
+    }
+    let digits = digits.trim_start_matches('0');
+    if digits.is_empty() {
+        out.push(b'0');
+        return Ok(());
+    }
+    if neg {
+        out.push(b'-');
+    }
+    out.extend_from_slice(digits.as_bytes());
+    Ok(())
 }
 
 /// The shortest digits that read back as `f` (ties to even, as Python's repr and orjson
@@ -276,12 +293,7 @@ fn bytea(out: &mut Vec<u8>, v: &str) -> Result<(), String> {
 fn convert(out: &mut Vec<u8>, conv: &Conv, v: &str) -> Result<(), String> {
     match conv {
         Conv::Text => write_str(out, v),
-        Conv::Int => {
-            if !is_int(v) {
-                return Err(format!("not an integer: {v:?}"));
-            }
-            out.extend_from_slice(v.as_bytes());
-        }
+        Conv::Int => write_int(out, v)?,
         Conv::Float => match v.parse::<f64>() {
             Ok(f) if f.is_finite() => write_f64(out, f),
             _ => write_str(out, v), // NaN / Infinity: JSON has no such numbers
@@ -322,7 +334,16 @@ fn array(out: &mut Vec<u8>, literal: &str, delim: u8, elem: &Conv) -> Result<(),
         literal
     };
     let mut pos = 0;
-    array_level(out, lit, &mut pos, delim, elem)
+    array_level(out, lit, &mut pos, delim, elem, 0)
+}
+
+/// Postgres arrays have at most 6 dimensions; deeper nesting is not an array Postgres
+/// wrote, and must not run the parser's recursion out of stack.
+const MAX_ARRAY_DEPTH: usize = 64;
+
+/// What Postgres' array parser takes for whitespace around an unquoted element.
+fn array_space(c: char) -> bool {
+    matches!(c, ' ' | '\t' | '\n' | '\r' | '\x0b' | '\x0c')
 }
 
 fn array_level(
@@ -331,7 +352,13 @@ fn array_level(
     pos: &mut usize,
     delim: u8,
     elem: &Conv,
+    depth: usize,
 ) -> Result<(), String> {
+    if depth >= MAX_ARRAY_DEPTH {
+        return Err(format!(
+            "array literal nested deeper than {MAX_ARRAY_DEPTH} levels"
+        ));
+    }
     let b = lit.as_bytes();
     let n = b.len();
     if *pos >= n || b[*pos] != b'{' {
@@ -352,7 +379,7 @@ fn array_level(
         first = false;
         let ch = b[*pos];
         if ch == b'{' {
-            array_level(out, lit, pos, delim, elem)?;
+            array_level(out, lit, pos, delim, elem, depth + 1)?;
         } else if ch == b'"' {
             *pos += 1;
             let mut buf: Vec<u8> = Vec::new();
@@ -375,7 +402,7 @@ fn array_level(
             while *pos < n && b[*pos] != delim && b[*pos] != b'}' {
                 *pos += 1;
             }
-            let word = lit[start..*pos].trim();
+            let word = lit[start..*pos].trim_matches(array_space);
             if word == "NULL" {
                 out.extend_from_slice(b"null");
             } else {
@@ -555,7 +582,7 @@ fn decode_tuple<'py>(
     let end = buf.len();
     let mut pos = pos;
     let truncated = |what: &str| PyValueError::new_err(format!("truncated message: {what}"));
-    if pos + 2 > end {
+    if pos > end || end - pos < 2 {
         return Err(truncated("tuple without column count"));
     }
     let ncols = i16::from_be_bytes([buf[pos], buf[pos + 1]]);
