@@ -389,9 +389,10 @@ class Chaos:
             for k, v in self.sql(f"SELECT {key}, to_jsonb(x) FROM {self.schema}.{table} x")
         }
 
-    def http(self, base: str, path: str, body: Any = None) -> Any:
+    def http(self, base: str, path: str, body: Any = None, method: str | None = None) -> Any:
         data = json.dumps(body).encode() if body is not None else None
-        req = urllib.request.Request(base + path, data=data, method="POST" if data else "GET")  # noqa: S310
+        method = method or ("POST" if data else "GET")
+        req = urllib.request.Request(base + path, data=data, method=method)  # noqa: S310
         req.add_header("content-type", "application/json")
         try:
             with urllib.request.urlopen(req, timeout=120) as resp:  # noqa: S310
@@ -404,7 +405,8 @@ class Chaos:
     def index_rows(self, kind: str, table: str) -> dict[str, Any]:
         base = self.url(kind)
         alias = f"{self.cfg.name.replace('_', '-')}-{kind}-{table}"
-        if self.http(base, f"/{alias}/_refresh", {}) is None:
+        # No body: Elasticsearch 8 refuses one on _refresh.
+        if self.http(base, f"/{alias}/_refresh", method="POST") is None:
             return {}
         out: dict[str, Any] = {}
         page = self.http(base, f"/{alias}/_search?scroll=2m", {"size": 5000, "sort": ["_doc"]})

@@ -54,7 +54,7 @@ HOST = "127.0.0.1"
 PG_PORT = int(os.environ.get("WALCAST_STACK_PG_PORT", "55432"))
 KAFKA_PORT = int(os.environ.get("WALCAST_STACK_KAFKA_PORT", "29092"))
 KAFKA_CONTROLLER_PORT = KAFKA_PORT + 1
-# The codelibs runners only serve HTTP on ports 9201-9299.
+# The codelibs OpenSearch runner only serves HTTP on ports 9201-9299.
 OPENSEARCH_PORT = int(os.environ.get("WALCAST_STACK_OPENSEARCH_PORT", "9260"))
 ELASTICSEARCH_PORT = int(os.environ.get("WALCAST_STACK_ELASTICSEARCH_PORT", "9270"))
 
@@ -168,6 +168,12 @@ def java_bin() -> str:
     return found
 
 
+def maven_digest(name: str) -> str:
+    """The digest of a component's pom and the Maven settings, which ``maven_classpath``
+    stamps its resolved classpath with (``STATE/<name>/classpath.stamp``)."""
+    return file_digest(MAVEN_DIR / name / "pom.xml", MAVEN_DIR / "settings.xml")
+
+
 def maven_classpath(name: str) -> list[str]:
     """Resolve a component's jars from Maven Central into ~/.m2 (cached, offline after)."""
     comp_dir = STATE / name
@@ -176,7 +182,7 @@ def maven_classpath(name: str) -> list[str]:
     settings = MAVEN_DIR / "settings.xml"
     stamp = comp_dir / "classpath.stamp"
     cp_file = comp_dir / "classpath.txt"
-    digest = file_digest(pom, settings)
+    digest = maven_digest(name)
     if cp_file.exists() and stamp.exists() and stamp.read_text() == digest:
         jars = cp_file.read_text().strip().split(os.pathsep)
         if all(Path(j).exists() for j in jars):
@@ -318,17 +324,31 @@ def terminate(pid: int, name: str, grace: float = 60.0) -> None:
             os.killpg(pid, signal.SIGKILL)
 
 
-def spawn(cmd: list[str], comp: Component) -> int:
-    """Start a long-running process in its own session, output appended to its log."""
+def spawn(
+    cmd: list[str],
+    comp: Component,
+    *,
+    user: str | None = None,
+    env: dict[str, str] | None = None,
+    cwd: Path | None = None,
+) -> int:
+    """Start a long-running process in its own session, output appended to its log;
+    ``user``: as that OS user (its own group, no other groups)."""
     comp.dir.mkdir(parents=True, exist_ok=True)
+    as_user: dict[str, Any] = {}
+    if user is not None:
+        entry = pwd.getpwnam(user)
+        as_user = {"user": entry.pw_uid, "group": entry.pw_gid, "extra_groups": []}
     with comp.log.open("ab") as out:
         proc = subprocess.Popen(
             cmd,
             stdout=out,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
-            cwd=comp.dir,
+            cwd=cwd or comp.dir,
             start_new_session=True,
+            env={**os.environ, **env} if env else None,
+            **as_user,
         )
     comp.pid_file.write_text(f"{proc.pid}\n")
     return proc.pid
@@ -695,15 +715,15 @@ def pg_ident(os_user: str) -> str:
     return f"# walcast local stack (deploy/local/stack.py)\n{PG_IDENT_MAP} {os_user} postgres\n"
 
 
-def _ensure_traversable(path: Path) -> None:
-    """The postgres user must reach its data directory through every parent."""
+def _ensure_traversable(path: Path, user: str = "postgres", component: str = "postgres") -> None:
+    """A server's OS user (not the stack's) must reach its directory through every parent."""
     for parent in [path, *path.parents]:
         mode = parent.stat().st_mode
         if not mode & 0o001:
             raise StackError(
-                "postgres",
+                component,
                 "check directory permissions",
-                f"{parent} is not traversable by the postgres user; "
+                f"{parent} is not traversable by the {user} user; "
                 "set WALCAST_STACK_DIR to a directory under /tmp or chmod o+x it",
             )
 
@@ -852,63 +872,21 @@ class Kafka(Component):
 
 
 class SearchEngine(Component):
-    """One search node from the codelibs runner jars (Maven Central), heap capped at 1 GB.
+    """One search node, heap capped at 1 GB, treated as ephemeral: each start begins with
+    an empty node, so a half-written one from a kill -9 never blocks ``up``."""
 
-    The runner keeps its node under ``base/``; the local stack treats it as ephemeral and
-    starts each engine empty, so a half-written node from a kill -9 never blocks ``up``.
-    """
-
-    main_class = ""
     env_key = ""
-    config_file = ""
-
-    def install(self) -> None:
-        self.jars = maven_classpath(self.name)
-
-    def start(self) -> None:
-        say(f"{self.name}: starting on {HOST}:{self.port}")
-        base = self.dir / "base"
-        if base.exists():
-            shutil.rmtree(base)
-        # The runner keeps a node config it finds. Without one a node scans transport
-        # ports 9300-9305 for peers and can join (or refuse) another local cluster:
-        # a single-node cluster on its own transport port stays alone.
-        config = base / "node_1" / "config"
-        config.mkdir(parents=True)
-        (config / self.config_file).write_text(
-            f"discovery.type: single-node\ntransport.port: {self.port + 100}\n"
-        )
-        assert self.port is not None
-        # The runner numbers nodes from 1 and serves node n on baseHttpPort + n.
-        spawn(
-            [
-                java_bin(),
-                "-Xms256m",
-                "-Xmx1g",
-                "-XX:+UseG1GC",
-                "-Djava.awt.headless=true",
-                "-Djava.net.preferIPv4Stack=true",
-                "-Dfile.encoding=UTF-8",
-                "-cp",
-                os.pathsep.join(self.jars),
-                self.main_class,
-                "-basePath",
-                str(base),
-                "-numOfNode",
-                "1",
-                "-baseHttpPort",
-                str(self.port - 1),
-                "-clusterName",
-                f"walcast-{self.name}",
-            ],
-            self,
-        )
 
     def probe(self) -> tuple[bool, str]:
+        # _cluster/health and _nodes answer on every distribution (a minimal Elasticsearch
+        # 8 answers GET / with 405).
         try:
             body = http_json(f"http://{HOST}:{self.port}/_cluster/health")
-            version = http_json(f"http://{HOST}:{self.port}/")["version"]["number"]
-        except (OSError, urllib.error.URLError, ValueError, KeyError) as exc:
+            nodes = http_json(
+                f"http://{HOST}:{self.port}/_nodes/_local?filter_path=nodes.*.version"
+            )["nodes"]
+            version = next(iter(nodes.values()))["version"]
+        except (OSError, urllib.error.URLError, ValueError, KeyError, StopIteration) as exc:
             return False, f"no answer: {exc}"
         status = body.get("status")
         return status in ("green", "yellow"), f"{self.name} {version}, cluster {status}"
@@ -924,21 +902,160 @@ class SearchEngine(Component):
 
 
 class OpenSearch(SearchEngine):
-    main_class = "org.codelibs.opensearch.runner.OpenSearchRunner"
-    config_file = "opensearch.yml"
+    """OpenSearch 2.19 from the codelibs runner jars (Maven Central), which bundle the
+    modules (3.x needs Java 21: docs/decisions.md)."""
+
     env_key = "WALCAST_OPENSEARCH_URL"
 
     def __init__(self) -> None:
         super().__init__("opensearch", OPENSEARCH_PORT)
 
+    def install(self) -> None:
+        self.jars = maven_classpath(self.name)
+
+    def start(self) -> None:
+        say(f"{self.name}: starting on {HOST}:{self.port}")
+        base = self.dir / "base"
+        if base.exists():
+            shutil.rmtree(base)
+        # The runner keeps a node config it finds. Without one a node scans transport
+        # ports 9300-9305 for peers and can join (or refuse) another local cluster:
+        # a single-node cluster on its own transport port stays alone.
+        config = base / "node_1" / "config"
+        config.mkdir(parents=True)
+        (config / "opensearch.yml").write_text(
+            f"discovery.type: single-node\ntransport.port: {self.port + 100}\n"
+        )
+        assert self.port is not None
+        # The runner numbers nodes from 1 and serves node n on baseHttpPort + n.
+        spawn(
+            [
+                java_bin(),
+                "-Xms256m",
+                "-Xmx1g",
+                "-XX:+UseG1GC",
+                "-Djava.awt.headless=true",
+                "-Djava.net.preferIPv4Stack=true",
+                "-Dfile.encoding=UTF-8",
+                "-cp",
+                os.pathsep.join(self.jars),
+                "org.codelibs.opensearch.runner.OpenSearchRunner",
+                "-basePath",
+                str(base),
+                "-numOfNode",
+                "1",
+                "-baseHttpPort",
+                str(self.port - 1),
+                "-clusterName",
+                f"walcast-{self.name}",
+            ],
+            self,
+        )
+
+
+# Elasticsearch refuses to run as root: the stack, when run by root, starts it as this
+# system user (created on first use: no login, no home, no password).
+ES_OS_USER = "walcast-search"
+
 
 class Elasticsearch(SearchEngine):
-    main_class = "org.codelibs.elasticsearch.runner.ElasticsearchClusterRunner"
-    config_file = "elasticsearch.yml"
+    """Elasticsearch 8.19 from Maven Central's integ-test-zip: the server and the modules
+    it needs to run (no painless, reindex or delete-by-query; walcast uses none of them),
+    security off, on Java 17 (the stack's). Unpacked once per version under ``dist/``."""
+
     env_key = "WALCAST_ELASTICSEARCH_URL"
 
     def __init__(self) -> None:
         super().__init__("elasticsearch", ELASTICSEARCH_PORT)
+        self.home: Path | None = None
+
+    def install(self) -> None:
+        (archive,) = maven_classpath(self.name)
+        home = self.dir / "dist" / Path(archive).name.removesuffix(".zip")
+        if not (home / "bin" / "elasticsearch").exists():
+            say(f"{self.name}: unpacking {Path(archive).name}")
+            unpacked = self.dir / "dist.partial"
+            shutil.rmtree(unpacked, ignore_errors=True)
+            # unzip keeps the archive's file modes (the launchers are executable).
+            run(["unzip", "-q", archive, "-d", str(unpacked)], self.name, "unpack", self.log)
+            (top,) = list(unpacked.iterdir())
+            home.parent.mkdir(parents=True, exist_ok=True)
+            shutil.rmtree(home, ignore_errors=True)
+            top.rename(home)
+            shutil.rmtree(unpacked)
+        self.home = home
+
+    def os_user(self) -> str | None:
+        """The user the node runs as: the stack's own unless that is root."""
+        if os.geteuid() != 0:
+            return None
+        try:
+            pwd.getpwnam(ES_OS_USER)
+        except KeyError:
+            say(f"{self.name}: creating the system user {ES_OS_USER} (Elasticsearch refuses root)")
+            run(
+                [
+                    "useradd",
+                    "--system",
+                    "--no-create-home",
+                    "--home-dir",
+                    "/nonexistent",
+                    "--shell",
+                    "/usr/sbin/nologin",
+                    ES_OS_USER,
+                ],
+                self.name,
+                "create its OS user",
+                self.log,
+            )
+        return ES_OS_USER
+
+    def start(self) -> None:
+        assert self.home is not None
+        assert self.port is not None
+        say(f"{self.name}: starting on {HOST}:{self.port}")
+        node = self.dir / "node"
+        if node.exists():
+            shutil.rmtree(node)
+        config = node / "config"
+        for sub in ("data", "logs", "tmp", "config"):
+            (node / sub).mkdir(parents=True)
+        for name in ("jvm.options", "log4j2.properties"):
+            shutil.copy(self.home / "config" / name, config / name)
+        # Written whole on each start: a node rewrites its config when it sets up security
+        # itself, which it must not.
+        (config / "elasticsearch.yml").write_text(
+            f"cluster.name: walcast-{self.name}\n"
+            "node.name: node-1\n"
+            f"path.data: {node / 'data'}\n"
+            f"path.logs: {node / 'logs'}\n"
+            f"network.host: {HOST}\n"
+            f"http.port: {self.port}\n"
+            f"transport.port: {self.port + 100}\n"
+            "discovery.type: single-node\n"
+            "xpack.security.enabled: false\n"
+            # A full disk is the host's problem, not a reason to make indices read-only.
+            "cluster.routing.allocation.disk.threshold_enabled: false\n"
+        )
+        user = self.os_user()
+        if user is not None:
+            _ensure_traversable(self.dir, user, self.name)
+            entry = pwd.getpwnam(user)
+            for path in [node, *node.rglob("*")]:
+                os.chown(path, entry.pw_uid, entry.pw_gid)
+        java_home = Path(java_bin()).resolve().parent.parent
+        spawn(
+            [str(self.home / "bin" / "elasticsearch")],
+            self,
+            user=user,
+            cwd=node,
+            env={
+                "ES_JAVA_HOME": str(java_home),
+                "ES_PATH_CONF": str(config),
+                "ES_TMPDIR": str(node / "tmp"),
+                "ES_JAVA_OPTS": "-Xms256m -Xmx1g",
+            },
+        )
 
 
 # --------------------------------------------------------------------------- Spark
@@ -948,15 +1065,18 @@ class Spark(Component):
     """PySpark (from PyPI, via the virtualenv) plus the Kafka source and Delta jars.
 
     Not a server: Spark runs inside the kafka2spark job (local[2] by default). "Healthy"
-    means pyspark imports and every jar is in the local Maven cache; ``up`` additionally
-    starts one local session offline, reads nothing, and loads the Kafka source and the
-    Delta catalog classes, once per jar set.
+    means pyspark imports, every jar is in the local Maven cache, and the jars were
+    resolved from the current pom and verified with the current pyspark: ``up`` starts one
+    local session offline, reads nothing, and loads the Kafka source and the Delta catalog
+    classes, once per jar set, pom and pyspark version. A pom or pyspark that changed since
+    makes the component unhealthy, so ``up`` resolves and verifies again.
     """
 
     def __init__(self) -> None:
         super().__init__("spark")
         self.jars_file = self.dir / "jars.txt"
         self.verified = self.dir / "verified.stamp"
+        self.classpath_stamp = self.dir / "classpath.stamp"  # written by maven_classpath
 
     def pyspark_jars_dir(self) -> Path | None:
         try:
@@ -999,23 +1119,59 @@ class Spark(Component):
             return Health(
                 self.name, "missing", None, None, "connector jars not resolved", str(self.log)
             )
-        if not self.verified.exists() or self.verified.read_text() != self.jar_digest():
-            return Health(
-                self.name, "unhealthy", None, None, "jars not verified yet", str(self.log)
-            )
-        import pyspark
-
+        why = self.stale()
+        if why:
+            return Health(self.name, "unhealthy", None, None, why, str(self.log))
         return Health(
             self.name,
             "ready",
             None,
             None,
-            f"pyspark {pyspark.__version__}, {len(jars)} connector jars",
+            f"pyspark {self.pyspark_version()}, {len(jars)} connector jars",
             str(self.log),
         )
 
+    def pyspark_version(self) -> str:
+        import pyspark
+
+        return str(pyspark.__version__)
+
     def jar_digest(self) -> str:
         return hashlib.sha256(",".join(self.jars()).encode()).hexdigest()[:16]
+
+    def fingerprint(self) -> dict[str, str]:
+        """What a verification holds for: the selected jars, the pom they were resolved
+        from and the pyspark that selected (``select_jars``) and loaded them."""
+        return {
+            "jars": self.jar_digest(),
+            "pom": maven_digest(self.name),
+            "pyspark": self.pyspark_version(),
+        }
+
+    def stale(self) -> str:
+        """Why the selected jars are not known good for the current pom and pyspark;
+        empty when they are."""
+        pom = maven_digest(self.name)
+        try:
+            resolved_from = self.classpath_stamp.read_text().strip()
+        except OSError:
+            resolved_from = ""
+        if resolved_from != pom:
+            return "pom.xml changed since the jars were resolved"
+        try:
+            verified = json.loads(self.verified.read_text())
+        except (OSError, ValueError):
+            verified = None
+        if not isinstance(verified, dict):  # none yet, or a stamp of an older stack
+            return "jars not verified yet"
+        now = self.fingerprint()
+        if verified.get("pyspark") != now["pyspark"]:
+            return f"jars verified with pyspark {verified.get('pyspark')}, not {now['pyspark']}"
+        if verified.get("pom") != now["pom"]:
+            return "pom.xml changed since the jars were verified"
+        if verified.get("jars") != now["jars"]:
+            return "jars changed since they were verified"
+        return ""
 
     def up(self) -> bool:
         if self.health().ok:
@@ -1050,7 +1206,7 @@ class Spark(Component):
             self.log,
             timeout=300,
         )
-        self.verified.write_text(self.jar_digest())
+        self.verified.write_text(json.dumps(self.fingerprint(), sort_keys=True))
         return True
 
     def stop(self) -> None:

@@ -168,10 +168,6 @@ class _LastRun:
         self.db, self.schema, self.table, self.types, self.alias = db, schema, table, types, alias
 
 
-_MOVE_FIELD = "ctx._source[params.to] = ctx._source.remove(params.from)"
-_DROP_FIELD = "ctx._source.remove(params.from)"
-
-
 class Indexer(BatchSink[Batch]):
     """The engine side, a :class:`~shared.consumer.BatchSink`: index states, schema
     changes, durable batch writes (its contract: ordering, idempotency by external
@@ -410,16 +406,14 @@ class Indexer(BatchSink[Batch]):
             self.retry(lambda: self._add_columns(st, added), f"map new columns of {alias}")
         for old, new in renames:
             moved = self.retry(
-                partial(
-                    self.engine.update_all, st.index, old, _MOVE_FIELD, {"from": old, "to": new}
-                ),
+                partial(self.engine.rewrite_field, st.index, old, new),
                 f"rename {old} in {alias}",
             )
             log.info("column %s renamed to %s in %s: %d documents moved", old, new, alias, moved)
             self.metrics.schema_changes.labels("rename_column").inc()
         for old in removed:
             cleared = self.retry(
-                partial(self.engine.update_all, st.index, old, _DROP_FIELD, {"from": old}),
+                partial(self.engine.rewrite_field, st.index, old, None),
                 f"drop {old} in {alias}",
             )
             log.info("column %s dropped from %s: %d documents cleared", old, alias, cleared)

@@ -35,8 +35,8 @@ Idempotence — Spark runs a batch again after a crash, with the same records an
 
 Column renames and drops rewrite the table (Delta without column mapping): column
 mapping would make them metadata-only, but tables using it are not read correctly by
-other Delta readers (the deltalake package returned nulls), and a mirror must be
-readable everywhere.
+other Delta readers (the deltalake package returns nulls, still so with deltalake 1.6.6
+and Delta 4.4), and a mirror must be readable everywhere.
 """
 
 from __future__ import annotations

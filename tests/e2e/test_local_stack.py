@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import pwd
 import re
 import shutil
 import signal
@@ -202,3 +203,28 @@ def test_postgres_socket_and_env_file_guard_the_secrets(throwaway_stack: dict[st
     assert proc.returncode == 0, proc.stderr
     assert "started: postgres" in up()  # the stack bootstraps through the socket as before
     secured()
+
+
+def test_elasticsearch_runs_as_an_unprivileged_user(stack_env: dict[str, str]) -> None:
+    """Elasticsearch refuses root: a stack run by root starts it as its own system user,
+    the launcher and the server JVM it starts alike."""
+    _, comps = status()
+    pid = comps["elasticsearch"]["pid"]
+    assert isinstance(pid, int)
+    session = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if os.getsid(int(entry.name)) == pid:
+                    session.append(int(entry.name))
+            except ProcessLookupError:
+                continue
+    assert len(session) >= 2, f"the launcher and the server: {session}"
+    uids = set()
+    for p in session:
+        (line,) = [
+            x for x in Path(f"/proc/{p}/status").read_text().splitlines() if x.startswith("Uid:")
+        ]
+        uids.update(int(u) for u in line.split()[1:])
+    expected = pwd.getpwnam("walcast-search").pw_uid if os.geteuid() == 0 else os.geteuid()
+    assert uids == {expected}

@@ -139,7 +139,7 @@ def index_rows(flow: Any, table: str) -> dict[str, dict[str, Any]]:
     base, alias = flow["search_url"], flow["alias"].format(table=table)
     if http(base, f"/_alias/{alias}", missing="{}") == "{}":
         return {}
-    http(base, f"/{alias}/_refresh", {})
+    http(base, f"/{alias}/_refresh", method="POST")
     out: dict[str, dict[str, Any]] = {}
     page = json.loads(http(base, f"/{alias}/_search?scroll=1m", {"size": 5000, "sort": ["_doc"]}))
     while page["hits"]["hits"]:

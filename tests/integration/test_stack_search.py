@@ -11,7 +11,7 @@ import pytest
 def engine(request: pytest.FixtureRequest, stack_env: dict[str, str]) -> object:
     if request.param == "opensearch":
         return opensearchpy.OpenSearch(stack_env["WALCAST_OPENSEARCH_URL"], timeout=30)
-    return elasticsearch.Elasticsearch(stack_env["WALCAST_ELASTICSEARCH_URL"], timeout=30)
+    return elasticsearch.Elasticsearch(stack_env["WALCAST_ELASTICSEARCH_URL"], request_timeout=30)
 
 
 def test_index_with_external_version(engine: object, unique_name: str) -> None:

@@ -77,8 +77,8 @@ class IndexEngine(StrictEngine):
         self.calls.append(f"map {index} {sorted(properties)}")
         self.mappings[index].update(properties)
 
-    def update_all(self, index: str, field: str, script: str, params: dict[str, Any]) -> int:
-        self.calls.append(f"update {index} {field}")
+    def rewrite_field(self, index: str, field: str, to: str | None) -> int:
+        self.calls.append(f"rewrite {index} {field} {to}")
         return 0
 
     def delete_index(self, index: str) -> None:
