@@ -953,6 +953,24 @@ class OpenSearch(SearchEngine):
         )
 
 
+def unzip(archive: Path, into: Path) -> None:
+    """Unpack a zip keeping each file's Unix mode (the launchers must stay executable),
+    refusing members that would land outside ``into``."""
+    import zipfile
+
+    into.mkdir(parents=True)
+    root = into.resolve()
+    with zipfile.ZipFile(archive) as zf:
+        for info in zf.infolist():
+            target = (into / info.filename).resolve()
+            if root not in target.parents and target != root:
+                raise StackError("unzip", "unpack", f"{archive}: {info.filename} leaves the target")
+            zf.extract(info, into)
+            mode = (info.external_attr >> 16) & 0o777
+            if mode and not info.is_dir():
+                target.chmod(mode)
+
+
 # Elasticsearch refuses to run as root: the stack, when run by root, starts it as this
 # system user (created on first use: no login, no home, no password).
 ES_OS_USER = "walcast-search"
@@ -976,8 +994,7 @@ class Elasticsearch(SearchEngine):
             say(f"{self.name}: unpacking {Path(archive).name}")
             unpacked = self.dir / "dist.partial"
             shutil.rmtree(unpacked, ignore_errors=True)
-            # unzip keeps the archive's file modes (the launchers are executable).
-            run(["unzip", "-q", archive, "-d", str(unpacked)], self.name, "unpack", self.log)
+            unzip(Path(archive), unpacked)
             (top,) = list(unpacked.iterdir())
             home.parent.mkdir(parents=True, exist_ok=True)
             shutil.rmtree(home, ignore_errors=True)
