@@ -57,6 +57,7 @@ KAFKA_CONTROLLER_PORT = KAFKA_PORT + 1
 # The codelibs OpenSearch runner only serves HTTP on ports 9201-9299.
 OPENSEARCH_PORT = int(os.environ.get("WALCAST_STACK_OPENSEARCH_PORT", "9260"))
 ELASTICSEARCH_PORT = int(os.environ.get("WALCAST_STACK_ELASTICSEARCH_PORT", "9270"))
+DEBEZIUM_PORT = int(os.environ.get("WALCAST_STACK_DEBEZIUM_PORT", "18083"))
 
 # The unix socket: the server's OS user only (the stack's psql runs as that user).
 SOCKET_MODE = 0o700
@@ -1238,17 +1239,107 @@ class Spark(Component):
         }
 
 
+# --------------------------------------------------------------------------- Debezium (optional)
+
+
+class Debezium(Component):
+    """Optional (``up debezium``; not in the default ``up``): a Kafka Connect standalone
+    worker of the stack's Kafka version with Debezium's PostgreSQL connector on its
+    classpath, its REST API on 127.0.0.1. It runs no connector of its own: whoever needs
+    one (the tests, the benchmarks) registers it through the REST API with its own slot,
+    publication and topic prefix. Offsets live in a file under the state directory."""
+
+    plugin = "io.debezium.connector.postgresql.PostgresConnector"
+
+    def __init__(self) -> None:
+        super().__init__("debezium", DEBEZIUM_PORT)
+        self.props = self.dir / "worker.properties"
+        self.log4j = self.dir / "log4j2.properties"
+        self.jars: list[str] = []
+
+    @property
+    def url(self) -> str:
+        return f"http://{HOST}:{self.port}"
+
+    def install(self) -> None:
+        self.jars = maven_classpath(self.name)
+        self.props.write_text(
+            f"bootstrap.servers={HOST}:{KAFKA_PORT}\n"
+            "key.converter=org.apache.kafka.connect.json.JsonConverter\n"
+            "value.converter=org.apache.kafka.connect.json.JsonConverter\n"
+            f"offset.storage.file.filename={self.dir / 'offsets.dat'}\n"
+            "offset.flush.interval.ms=1000\n"
+            f"listeners={self.url}\n"
+            f"rest.advertised.host.name={HOST}\n"
+            # The connector is on the classpath, not in a plugin directory.
+            "plugin.discovery=only_scan\n"
+        )
+        self.log4j.write_text(
+            "status = warn\n"
+            "appender.out.type = Console\n"
+            "appender.out.name = OUT\n"
+            "appender.out.layout.type = PatternLayout\n"
+            "appender.out.layout.pattern = [%d] %p %m (%c)%n\n"
+            "rootLogger.level = warn\n"
+            "rootLogger.appenderRef.out.ref = OUT\n"
+            "logger.debezium.name = io.debezium\nlogger.debezium.level = info\n"
+            "logger.connect.name = org.apache.kafka.connect.runtime.Worker\n"
+            "logger.connect.level = info\n"
+        )
+
+    def start(self) -> None:
+        say(f"{self.name}: starting Kafka Connect (standalone) with Debezium on {self.url}")
+        spawn(
+            [
+                java_bin(),
+                "-Xms128m",
+                "-Xmx768m",
+                "-XX:+UseG1GC",
+                "-Djava.awt.headless=true",
+                "-Djava.net.preferIPv4Stack=true",
+                f"-Dlog4j2.configurationFile={self.log4j}",
+                "-cp",
+                os.pathsep.join(self.jars),
+                "org.apache.kafka.connect.cli.ConnectStandalone",
+                str(self.props),
+            ],
+            self,
+        )
+
+    def probe(self) -> tuple[bool, str]:
+        """Healthy = the worker's REST API lists Debezium's PostgreSQL connector."""
+        try:
+            plugins = http_json(f"{self.url}/connector-plugins")
+            running = http_json(f"{self.url}/connectors")
+        except (OSError, urllib.error.URLError, ValueError) as exc:
+            return False, f"no answer: {exc}"
+        versions = [p.get("version") for p in plugins if p.get("class") == self.plugin]
+        if not versions:
+            return False, f"{self.plugin} not among the worker's plugins"
+        return True, f"Debezium {versions[0]}, {len(running)} connectors"
+
+    def env(self) -> dict[str, str]:
+        return {"WALCAST_DEBEZIUM_URL": self.url}
+
+
 # --------------------------------------------------------------------------- commands
 
 
 def components() -> list[Component]:
+    """What ``up`` starts when no component is named."""
     return [Postgres(), Kafka(), OpenSearch(), Elasticsearch(), Spark()]
 
 
+def optional_components() -> list[Component]:
+    """Started only when named (``up debezium``); ``down`` and ``status`` without names
+    include them while they run."""
+    return [Debezium()]
+
+
 def select(names: list[str] | None) -> list[Component]:
-    comps = components()
     if not names:
-        return comps
+        return components() + [c for c in optional_components() if c.pid() is not None]
+    comps = components() + optional_components()
     known = {c.name for c in comps}
     unknown = [n for n in names if n not in known]
     if unknown:
@@ -1312,7 +1403,7 @@ def cmd_up(args: argparse.Namespace) -> int:
         except StackError as exc:
             print(f"[stack] FAILED {exc}", file=sys.stderr, flush=True)
             return 1
-    if write_env_file(components()):
+    if write_env_file(components() + optional_components()):
         changed.append("env file")
     if fixed:
         say("secured: " + ", ".join(fixed))
