@@ -575,6 +575,8 @@ def latency(b: Bench, kind: str, rate: int, seconds: int) -> dict[str, Any]:
         env_file=b.env_file,
         replication={"slot": name, "publication": name},
         filters={"include": [f"public.{table}"]},
+        # Streaming only, as the service below runs: init then creates the slot itself.
+        snapshot={"mode": "never"},
         producer={
             "topic": f"{name}.cdc",
             "create_topic": True,

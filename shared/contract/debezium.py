@@ -1,0 +1,533 @@
+"""Debezium's PostgreSQL change-event values and their Kafka Connect schemas, from a
+column's Postgres text output (as the replication connection writes it: ``DateStyle=ISO``,
+``TimeZone=UTC``, ``IntervalStyle=iso_8601``, ``extra_float_digits=3``, ``bytea_output=hex``).
+
+This is the type mapping of the Debezium connector's defaults (``decimal.handling.mode =
+precise``, ``time.precision.mode = adaptive``, ``binary.handling.mode = bytes``,
+``interval.handling.mode = numeric``, ``money.fraction.digits = 2``), as its JSON
+converter writes it. It was written against records of the real connector (Debezium
+3.7.0.Final), which the unit tests replay (``tests/unit/data/debezium_3.7.0_types.json``);
+``docs/events.md`` lists what differs.
+
+Only this module knows Debezium's encodings: pg2kafka's ``debezium`` output format builds
+records with it, and the sinks read Debezium records back with it.
+"""
+
+from __future__ import annotations
+
+import base64
+import re
+from collections.abc import Callable
+from datetime import UTC, date, datetime, time, timedelta
+from decimal import Decimal, InvalidOperation
+from typing import Any
+
+_EPOCH_DATE = date(1970, 1, 1)
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_MICROS = 1_000_000
+# Debezium's numeric interval: a month is 365.25 / 12 days, a year 365.25 days.
+_MONTH_US = 2_629_800 * _MICROS
+_DAY_US = 86_400 * _MICROS
+# What the connector writes for a date of -infinity / infinity (Debezium's own constants).
+_DATE_NEG_INFINITY = -2147472691
+_DATE_POS_INFINITY = 2147483647
+
+VARIABLE_DECIMAL_FIELDS = [
+    {"type": "int32", "optional": False, "field": "scale"},
+    {"type": "bytes", "optional": False, "field": "value"},
+]
+
+
+def _typmod_precision(typmod: int) -> int | None:
+    """The fractional-second precision of time / timestamp types (None: not declared)."""
+    return typmod if typmod >= 0 else None
+
+
+def _numeric_precision_scale(typmod: int) -> tuple[int, int] | None:
+    if typmod < 4:
+        return None
+    mod = typmod - 4
+    return (mod >> 16) & 0xFFFF, mod & 0xFFFF
+
+
+def field_schema(column: str, pg_type: str, typmod: int, optional: bool = True) -> dict[str, Any]:
+    """The Connect schema of one column, as Debezium's JSON converter writes it (without
+    ``default``: the connector adds a column's default only when the catalog has one)."""
+    base = _schema(pg_type, typmod)
+    return {**base, "optional": optional, "field": column}
+
+
+def _named(type_: str, name: str, **extra: Any) -> dict[str, Any]:
+    return {"type": type_, "name": name, "version": 1, **extra}
+
+
+def _schema(pg_type: str, typmod: int) -> dict[str, Any]:
+    if pg_type.startswith("_"):
+        return {"type": "array", "items": {**_schema(pg_type[1:], -1), "optional": True}}
+    simple = _SIMPLE.get(pg_type)
+    if simple is not None:
+        return {"type": simple}
+    if pg_type == "numeric":
+        ps = _numeric_precision_scale(typmod)
+        if ps is None:
+            return {
+                "type": "struct",
+                "fields": VARIABLE_DECIMAL_FIELDS,
+                "name": "io.debezium.data.VariableScaleDecimal",
+                "version": 1,
+                "doc": "Variable scaled decimal",
+            }
+        return _named(
+            "bytes",
+            "org.apache.kafka.connect.data.Decimal",
+            parameters={"scale": str(ps[1]), "connect.decimal.precision": str(ps[0])},
+        )
+    if pg_type == "money":
+        return _named("bytes", "org.apache.kafka.connect.data.Decimal", parameters={"scale": "2"})
+    if pg_type == "date":
+        return _named("int32", "io.debezium.time.Date")
+    if pg_type == "time":
+        p = _typmod_precision(typmod)
+        if p is not None and p <= 3:
+            return _named("int32", "io.debezium.time.Time")
+        return _named("int64", "io.debezium.time.MicroTime")
+    if pg_type == "timestamp":
+        p = _typmod_precision(typmod)
+        if p is not None and p <= 3:
+            return _named("int64", "io.debezium.time.Timestamp")
+        return _named("int64", "io.debezium.time.MicroTimestamp")
+    named = _NAMED_STRINGS.get(pg_type)
+    if named is not None:
+        return _named("string", named)
+    if pg_type == "interval":
+        return _named("int64", "io.debezium.time.MicroDuration")
+    if pg_type in ("bit", "varbit"):
+        params = {"length": str(typmod)} if typmod > 0 else {}
+        return _named(
+            "bytes", "io.debezium.data.Bits", **({"parameters": params} if params else {})
+        )
+    return {"type": "string"}
+
+
+_SIMPLE = {
+    "int2": "int16",
+    "int4": "int32",
+    "int8": "int64",
+    "oid": "int64",
+    "float4": "float",
+    "float8": "double",
+    "bool": "boolean",
+    "bytea": "bytes",
+    "text": "string",
+    "varchar": "string",
+    "bpchar": "string",
+    "char": "string",
+    "name": "string",
+    "citext": "string",
+    "inet": "string",
+    "cidr": "string",
+    "macaddr": "string",
+    "macaddr8": "string",
+}
+_NAMED_STRINGS = {
+    "timestamptz": "io.debezium.time.ZonedTimestamp",
+    "timetz": "io.debezium.time.ZonedTime",
+    "uuid": "io.debezium.data.Uuid",
+    "json": "io.debezium.data.Json",
+    "jsonb": "io.debezium.data.Json",
+    "xml": "io.debezium.data.Xml",
+}
+
+
+# -- values ---------------------------------------------------------------------------------
+
+
+def _b64(data: bytes) -> str:
+    return base64.b64encode(data).decode()
+
+
+def _twos_complement(n: int) -> bytes:
+    """Java's ``BigInteger.toByteArray``: big-endian two's complement, shortest form."""
+    length = (n + (n < 0)).bit_length() // 8 + 1
+    return n.to_bytes(length, "big", signed=True)
+
+
+def _decimal_parts(text: str) -> tuple[int, int] | None:
+    """(unscaled, scale) of a numeric's text (scale: its digits after the point)."""
+    try:
+        d = Decimal(text)
+    except InvalidOperation:
+        return None
+    if not d.is_finite():
+        return None
+    sign, digits, exponent = d.as_tuple()
+    assert isinstance(exponent, int)
+    unscaled = int("".join(map(str, digits)) or "0")
+    if sign:
+        unscaled = -unscaled
+    if exponent > 0:
+        return unscaled * 10**exponent, 0
+    return unscaled, -exponent
+
+
+def _numeric(text: str, typmod: int) -> Any:
+    ps = _numeric_precision_scale(typmod)
+    parts = _decimal_parts(text)
+    if parts is None:
+        return None  # NaN / ±Infinity: Debezium writes null in precise mode
+    unscaled, scale = parts
+    if ps is None:
+        return {"scale": scale, "value": _b64(_twos_complement(unscaled))}
+    target = ps[1]
+    unscaled = (
+        unscaled * 10 ** (target - scale) if target >= scale else unscaled // 10 ** (scale - target)
+    )
+    return _b64(_twos_complement(unscaled))
+
+
+def _money(text: str, typmod: int) -> Any:
+    cleaned = re.sub(r"[^0-9.\-]", "", text.replace("(", "-"))
+    return _numeric(cleaned, (((18 << 16) | 2) + 4))
+
+
+def _bc_year(text: str) -> tuple[str, bool]:
+    if text.endswith(" BC"):
+        return text[:-3], True
+    return text, False
+
+
+def _date_days(text: str) -> int:
+    if text == "infinity":
+        return _DATE_POS_INFINITY
+    if text == "-infinity":
+        return _DATE_NEG_INFINITY
+    body, bc = _bc_year(text)
+    y, m, d = (int(x) for x in body.split("-"))
+    if bc:
+        y = 1 - y  # astronomical numbering: 1 BC is year 0
+    return _days_from_civil(y, m, d)
+
+
+def _days_from_civil(y: int, m: int, d: int) -> int:
+    """Days since 1970-01-01 in the proleptic Gregorian calendar, any year."""
+    y -= m <= 2
+    era = (y if y >= 0 else y - 399) // 400
+    yoe = y - era * 400
+    doy = (153 * (m + (-3 if m > 2 else 9)) + 2) // 5 + d - 1
+    doe = yoe * 365 + yoe // 4 - yoe // 100 + doy
+    return era * 146097 + doe - 719468
+
+
+def _time_us(text: str) -> int:
+    hh, mm, rest = text.split(":")
+    sec, _, frac = rest.partition(".")
+    return ((int(hh) * 60 + int(mm)) * 60 + int(sec)) * _MICROS + int((frac + "000000")[:6])
+
+
+def _timestamp_us(text: str) -> int | None:
+    if text in ("infinity", "-infinity"):
+        return None
+    body, bc = _bc_year(text)
+    day, _, clock = body.partition(" ")
+    y, m, d = (int(x) for x in day.split("-"))
+    if bc:
+        y = 1 - y
+    return _days_from_civil(y, m, d) * _DAY_US + _time_us(clock)
+
+
+def _zoned_timestamp(text: str, typmod: int) -> str:
+    """UTC, ``Z``, the column's fractional digits (6 when undeclared), as Debezium writes
+    a timestamptz; ``infinity`` / ``-infinity`` stay as they are."""
+    if text in ("infinity", "-infinity"):
+        return text
+    body, bc = _bc_year(text)
+    m = re.fullmatch(
+        r"(\d+)-(\d\d)-(\d\d) (\d\d):(\d\d):(\d\d)(?:\.(\d+))?([+-]\d\d(?::?\d\d){0,2})", body
+    )
+    if m is None:
+        return text
+    y = int(m.group(1))
+    if bc:
+        y = 1 - y
+    offset = _offset_seconds(m.group(8))
+    micros = int(((m.group(7) or "") + "000000")[:6])
+    if 1 <= y <= 9999:
+        local = datetime(y, int(m.group(2)), int(m.group(3)), int(m.group(4)), int(m.group(5)),
+                         int(m.group(6)), micros)  # fmt: skip
+        utc = local - timedelta(seconds=offset)
+        y, rest = utc.year, utc.strftime("-%m-%dT%H:%M:%S")
+        micros = utc.microsecond
+    else:  # beyond datetime's range: the server already wrote UTC (TimeZone=UTC)
+        rest = f"-{m.group(2)}-{m.group(3)}T{m.group(4)}:{m.group(5)}:{m.group(6)}"
+    digits = _typmod_precision(typmod)
+    digits = 6 if digits is None else digits
+    frac = f".{micros:06d}"[: digits + 1] if digits else ""
+    return f"{y:04d}{rest}{frac}Z"
+
+
+def _offset_seconds(offset: str) -> int:
+    sign = -1 if offset[0] == "-" else 1
+    parts = offset[1:].split(":") if ":" in offset else [offset[1:3], offset[3:5] or "0"]
+    h = int(parts[0])
+    mnt = int(parts[1]) if len(parts) > 1 and parts[1] else 0
+    s = int(parts[2]) if len(parts) > 2 else 0
+    return sign * (h * 3600 + mnt * 60 + s)
+
+
+def _zoned_time(text: str) -> str:
+    """A timetz in UTC with ``Z`` (ISO offset time: no fraction when it is zero)."""
+    m = re.fullmatch(r"(\d\d):(\d\d):(\d\d)(?:\.(\d+))?([+-]\d\d(?::?\d\d){0,2})", text)
+    if m is None:
+        return text
+    us = _time_us(f"{m.group(1)}:{m.group(2)}:{m.group(3)}.{m.group(4) or '0'}")
+    us = (us - _offset_seconds(m.group(5)) * _MICROS) % _DAY_US
+    t = (datetime.min + timedelta(microseconds=us)).time()
+    return _iso_time(t) + "Z"
+
+
+def _iso_time(t: time) -> str:
+    base = f"{t.hour:02d}:{t.minute:02d}:{t.second:02d}"
+    if not t.microsecond:
+        return base
+    frac = f"{t.microsecond:06d}"
+    # java.time prints 3, 6 or 9 digits
+    return base + "." + (frac[:3] if frac.endswith("000") else frac)
+
+
+_ISO_INTERVAL = re.compile(
+    r"P(?:(-?\d+)Y)?(?:(-?\d+)M)?(?:(-?\d+)W)?(?:(-?\d+)D)?"
+    r"(?:T(?:(-?\d+)H)?(?:(-?\d+)M)?(?:(-?\d+(?:\.\d+)?)S)?)?"
+)
+
+
+def _interval_us(text: str) -> int | None:
+    m = _ISO_INTERVAL.fullmatch(text)
+    if m is None:
+        return None
+    y, mo, w, d, h, mi = (int(g) if g else 0 for g in m.groups()[:6])
+    s = Decimal(m.group(7)) if m.group(7) else Decimal(0)
+    months = y * 12 + mo
+    days = w * 7 + d
+    micros = int((h * 3600 + mi * 60) * _MICROS + s * _MICROS)
+    return months * _MONTH_US + days * _DAY_US + micros
+
+
+def _bits(text: str) -> str:
+    """bit(n) / varbit: the bits as an integer in little-endian bytes, no trailing zero
+    bytes (Java's ``BitSet.toByteArray``: all bits clear is empty)."""
+    n = int(text, 2) if text else 0
+    return _b64(n.to_bytes((n.bit_length() + 7) // 8, "little"))
+
+
+def _bytea(text: str) -> str:
+    return _b64(bytes.fromhex(text[2:] if text.startswith("\\x") else text))
+
+
+def _float(text: str) -> Any:
+    f = float(text)
+    if f != f or f in (float("inf"), float("-inf")):
+        return text  # Debezium's JSON converter writes "NaN" / "Infinity" as strings
+    return f
+
+
+_CONVERT: dict[str, Callable[[str, int], Any]] = {
+    "int2": lambda t, _: int(t),
+    "int4": lambda t, _: int(t),
+    "int8": lambda t, _: int(t),
+    "oid": lambda t, _: int(t),
+    "float4": lambda t, _: _float(t),
+    "float8": lambda t, _: _float(t),
+    "bool": lambda t, _: t == "t",
+    "bytea": lambda t, _: _bytea(t),
+    "numeric": _numeric,
+    "money": _money,
+    "date": lambda t, _: _date_days(t),
+    "time": lambda t, m: _time_us(t) // (1000 if 0 <= m <= 3 else 1),
+    "timestamp": lambda t, m: (
+        None if (us := _timestamp_us(t)) is None else us // (1000 if 0 <= m <= 3 else 1)
+    ),
+    "timestamptz": _zoned_timestamp,
+    "timetz": lambda t, _: _zoned_time(t),
+    "interval": lambda t, _: _interval_us(t),
+    "bit": lambda t, _: _bits(t),
+    "varbit": lambda t, _: _bits(t),
+}
+
+
+def value(pg_type: str, typmod: int, text: str | None, array: Any = None) -> Any:
+    """A column's Debezium value from its text output. Arrays come already split into
+    their elements' text (``array``: nested lists of ``str | None``), as the caller's
+    array parser left them."""
+    if text is None and array is None:
+        return None
+    if pg_type.startswith("_"):
+        elem = pg_type[1:]
+        return _array(elem, array)
+    convert = _CONVERT.get(pg_type)
+    assert text is not None
+    return convert(text, typmod) if convert is not None else text
+
+
+def _array(elem: str, items: Any) -> Any:
+    if items is None:
+        return None
+    if isinstance(items, list):
+        return [_array(elem, x) for x in items]
+    return value(elem, -1, items)
+
+
+def epoch_ms(iso: str) -> int:
+    """Milliseconds since the epoch of an ISO-8601 instant (a commit timestamp)."""
+    return int((datetime.fromisoformat(iso) - _EPOCH) / timedelta(milliseconds=1))
+
+
+# -- envelopes ------------------------------------------------------------------------------
+
+SNAPSHOT_VALUES = (
+    "true,first,first_in_data_collection,last_in_data_collection,last,false,incremental"
+)
+
+SOURCE_SCHEMA: dict[str, Any] = {
+    "type": "struct",
+    "fields": [
+        {"type": "string", "optional": False, "field": "version"},
+        {"type": "string", "optional": False, "field": "connector"},
+        {"type": "string", "optional": False, "field": "name"},
+        {"type": "int64", "optional": False, "field": "ts_ms"},
+        {
+            "type": "string",
+            "optional": True,
+            "name": "io.debezium.data.Enum",
+            "version": 1,
+            "parameters": {"allowed": SNAPSHOT_VALUES},
+            "default": "false",
+            "field": "snapshot",
+        },
+        {"type": "string", "optional": False, "field": "db"},
+        {"type": "string", "optional": True, "field": "sequence"},
+        {"type": "int64", "optional": True, "field": "ts_us"},
+        {"type": "int64", "optional": True, "field": "ts_ns"},
+        {"type": "string", "optional": False, "field": "schema"},
+        {"type": "string", "optional": False, "field": "table"},
+        {"type": "int64", "optional": True, "field": "txId"},
+        {"type": "int64", "optional": True, "field": "lsn"},
+        {"type": "int64", "optional": True, "field": "xmin"},
+        {"type": "string", "optional": True, "field": "origin"},
+        {"type": "int64", "optional": True, "field": "origin_lsn"},
+    ],
+    "optional": False,
+    "name": "io.debezium.connector.postgresql.Source",
+    "version": 1,
+    "field": "source",
+}
+"""The connector's ``source`` block schema (io.debezium.connector.postgresql.Source)."""
+
+TRANSACTION_SCHEMA: dict[str, Any] = {
+    "type": "struct",
+    "fields": [
+        {"type": "string", "optional": False, "field": "id"},
+        {"type": "int64", "optional": False, "field": "total_order"},
+        {"type": "int64", "optional": False, "field": "data_collection_order"},
+    ],
+    "optional": True,
+    "name": "event.block",
+    "version": 1,
+    "field": "transaction",
+}
+
+OPS = {"insert": "c", "update": "u", "delete": "d", "read": "r", "truncate": "t"}
+"""walcast's operations as Debezium's ``op`` letters."""
+
+
+def record_name(prefix: str, schema: str, table: str) -> str:
+    """The topic, and the base of the schema names: ``<prefix>.<schema>.<table>``."""
+    return f"{prefix}.{schema}.{table}"
+
+
+def key_schema(name: str, key_fields: list[dict[str, Any]]) -> dict[str, Any]:
+    return {"type": "struct", "fields": key_fields, "optional": False, "name": f"{name}.Key"}
+
+
+def value_schema(name: str, fields: list[dict[str, Any]]) -> dict[str, Any]:
+    row = {"type": "struct", "fields": fields, "optional": True, "name": f"{name}.Value"}
+    return {
+        "type": "struct",
+        "fields": [
+            {**row, "field": "before"},
+            {**row, "field": "after"},
+            SOURCE_SCHEMA,
+            TRANSACTION_SCHEMA,
+            {"type": "string", "optional": False, "field": "op"},
+            {"type": "int64", "optional": True, "field": "ts_ms"},
+            {"type": "int64", "optional": True, "field": "ts_us"},
+            {"type": "int64", "optional": True, "field": "ts_ns"},
+        ],
+        "optional": False,
+        "name": f"{name}.Envelope",
+        "version": 2,
+    }
+
+
+def source(
+    *,
+    version: str,
+    prefix: str,
+    db: str,
+    schema: str,
+    table: str,
+    commit_us: int,
+    snapshot: str,
+    txid: int | None,
+    lsn: int | None,
+    last_commit_lsn: int | None,
+) -> dict[str, Any]:
+    """The ``source`` block: where and when the change was made (``commit_us``: the
+    transaction's commit time in microseconds since the epoch)."""
+    sequence = (
+        f'["{last_commit_lsn}","{lsn}"]' if last_commit_lsn is not None else f'[null,"{lsn}"]'
+    )
+    return {
+        "version": version,
+        "connector": "postgresql",
+        "name": prefix,
+        "ts_ms": commit_us // 1000,
+        "snapshot": snapshot,
+        "db": db,
+        "sequence": sequence,
+        "ts_us": commit_us,
+        "ts_ns": commit_us * 1000,
+        "schema": schema,
+        "table": table,
+        "txId": txid,
+        "lsn": lsn,
+        "xmin": None,
+        "origin": None,
+        "origin_lsn": None,
+    }
+
+
+def envelope(
+    op: str,
+    before: dict[str, Any] | None,
+    after: dict[str, Any] | None,
+    source_block: dict[str, Any],
+    now_us: int,
+) -> dict[str, Any]:
+    """The value's payload; ``now_us``: when the record was made (the envelope's
+    ``ts_*``, processing time in Debezium)."""
+    return {
+        "before": before,
+        "after": after,
+        "source": source_block,
+        "transaction": None,
+        "op": op,
+        "ts_ms": now_us // 1000,
+        "ts_us": now_us,
+        "ts_ns": now_us * 1000,
+    }
+
+
+def with_schema(payload: Any, schema: dict[str, Any] | None) -> dict[str, Any] | Any:
+    """As Kafka Connect's JSON converter writes it: ``{"schema", "payload"}`` when schemas
+    are enabled, the bare payload otherwise."""
+    return payload if schema is None else {"schema": schema, "payload": payload}
