@@ -40,7 +40,7 @@ log = logging.getLogger(__name__)
 class Outgoing:
     topic: str
     key: bytes | None
-    value: bytes
+    value: bytes | None  # None: a tombstone
     headers: list[tuple[str, bytes]] | None = None
     partition: int | None = None
 
@@ -75,7 +75,7 @@ class KafkaSink(Sink[Outgoing, int]):
         self._on_durable = on_durable
 
     def write(self, item: Outgoing, position: int) -> None:
-        size = len(item.value) + (len(item.key) if item.key else 0)
+        size = len(item.value or b"") + (len(item.key) if item.key else 0)
         self._raise_failure()
         if self.inflight_bytes + size > self.max_inflight_bytes and self.inflight_bytes > 0:
             self.waits += 1

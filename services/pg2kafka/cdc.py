@@ -15,6 +15,7 @@ import orjson
 import psycopg
 
 from services.pg2kafka import pgoutput as pg
+from services.pg2kafka.debezium_format import DebeziumRecords
 from services.pg2kafka.filters import TableFilter
 from services.pg2kafka.incremental import WATERMARK, Incremental
 from services.pg2kafka.metrics import Metrics
@@ -26,6 +27,7 @@ from services.pg2kafka.settings import Pg2KafkaSettings
 from services.pg2kafka.source import SourceLedger
 from services.pg2kafka.topics import StreamTarget
 from shared.contract.event import ChangeEvent, JsonEventSerializer
+from shared.errors import PermanentError
 from shared.interfaces import Serializer
 from shared.kafka import Outgoing
 from shared.logs import SampledLog
@@ -62,10 +64,17 @@ class CdcHandler:
         self._keyless_warned: set[str] = set()
         self._limits: dict[str, int] = {}  # topic -> largest key + value it takes
         self._oversized_log = SampledLog(log, "oversized changes")
+        # producer.format=debezium: rows become Debezium records; truncates and schema
+        # changes are not written (services/pg2kafka/debezium_format.py). Made with the
+        # session's type registry and catalog, on the first change.
+        self.debezium: DebeziumRecords | None = None
 
     def handle(self, session: ReplicationSession, lsn: int, msg: pg.Decoded) -> None:
         b = session.builder
         inc = self.incremental
+        if self.settings.producer.format == "debezium":
+            self.handle_debezium(session, lsn, msg)
+            return
         if isinstance(msg, (pg.Insert, pg.Update, pg.Delete)):
             for ev in b.change(msg, lsn):
                 if self.filter.matches(ev["schema"], ev["table"]):
@@ -93,6 +102,50 @@ class CdcHandler:
                         inc.floor(ev["schema"], ev["table"], lsn)
             self.check_keyless(session)  # a table may have gained or lost its identity
         # Commits, heartbeats, other logical messages and Origin only move the position.
+
+    def handle_debezium(self, session: ReplicationSession, lsn: int, msg: pg.Decoded) -> None:
+        """The Debezium format: row changes only (its connector's defaults write neither
+        truncates nor schema changes); a schema change still re-checks which tables are
+        left out for want of an identity."""
+        b = session.builder
+        if isinstance(msg, (pg.Insert, pg.Update, pg.Delete)):
+            rel = b.relations.get(msg.relation_oid)
+            if rel is None:
+                raise PermanentError(
+                    f"pgoutput protocol: change for relation {msg.relation_oid} before its"
+                    " Relation message"
+                )
+            if not self.filter.matches(rel.schema, rel.table) or b.txn is None:
+                return
+            records = self.debezium
+            if records is None:
+                records = self.debezium = DebeziumRecords(
+                    self.settings.debezium,
+                    self.settings.postgres.database,
+                    b.types,
+                    session.catalog.not_null,
+                )
+            for r in records.change(rel, msg, b.txn, lsn):
+                limit = self._limits.get(r.topic)
+                if limit is None:
+                    session.ensure_topic(r.topic)
+                    limit = self._limits[r.topic] = session.value_limit(r.topic)
+                size = len(r.value or b"") + len(r.key or b"")
+                if size > limit:
+                    # The Debezium envelope has no place for walcast's reference: stop
+                    # with what to fix rather than loop on a record Kafka refuses.
+                    raise PermanentError(
+                        f"a change of {rel.schema}.{rel.table} at LSN {pg.format_lsn(lsn)} is"
+                        f" {size} bytes, more than topic {r.topic} takes ({limit})",
+                        hint="raise the topic's max.message.bytes (and"
+                        " producer.max_message_bytes), then restart",
+                    )
+                session.send(Outgoing(r.topic, r.key, r.value), r.op)
+        elif isinstance(msg, pg.Commit):
+            if self.debezium is not None:
+                self.debezium.last_commit_lsn = msg.commit_lsn
+        elif isinstance(msg, pg.Message) and msg.prefix == DDL_PREFIX:
+            self.check_keyless(session)
 
     def check_keyless(self, session: ReplicationSession) -> None:
         """Count (a gauge) and name (a warning, once per table) the matching tables left

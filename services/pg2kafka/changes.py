@@ -83,6 +83,7 @@ class Transaction:
     commit_ts: str
     seq: int
     events: int = 0  # events built so far: the next event's "seq"
+    commit_us: int = 0  # the commit time, microseconds since the Unix epoch
 
 
 class EventBuilder:
@@ -123,7 +124,10 @@ class EventBuilder:
 
     def begin(self, msg: pg.Begin) -> Transaction:
         self._seq += 1
-        self.txn = Transaction(msg.xid, msg.final_lsn, iso_utc(msg.commit_ts_us), self._seq)
+        self.txn = Transaction(
+            msg.xid, msg.final_lsn, iso_utc(msg.commit_ts_us), self._seq,
+            commit_us=msg.commit_ts_us,
+        )  # fmt: skip
         return self.txn
 
     def commit(self, msg: pg.Commit) -> Transaction:

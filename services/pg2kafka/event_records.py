@@ -72,7 +72,7 @@ def _loads(text: str) -> Any:
 
 def fit(out: Outgoing, limit: int) -> Outgoing | None:
     """``out`` when the topic takes it; else None: the caller sends :func:`reference`."""
-    size = len(out.value) + (len(out.key) if out.key else 0)
+    size = len(out.value or b"") + (len(out.key) if out.key else 0)
     return out if size <= limit else None
 
 
@@ -82,7 +82,7 @@ def reference(out: Outgoing, row: dict[str, Any]) -> Outgoing:
     event from ``_walcast.events`` by id."""
     body = {
         "walcast_oversized": {
-            "bytes": len(out.value),
+            "bytes": len(out.value or b""),
             "event_id": row.get("id"),
             "stream_id": row.get("stream_id"),
             "created_at": str(row.get("created_at")),
@@ -97,7 +97,7 @@ def too_large(out: Outgoing, row: dict[str, Any], metrics: Metrics) -> Outgoing:
     log.warning(
         "subscription event %s is %d bytes, more than topic %s takes: sent as a reference",
         row.get("id"),
-        len(out.value),
+        len(out.value or b""),
         out.topic,
     )
     return reference(out, row)

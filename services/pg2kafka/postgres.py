@@ -70,6 +70,20 @@ class Catalog:
         )
         return [str(r[0]) for r in rows]
 
+    def not_null(self, relation_oid: int) -> set[str]:
+        """The columns of a table declared NOT NULL (Debezium's schemas mark them
+        required)."""
+        rows = (
+            self._conn()
+            .execute(
+                "SELECT attname FROM pg_catalog.pg_attribute WHERE attrelid = %s"
+                " AND attnum > 0 AND NOT attisdropped AND attnotnull",
+                [relation_oid],
+            )
+            .fetchall()
+        )
+        return {str(r[0]) for r in rows}
+
     def keyless_tables(self, publication: str) -> list[str]:
         """Tables the publication's filters match that are left out of it for want of a
         replica identity (``filters.keyless_tables: skip``, V008), as ``schema.table``."""

@@ -213,7 +213,7 @@ class ReplicationSession:
         self.sink.write(out, seq)
         counts = self.op_counts
         counts[op] = counts.get(op, 0) + 1
-        self.bytes_out += len(out.value)
+        self.bytes_out += len(out.value or b"")
 
     def write(self, out: Outgoing) -> None:
         """Hand a record to Kafka as part of the open transaction, uncounted (a record

@@ -75,7 +75,7 @@ def producer_config(settings: Pg2KafkaSettings) -> dict[str, object]:
     """The change producer's librdkafka settings (idempotence and acks=all are added by
     :class:`~shared.kafka.KafkaSink`)."""
     s = settings
-    return {
+    config: dict[str, object] = {
         **s.kafka.client_config(),
         "linger.ms": s.producer.linger_ms,
         "batch.size": s.producer.batch_bytes,
@@ -84,6 +84,11 @@ def producer_config(settings: Pg2KafkaSettings) -> dict[str, object]:
         "message.timeout.ms": s.producer.delivery_timeout_ms,
         "message.max.bytes": s.producer.max_message_bytes,
     }
+    if s.producer.format == "debezium":
+        # Kafka Connect's (Java) partitioner: a key lands in the partition Debezium's
+        # record of it would (librdkafka's default hashes differently).
+        config["partitioner"] = "murmur2_random"
+    return config
 
 
 @dataclass(frozen=True)

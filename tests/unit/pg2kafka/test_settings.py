@@ -5,10 +5,12 @@ from pydantic import ValidationError
 
 from services.pg2kafka.settings import (
     FilterSettings,
+    Pg2KafkaSettings,
     ProducerSettings,
     ReplicationSettings,
     SubscriptionSettings,
 )
+from services.pg2kafka.topics import producer_config
 
 
 @pytest.mark.parametrize("name", ["MyPub", "a,b", "with space", "", "x" * 64])
@@ -36,3 +38,34 @@ def test_filters() -> None:
     assert not FilterSettings(include=["app.*"]).all_tables
     with pytest.raises(ValidationError, match=r"schema\.table"):
         FilterSettings(include=["no_dot"])
+
+
+def _debezium(**sections: object) -> Pg2KafkaSettings:
+    base: dict[str, object] = {
+        "producer": {"format": "debezium"},
+        "snapshot": {"mode": "never", "automatic": False},
+    }
+    base.update(sections)
+    return Pg2KafkaSettings.model_validate(base)
+
+
+def test_the_debezium_format_streams_changes_only_for_now() -> None:
+    s = _debezium()
+    assert (s.debezium.topic_prefix, s.debezium.schemas, s.debezium.tombstones) == (
+        "walcast",
+        True,
+        True,
+    )
+    with pytest.raises(ValidationError, match=r"snapshot\.mode=never and snapshot\.automatic"):
+        _debezium(snapshot={"mode": "initial", "automatic": False})
+    with pytest.raises(ValidationError, match=r"snapshot\.mode=never and snapshot\.automatic"):
+        _debezium(snapshot={"mode": "never", "automatic": True})
+    with pytest.raises(ValidationError, match="topic_template does not apply"):
+        _debezium(producer={"format": "debezium", "topic_template": "x.{table}"})
+    with pytest.raises(ValidationError, match="topic prefix is letters"):
+        _debezium(debezium={"topic_prefix": "bad prefix"})
+
+
+def test_the_debezium_format_partitions_as_kafka_connect() -> None:
+    assert producer_config(_debezium())["partitioner"] == "murmur2_random"
+    assert "partitioner" not in producer_config(Pg2KafkaSettings())

@@ -1,0 +1,232 @@
+"""pg2kafka's ``debezium`` output format: row changes as the Debezium PostgreSQL connector
+writes them through Kafka Connect's JSON converter (``shared.contract.debezium`` holds the
+encodings; docs/events.md, "The Debezium format", what differs).
+
+Per change, from the pgoutput message itself (each value's text output, the relation's
+types and type modifiers): the topic ``<prefix>.<schema>.<table>``, the key (the
+replica-identity columns' struct; none for a table without one) and the envelope. As the
+connector does with its defaults: an update that changes the key is a delete, its
+tombstone and a create; a delete is followed by a tombstone (``debezium.tombstones``);
+truncates and schema changes are not written (``skipped.operations = t``; the connector
+has no DDL events for Postgres). A column's ``optional`` comes from the catalog
+(``NOT NULL``), asked once per relation.
+"""
+
+from __future__ import annotations
+
+import base64
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from services.pg2kafka import pgoutput as pg
+from services.pg2kafka._native import convert_value
+from services.pg2kafka.changes import Transaction
+from services.pg2kafka.settings import DebeziumSettings
+from services.pg2kafka.types import TypeRegistry
+from shared.contract import debezium
+
+VERSION = "walcast-0.1.0"
+"""``source.version``: the producer (the connector writes its own version there)."""
+
+UNAVAILABLE = "__debezium_unavailable_value"
+"""What the connector writes for an unchanged TOAST value it did not receive."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Column:
+    name: str
+    type: str
+    typmod: int
+    split: str | None  # an array's spec that leaves its elements as text
+
+
+@dataclass(frozen=True, slots=True)
+class _Table:
+    relation: pg.Relation
+    topic: str
+    columns: tuple[_Column, ...]
+    keys: tuple[int, ...]  # positions of the key columns
+    # NOT NULL columns outside the key -> what a key-only image holds for them
+    absent: dict[int, Any]
+    key_schema: dict[str, Any] | None
+    value_schema: dict[str, Any] | None
+
+
+@dataclass(frozen=True, slots=True)
+class Record:
+    topic: str
+    key: bytes | None
+    value: bytes | None  # None: a tombstone
+    op: str
+
+
+class DebeziumRecords:
+    """Builds the records of one session's row changes. ``not_null(relation_oid)``: the
+    columns declared NOT NULL (the catalog)."""
+
+    def __init__(
+        self,
+        settings: DebeziumSettings,
+        database: str,
+        types: TypeRegistry,
+        not_null: Callable[[int], set[str]],
+        clock: Callable[[], int] = time.time_ns,
+    ) -> None:
+        self.settings = settings
+        self.database = database
+        self.types = types
+        self.not_null = not_null
+        self.clock = clock
+        self._tables: dict[int, _Table] = {}
+        self.last_commit_lsn: int | None = None
+
+    def table(self, rel: pg.Relation) -> _Table:
+        found = self._tables.get(rel.oid)
+        if found is not None and found.relation is rel:
+            return found
+        required = self.not_null(rel.oid)
+        columns = []
+        for c in rel.columns:
+            name = self.types.name(c.type_oid)
+            spec = self.types.spec(c.type_oid)
+            split = spec[:2] + "s" if name.startswith("_") and spec.startswith("a") else None
+            columns.append(_Column(c.name, name, c.type_modifier, split))
+        keys = tuple(i for i, c in enumerate(rel.columns) if c.is_key)
+        topic = debezium.record_name(self.settings.topic_prefix, rel.schema, rel.table)
+        key_schema = value_schema = None
+        if self.settings.schemas:
+            fields = [
+                debezium.field_schema(c.name, c.type, c.typmod, c.name not in required)
+                for c in columns
+            ]
+            key_schema = debezium.key_schema(
+                topic, [{**fields[i], "optional": False} for i in keys]
+            )
+            value_schema = debezium.value_schema(topic, fields)
+        absent = {
+            i: _ZERO.get(debezium.field_schema(c.name, c.type, c.typmod)["type"])
+            for i, c in enumerate(columns)
+            if c.name in required and i not in keys
+        }
+        table = _Table(rel, topic, tuple(columns), keys, absent, key_schema, value_schema)
+        self._tables[rel.oid] = table
+        return table
+
+    def _row(
+        self, t: _Table, values: tuple[pg.Value, ...], only_key: bool = False
+    ) -> dict[str, Any]:
+        row: dict[str, Any] = {}
+        keys = set(t.keys) if only_key else None
+        for i, (col, text) in enumerate(zip(t.columns, values, strict=True)):
+            if keys is not None and i not in keys:
+                # A key-only image (a delete, a key change): the connector fills a
+                # required column with its type's zero, the others with null.
+                row[col.name] = t.absent.get(i)
+            elif text is None:
+                row[col.name] = None
+            elif text is pg.UNCHANGED_TOAST:
+                row[col.name] = _unavailable(col)
+            elif col.split is not None:
+                assert isinstance(text, str)
+                items = orjson.loads(convert_value(col.split, text))
+                row[col.name] = debezium.value(col.type, col.typmod, None, items)
+            else:
+                assert isinstance(text, str)
+                row[col.name] = debezium.value(col.type, col.typmod, text)
+        return row
+
+    def _key(self, t: _Table, row: dict[str, Any]) -> bytes | None:
+        if not t.keys:
+            return None
+        payload = {t.columns[i].name: row[t.columns[i].name] for i in t.keys}
+        return orjson.dumps(debezium.with_schema(payload, t.key_schema))
+
+    def _value(
+        self, t: _Table, op: str, before: dict[str, Any] | None, after: dict[str, Any] | None,
+        txn: Transaction, lsn: int,
+    ) -> bytes:  # fmt: skip
+        rel = t.relation
+        source = debezium.source(
+            version=VERSION,
+            prefix=self.settings.topic_prefix,
+            db=self.database,
+            schema=rel.schema,
+            table=rel.table,
+            commit_us=txn.commit_us,
+            snapshot="false",
+            txid=txn.xid,
+            lsn=lsn,
+            last_commit_lsn=self.last_commit_lsn,
+        )
+        payload = debezium.envelope(op, before, after, source, self.clock() // 1000)
+        return orjson.dumps(debezium.with_schema(payload, t.value_schema))
+
+    def change(
+        self, rel: pg.Relation, msg: pg.Insert | pg.Update | pg.Delete, txn: Transaction, lsn: int
+    ) -> list[Record]:
+        t = self.table(rel)
+        if isinstance(msg, pg.Insert):
+            after = self._row(t, msg.new)
+            return [
+                Record(
+                    t.topic,
+                    self._key(t, after),
+                    self._value(t, "c", None, after, txn, lsn),
+                    "insert",
+                )
+            ]
+        if isinstance(msg, pg.Delete):
+            return self._delete(t, self._row(t, msg.old, only_key=msg.old_kind == "K"), txn, lsn)
+        after = self._row(t, msg.new)
+        before: dict[str, Any] | None = None
+        if msg.old is not None:
+            before = self._row(t, msg.old, only_key=msg.old_kind == "K")
+        key = self._key(t, after)
+        if before is not None and t.keys and self._key(t, before) != key:
+            # The key changed: as the connector, a delete of the old key (and its
+            # tombstone), then a create under the new one.
+            create = Record(t.topic, key, self._value(t, "c", None, after, txn, lsn), "insert")
+            return [*self._delete(t, before, txn, lsn), create]
+        if before is not None and msg.old_kind == "K":
+            before = None  # only the unchanged key: the connector writes no before image
+        return [Record(t.topic, key, self._value(t, "u", before, after, txn, lsn), "update")]
+
+    def _delete(
+        self, t: _Table, before: dict[str, Any], txn: Transaction, lsn: int
+    ) -> list[Record]:
+        key = self._key(t, before)
+        out = [Record(t.topic, key, self._value(t, "d", before, None, txn, lsn), "delete")]
+        if self.settings.tombstones and key is not None:
+            out.append(Record(t.topic, key, None, "tombstone"))
+        return out
+
+
+_ZERO: dict[str, Any] = {
+    "string": "",
+    "int16": 0,
+    "int32": 0,
+    "int64": 0,
+    "float": 0.0,
+    "double": 0.0,
+    "boolean": False,
+    "bytes": "",
+    "array": [],
+}
+"""Kafka Connect's value for a required field nothing was given for, by schema type."""
+
+
+def _unavailable(col: _Column) -> Any:
+    """The connector's placeholder for an unchanged TOAST value: the text for strings
+    (and for each element of an array of them), its bytes for binary columns."""
+    schema = debezium.field_schema(col.name, col.type, col.typmod)
+    if schema["type"] == "string":
+        return UNAVAILABLE
+    if schema["type"] == "bytes" and "name" not in schema:
+        return base64.b64encode(UNAVAILABLE.encode()).decode()
+    if schema["type"] == "array":
+        return [UNAVAILABLE]
+    return None
