@@ -22,6 +22,8 @@ from datetime import UTC, date, datetime, time, timedelta
 from decimal import Decimal, InvalidOperation
 from typing import Any
 
+import orjson
+
 _EPOCH_DATE = date(1970, 1, 1)
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _MICROS = 1_000_000
@@ -531,3 +533,181 @@ def with_schema(payload: Any, schema: dict[str, Any] | None) -> dict[str, Any] |
     """As Kafka Connect's JSON converter writes it: ``{"schema", "payload"}`` when schemas
     are enabled, the bare payload otherwise."""
     return payload if schema is None else {"schema": schema, "payload": payload}
+
+
+# -- reading Debezium records (the sinks' input) ---------------------------------------------
+
+_PG_TYPE_OF_NAME = {
+    "org.apache.kafka.connect.data.Decimal": "numeric",
+    "io.debezium.data.VariableScaleDecimal": "numeric",
+    "io.debezium.time.Date": "date",
+    "org.apache.kafka.connect.data.Date": "date",
+    "io.debezium.time.Time": "time",
+    "io.debezium.time.MicroTime": "time",
+    "io.debezium.time.NanoTime": "time",
+    "org.apache.kafka.connect.data.Time": "time",
+    "io.debezium.time.Timestamp": "timestamp",
+    "io.debezium.time.MicroTimestamp": "timestamp",
+    "io.debezium.time.NanoTimestamp": "timestamp",
+    "org.apache.kafka.connect.data.Timestamp": "timestamp",
+    "io.debezium.time.ZonedTimestamp": "timestamptz",
+    "io.debezium.time.ZonedTime": "timetz",
+    "io.debezium.time.MicroDuration": "interval",
+    "io.debezium.time.Interval": "interval",
+    "io.debezium.data.Uuid": "uuid",
+    "io.debezium.data.Json": "jsonb",
+    "io.debezium.data.Xml": "xml",
+    "io.debezium.data.Bits": "varbit",
+    "io.debezium.data.Enum": "text",
+}
+_PG_TYPE_OF_TYPE = {
+    "int8": "int2",
+    "int16": "int2",
+    "int32": "int4",
+    "int64": "int8",
+    "float": "float4",
+    "float32": "float4",
+    "double": "float8",
+    "float64": "float8",
+    "boolean": "bool",
+    "string": "text",
+    "bytes": "bytea",
+}
+
+# Units of the time encodings, per schema name: microseconds in one unit.
+_TIME_UNIT_US = {
+    "io.debezium.time.Time": 1000,
+    "org.apache.kafka.connect.data.Time": 1000,
+    "io.debezium.time.MicroTime": 1,
+    "io.debezium.time.Timestamp": 1000,
+    "org.apache.kafka.connect.data.Timestamp": 1000,
+    "io.debezium.time.MicroTimestamp": 1,
+}
+
+
+def pg_type(field: dict[str, Any]) -> str:
+    """The Postgres type (as walcast's events name it) a Connect field schema stands for;
+    ``text`` for what it does not know."""
+    if field.get("type") == "array":
+        items = field.get("items") or {}
+        return "_" + pg_type(items)
+    name = field.get("name")
+    if name in _PG_TYPE_OF_NAME:
+        return _PG_TYPE_OF_NAME[name]
+    return _PG_TYPE_OF_TYPE.get(str(field.get("type")), "text")
+
+
+def _trim_fraction(micros: int) -> str:
+    """Postgres' text output of a fraction of a second: no trailing zeros, none at all
+    for a whole second."""
+    return ("." + f"{micros:06d}".rstrip("0")) if micros else ""
+
+
+def _iso_date(days: int) -> str:
+    if days == _DATE_POS_INFINITY:
+        return "infinity"
+    if days == _DATE_NEG_INFINITY:
+        return "-infinity"
+    y, m, d = _civil_from_days(days)
+    return _iso_year(y) + f"-{m:02d}-{d:02d}"
+
+
+def _iso_year(y: int) -> str:
+    """ISO-8601's expanded years, as walcast's events write them (astronomical
+    numbering: 1 BC is 0000, 2 BC is -0001)."""
+    if 0 <= y <= 9999:
+        return f"{y:04d}"
+    return f"-{-y:04d}" if y < 0 else f"+{y}"
+
+
+def _civil_from_days(z: int) -> tuple[int, int, int]:
+    """The inverse of :func:`_days_from_civil`."""
+    z += 719468
+    era = (z if z >= 0 else z - 146096) // 146097
+    doe = z - era * 146097
+    yoe = (doe - doe // 1460 + doe // 36524 - doe // 146096) // 365
+    y = yoe + era * 400
+    doy = doe - (365 * yoe + yoe // 4 - yoe // 100)
+    mp = (5 * doy + 2) // 153
+    d = doy - (153 * mp + 2) // 5 + 1
+    m = mp + (3 if mp < 10 else -9)
+    return y + (m <= 2), m, d
+
+
+def _clock(us: int) -> str:
+    s, micros = divmod(us, _MICROS)
+    h, rest = divmod(s, 3600)
+    return f"{h:02d}:{rest // 60:02d}:{rest % 60:02d}" + _trim_fraction(micros)
+
+
+def _decimal_text(unscaled: int, scale: int) -> str:
+    """The exact decimal text of ``unscaled`` * 10^-``scale``, with ``scale`` digits
+    after the point (as Postgres writes a numeric of that scale)."""
+    sign = "-" if unscaled < 0 else ""
+    digits = str(abs(unscaled))
+    if scale <= 0:
+        return sign + digits + "0" * -scale
+    digits = digits.rjust(scale + 1, "0")
+    return f"{sign}{digits[:-scale]}.{digits[-scale:]}"
+
+
+def _unscaled(b64: str) -> int:
+    return int.from_bytes(base64.b64decode(b64), "big", signed=True)
+
+
+def to_walcast(field: dict[str, Any], value: Any) -> Any:
+    """A Debezium value as walcast's change event carries the same column
+    (shared/contract/pgtypes.py: numerics as exact text, dates and timestamps ISO-8601,
+    bytea base64, json embedded). Lossy where Debezium's encoding is: an interval comes
+    back as seconds (Debezium counts a month as 30.4375 days), a timetz in UTC, a numeric
+    NaN as null."""
+    if value is None:
+        return None
+    kind = field.get("type")
+    name = field.get("name")
+    if kind == "array":
+        items = field.get("items") or {}
+        return [to_walcast(items, v) for v in value]
+    if name == "org.apache.kafka.connect.data.Decimal":
+        scale = int((field.get("parameters") or {}).get("scale", "0"))
+        return _decimal_text(_unscaled(value), scale)
+    if name == "io.debezium.data.VariableScaleDecimal":
+        return _decimal_text(_unscaled(value["value"]), int(value["scale"]))
+    if name in ("io.debezium.time.Date", "org.apache.kafka.connect.data.Date"):
+        return _iso_date(int(value))
+    if pg_type(field) == "time":
+        unit = _TIME_UNIT_US.get(str(name))
+        return _clock(int(value) * unit if unit else int(value) // 1000)
+    if pg_type(field) == "timestamp":
+        unit = _TIME_UNIT_US.get(str(name))
+        us = int(value) * unit if unit else int(value) // 1000
+        days, clock = divmod(us, _DAY_US)
+        return _iso_date(days) + "T" + _clock(clock)
+    if name == "io.debezium.time.ZonedTimestamp":
+        return _zoned_to_walcast(str(value))
+    if name == "io.debezium.time.ZonedTime":
+        return str(value).removesuffix("Z") + "+00" if str(value).endswith("Z") else value
+    if name == "io.debezium.time.MicroDuration":
+        secs, micros = divmod(abs(int(value)), _MICROS)
+        sign = "-" if int(value) < 0 else ""
+        return f"PT{sign}{secs}{_trim_fraction(micros)}S"
+    if name == "io.debezium.data.Json":
+        return _json_value(str(value))
+    if name == "io.debezium.data.Bits":
+        length = int((field.get("parameters") or {}).get("length", "0"))
+        n = int.from_bytes(base64.b64decode(value), "little")
+        return format(n, "b").rjust(length, "0") if length else format(n, "b")
+    return value
+
+
+def _zoned_to_walcast(text: str) -> str:
+    if text in ("infinity", "-infinity") or not text.endswith("Z"):
+        return text
+    body = text[:-1]
+    head, _, frac = body.partition(".")
+    frac = frac.rstrip("0")
+    return head + ("." + frac if frac else "") + "+00:00"
+
+
+def _json_value(text: str) -> Any:
+    return orjson.loads(text)
