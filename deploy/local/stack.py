@@ -332,9 +332,11 @@ def spawn(
     user: str | None = None,
     env: dict[str, str] | None = None,
     cwd: Path | None = None,
+    inherit_env: bool = True,
 ) -> int:
     """Start a long-running process in its own session, output appended to its log;
-    ``user``: as that OS user (its own group, no other groups)."""
+    ``user``: as that OS user (its own group, no other groups); ``env`` added to the
+    stack's environment, or alone (``inherit_env=False``)."""
     comp.dir.mkdir(parents=True, exist_ok=True)
     as_user: dict[str, Any] = {}
     if user is not None:
@@ -348,7 +350,7 @@ def spawn(
             stdin=subprocess.DEVNULL,
             cwd=cwd or comp.dir,
             start_new_session=True,
-            env={**os.environ, **env} if env else None,
+            env=({**os.environ, **env} if inherit_env else env) if env else None,
             **as_user,
         )
     comp.pid_file.write_text(f"{proc.pid}\n")
@@ -968,7 +970,9 @@ def unzip(archive: Path, into: Path) -> None:
                 raise StackError("unzip", "unpack", f"{archive}: {info.filename} leaves the target")
             zf.extract(info, into)
             mode = (info.external_attr >> 16) & 0o777
-            if mode and not info.is_dir():
+            if info.is_dir():
+                target.chmod(0o755)  # whatever the umask: the server's user reads it
+            elif mode:
                 target.chmod(mode)
 
 
@@ -998,8 +1002,10 @@ class Elasticsearch(SearchEngine):
             unzip(Path(archive), unpacked)
             (top,) = list(unpacked.iterdir())
             home.parent.mkdir(parents=True, exist_ok=True)
+            home.parent.chmod(0o755)
             shutil.rmtree(home, ignore_errors=True)
             top.rename(home)
+            home.chmod(0o755)
             shutil.rmtree(unpacked)
         self.home = home
 
@@ -1060,7 +1066,7 @@ class Elasticsearch(SearchEngine):
             _ensure_traversable(self.dir, user, self.name)
             entry = pwd.getpwnam(user)
             for path in [node, *node.rglob("*")]:
-                os.chown(path, entry.pw_uid, entry.pw_gid)
+                os.chown(path, entry.pw_uid, entry.pw_gid, follow_symlinks=False)
         java_home = Path(java_bin()).resolve().parent.parent
         spawn(
             [str(self.home / "bin" / "elasticsearch")],
@@ -1068,11 +1074,16 @@ class Elasticsearch(SearchEngine):
             user=user,
             cwd=node,
             env={
+                # Not the stack's environment: the node's user gets only what it needs.
+                "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+                "LANG": "C.UTF-8",
+                "HOME": str(node),
                 "ES_JAVA_HOME": str(java_home),
                 "ES_PATH_CONF": str(config),
                 "ES_TMPDIR": str(node / "tmp"),
                 "ES_JAVA_OPTS": "-Xms256m -Xmx1g",
             },
+            inherit_env=False,
         )
 
 

@@ -18,7 +18,7 @@ from typing import Any, Protocol
 import orjson
 
 from services.kafka2search.settings import EngineSettings, IndexSettings
-from shared.errors import PermanentError
+from shared.errors import PermanentError, RetriableError, Verdict, http_status_verdict
 
 
 class SearchEngine(Protocol):
@@ -212,25 +212,25 @@ class HttpSearchEngine(SearchEngine):
                 )
         return done
 
-    def rewrite_field(self, index: str, field: str, to: str | None, page: int = 1000) -> int:
+    def rewrite_field(
+        self, index: str, field: str, to: str | None, page: int = 1000, max_bytes: int = 8 << 20
+    ) -> int:
         """A renamed or dropped column. Read on the client and written back, because the
         engines' server-side way (``_update_by_query`` with a painless script) needs modules
-        a minimal Elasticsearch lacks: every document having ``field`` is read by a scroll
-        and indexed again with the field moved (or removed) at its own version with
-        ``external_gte``. A write newer than the read (another partition's consumer, after
-        the DDL: already in the new shape) makes that document's rewrite a conflict, which
-        is skipped; a change redelivered at the same version is still refused afterwards,
-        since data writes use ``external``."""
+        a minimal Elasticsearch lacks. A scroll pages through every document (an ``exists``
+        query would miss fields mapped without an index, such as json columns); each page
+        is read again in real time (``_mget``: the scroll's view may be minutes old, and a
+        document deleted since must not come back) and the documents having ``field`` are
+        indexed again with it moved or removed, at their current version with
+        ``external_gte``. A write newer than that read (another partition's consumer, after
+        the DDL: already in the new shape) makes that rewrite a conflict, which is skipped;
+        data writes use ``external``, so a change redelivered at the same version is still
+        refused afterwards. Bulk requests stay under ``max_bytes``."""
         self.refresh(index)  # the scroll sees only what was refreshed
         answer = self.request(
             "POST",
             f"/{index}/_search",
-            body={
-                "size": page,
-                "version": True,
-                "sort": ["_doc"],
-                "query": {"exists": {"field": field}},
-            },
+            body={"size": page, "_source": False, "sort": ["_doc"]},
             params={"scroll": "2m"},
         )
         scroll_id = answer.get("_scroll_id")
@@ -238,20 +238,34 @@ class HttpSearchEngine(SearchEngine):
         changed = 0
         try:
             while hits := answer.get("hits", {}).get("hits", []):
-                lines = []
-                for hit in hits:
-                    source = hit.get("_source", {})
-                    if field not in source:
-                        continue  # an object field's sub-field matched "exists"
+                now = self.request(
+                    "POST",
+                    f"/{index}/_mget",
+                    body={"ids": [h["_id"] for h in hits]},
+                    params={"realtime": "true"},
+                )
+                lines: list[bytes] = []
+                size = 0
+                for doc in now.get("docs", []):
+                    source = doc.get("_source")
+                    if not doc.get("found") or not isinstance(source, dict) or field not in source:
+                        continue
                     value = source.pop(field)
                     if to is not None:
                         source[to] = value
-                    lines.append(
+                    line = (
                         b'{"index":{"_index":%b,"_id":%b,"version":%d,"version_type":'
                         b'"external_gte"}}\n%b\n'
-                        % (index_json, orjson.dumps(hit["_id"]), int(hit["_version"]),
+                        % (index_json, orjson.dumps(doc["_id"]), int(doc["_version"]),
                            orjson.dumps(source))
                     )  # fmt: skip
+                    if lines and size + len(line) > max_bytes:
+                        changed += self._count_written(
+                            index, self.bulk(b"".join(lines), require_alias=False), len(lines)
+                        )
+                        lines, size = [], 0
+                    lines.append(line)
+                    size += len(line)
                 if lines:
                     changed += self._count_written(
                         index, self.bulk(b"".join(lines), require_alias=False), len(lines)
@@ -268,8 +282,10 @@ class HttpSearchEngine(SearchEngine):
 
     @staticmethod
     def _count_written(index: str, results: list[dict[str, Any]] | None, sent: int) -> int:
-        """How many rewrites landed; a conflict (a newer write) is skipped, anything else
-        stops the rewrite with the engine's words."""
+        """How many rewrites landed. A conflict (a newer write) is skipped; an overloaded
+        or failing engine (429, 5xx) is retried — the whole rewrite, which is idempotent:
+        documents already moved no longer have the field; anything else stops it with the
+        engine's words."""
         if results is None:
             return sent
         done = 0
@@ -277,7 +293,14 @@ class HttpSearchEngine(SearchEngine):
             status = int(res.get("status", 0))
             if 200 <= status < 300:
                 done += 1
-            elif status != 409:
+            elif status == 409:
+                continue
+            elif http_status_verdict(status) is Verdict.RETRIABLE:
+                raise RetriableError(
+                    f"rewriting documents of {index}: the engine answered {status}:"
+                    f" {res.get('error')}"
+                )
+            else:
                 raise PermanentError(
                     f"rewriting documents of {index}: the engine refused one ({status}):"
                     f" {res.get('error')}"

@@ -124,6 +124,7 @@ class CdcHandler:
                     self.settings.postgres.database,
                     b.types,
                     session.catalog.not_null,
+                    session.catalog.primary_key,
                 )
             for r in records.change(rel, msg, b.txn, lsn):
                 limit = self._limits.get(r.topic)
@@ -258,7 +259,11 @@ class CdcStream(SlotStream):
         target: StreamTarget | None = None,
     ) -> None:
         super().__init__(settings, metrics, stop, target or StreamTarget.cdc(settings))
-        self.incremental = Incremental(settings, stop, metrics)
+        # Incremental snapshots write walcast events; the Debezium format has none yet
+        # (its settings refuse automatic ones, and `pg2kafka snapshot` refuses too).
+        self.incremental = (
+            Incremental(settings, stop, metrics) if settings.producer.format != "debezium" else None
+        )
 
     def run_once(self) -> None:
         """As leader: the initial snapshot when one is owed (``snapshot.mode``), then one
@@ -272,7 +277,8 @@ class CdcStream(SlotStream):
             if not leader.acquire(self.stop, s.replication.standby_poll_s, self.live.tick):
                 return
             epoch = self.begin_epoch(ledger)
-            self.incremental.epoch = epoch
+            if self.incremental is not None:
+                self.incremental.epoch = epoch
             if s.snapshot.mode != "never":
                 outcome = initial_snapshot(s, self.metrics, self.stop, self.live.tick, epoch)
                 self.live.progressed = outcome in ("done", "cancelled")
@@ -293,7 +299,8 @@ class CdcStream(SlotStream):
             handler.check_keyless(session)
             session.run(handler)
         finally:
-            self.incremental.close()
+            if self.incremental is not None:
+                self.incremental.close()
             ledger.close()
             leader.release()
 

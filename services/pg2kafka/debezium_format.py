@@ -66,7 +66,8 @@ class Record:
 
 class DebeziumRecords:
     """Builds the records of one session's row changes. ``not_null(relation_oid)``: the
-    columns declared NOT NULL (the catalog)."""
+    columns declared NOT NULL; ``primary_key(relation_oid)``: its columns (the catalog,
+    asked once per relation)."""
 
     def __init__(
         self,
@@ -74,12 +75,14 @@ class DebeziumRecords:
         database: str,
         types: TypeRegistry,
         not_null: Callable[[int], set[str]],
+        primary_key: Callable[[int], list[str]],
         clock: Callable[[], int] = time.time_ns,
     ) -> None:
         self.settings = settings
         self.database = database
         self.types = types
         self.not_null = not_null
+        self.primary_key = primary_key
         self.clock = clock
         self._tables: dict[int, _Table] = {}
         self.last_commit_lsn: int | None = None
@@ -96,6 +99,10 @@ class DebeziumRecords:
             split = spec[:2] + "s" if name.startswith("_") and spec.startswith("a") else None
             columns.append(_Column(c.name, name, c.type_modifier, split))
         keys = tuple(i for i, c in enumerate(rel.columns) if c.is_key)
+        if rel.replica_identity == "f" and not self.primary_key(rel.oid):
+            # REPLICA IDENTITY FULL flags every column as key; without a primary key the
+            # connector's records have no key (and an update stays an update).
+            keys = ()
         topic = debezium.record_name(self.settings.topic_prefix, rel.schema, rel.table)
         key_schema = value_schema = None
         if self.settings.schemas:
@@ -108,7 +115,7 @@ class DebeziumRecords:
             )
             value_schema = debezium.value_schema(topic, fields)
         absent = {
-            i: _ZERO.get(debezium.field_schema(c.name, c.type, c.typmod)["type"])
+            i: debezium.absent(debezium.field_schema(c.name, c.type, c.typmod))
             for i, c in enumerate(columns)
             if c.name in required and i not in keys
         }
@@ -205,20 +212,6 @@ class DebeziumRecords:
         return out
 
 
-_ZERO: dict[str, Any] = {
-    "string": "",
-    "int16": 0,
-    "int32": 0,
-    "int64": 0,
-    "float": 0.0,
-    "double": 0.0,
-    "boolean": False,
-    "bytes": "",
-    "array": [],
-}
-"""Kafka Connect's value for a required field nothing was given for, by schema type."""
-
-
 def _unavailable(col: _Column) -> Any:
     """The connector's placeholder for an unchanged TOAST value: the text for strings
     (and for each element of an array of them), its bytes for binary columns."""
@@ -228,5 +221,8 @@ def _unavailable(col: _Column) -> Any:
     if schema["type"] == "bytes" and "name" not in schema:
         return base64.b64encode(UNAVAILABLE.encode()).decode()
     if schema["type"] == "array":
+        items = schema["items"]["type"]
+        if items in ("int16", "int32", "int64"):
+            return list(UNAVAILABLE.encode())  # the connector: the placeholder's bytes
         return [UNAVAILABLE]
     return None

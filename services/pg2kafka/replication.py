@@ -41,6 +41,10 @@ _XLOG_HEADER = struct.Struct("!QQq")  # wal start, wal end, send time
 _KEEPALIVE = struct.Struct("!QqB")  # wal end, send time, reply requested
 _STATUS = struct.Struct("!cQQQqB")
 
+# The Debezium format reads money as an amount: its text must not depend on the server's
+# lc_monetary (walcast's event keeps money's text as the server writes it).
+DEBEZIUM_SESSION_OPTIONS = "-c lc_monetary=C"
+
 # Pin the text output of every type, so the converters in types.py see one format.
 SESSION_OPTIONS = (
     "-c DateStyle=ISO,YMD -c TimeZone=UTC -c IntervalStyle=iso_8601 "
@@ -69,13 +73,14 @@ class PostgresReplicationSource(Source[pgoutput.Decoded, int]):
         status_interval_s: float = 5.0,
         wal_sender_timeout_s: float | None = None,
         invalid_text: str = "database",
+        extra_options: str = "",
     ) -> None:
         self.conninfo = conninfo
         self.invalid_text = invalid_text
         self.slot = slot
         self.publication = publication
         self.status_interval_s = status_interval_s
-        self.options = SESSION_OPTIONS
+        self.options = SESSION_OPTIONS + (" " + extra_options if extra_options else "")
         if wal_sender_timeout_s is not None:
             self.options += f" -c wal_sender_timeout={int(wal_sender_timeout_s * 1000)}"
         self.conn: psycopg.Connection[tuple[object, ...]] | None = None

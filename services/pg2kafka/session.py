@@ -36,7 +36,7 @@ from services.pg2kafka import pgoutput as pg
 from services.pg2kafka.changes import AckTracker, EventBuilder
 from services.pg2kafka.metrics import Metrics
 from services.pg2kafka.postgres import Catalog, Heartbeat, LeaderLock, wait_for_slot
-from services.pg2kafka.replication import PostgresReplicationSource
+from services.pg2kafka.replication import DEBEZIUM_SESSION_OPTIONS, PostgresReplicationSource
 from services.pg2kafka.settings import Pg2KafkaSettings
 from services.pg2kafka.topics import StreamTarget, Topics, producer_config
 from services.pg2kafka.types import TypeRegistry
@@ -114,6 +114,7 @@ class ReplicationSession:
             status_interval_s=s.replication.status_interval_s,
             wal_sender_timeout_s=s.replication.wal_sender_timeout_s,
             invalid_text=s.replication.invalid_text,
+            extra_options=DEBEZIUM_SESSION_OPTIONS if s.producer.format == "debezium" else "",
         )
         self.sink = KafkaSink(
             producer_config(s),

@@ -55,8 +55,17 @@ def _numeric_precision_scale(typmod: int) -> tuple[int, int] | None:
 def field_schema(column: str, pg_type: str, typmod: int, optional: bool = True) -> dict[str, Any]:
     """The Connect schema of one column, as Debezium's JSON converter writes it (without
     ``default``: the connector adds a column's default only when the catalog has one)."""
-    base = _schema(pg_type, typmod)
-    return {**base, "optional": optional, "field": column}
+    return _connect_order({**_schema(pg_type, typmod), "optional": optional, "field": column})
+
+
+_ORDER = ("type", "items", "fields", "optional", "name", "version", "doc", "parameters",
+          "default", "field")  # fmt: skip
+
+
+def _connect_order(schema: dict[str, Any]) -> dict[str, Any]:
+    """The keys in the order Kafka Connect's JSON converter writes them: the key's bytes,
+    hence its partition and its identity under compaction, are the connector's."""
+    return {k: schema[k] for k in _ORDER if k in schema}
 
 
 def _named(type_: str, name: str, **extra: Any) -> dict[str, Any]:
@@ -65,7 +74,9 @@ def _named(type_: str, name: str, **extra: Any) -> dict[str, Any]:
 
 def _schema(pg_type: str, typmod: int) -> dict[str, Any]:
     if pg_type.startswith("_"):
-        return {"type": "array", "items": {**_schema(pg_type[1:], -1), "optional": True}}
+        # An array column's type modifier is its elements' (numeric(12,2)[]).
+        items = _connect_order({**_schema(pg_type[1:], typmod), "optional": True})
+        return {"type": "array", "items": items}
     simple = _SIMPLE.get(pg_type)
     if simple is not None:
         return {"type": simple}
@@ -104,6 +115,8 @@ def _schema(pg_type: str, typmod: int) -> dict[str, Any]:
     if pg_type == "interval":
         return _named("int64", "io.debezium.time.MicroDuration")
     if pg_type in ("bit", "varbit"):
+        if typmod == 1:  # bit, bit(1), varbit(1): the connector writes a boolean
+            return {"type": "boolean"}
         params = {"length": str(typmod)} if typmod > 0 else {}
         return _named(
             "bytes", "io.debezium.data.Bits", **({"parameters": params} if params else {})
@@ -226,15 +239,29 @@ def _time_us(text: str) -> int:
     return ((int(hh) * 60 + int(mm)) * 60 + int(sec)) * _MICROS + int((frac + "000000")[:6])
 
 
-def _timestamp_us(text: str) -> int | None:
-    if text in ("infinity", "-infinity"):
-        return None
+_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
+# The connector's timestamp ±infinity (its LocalDateTime stand-ins), in microseconds.
+_TIMESTAMP_POS_INFINITY_US = 9223372036825200000
+_TIMESTAMP_NEG_INFINITY_US = -9223372036832400000
+
+
+def _int64(n: int) -> int:
+    """Saturated to a Java long, as the connector's double arithmetic does: a value out
+    of range must not stop the stream (orjson refuses integers beyond 64 bits)."""
+    return _INT64_MAX if n > _INT64_MAX else _INT64_MIN if n < _INT64_MIN else n
+
+
+def _timestamp_us(text: str) -> int:
+    if text == "infinity":
+        return _TIMESTAMP_POS_INFINITY_US
+    if text == "-infinity":
+        return _TIMESTAMP_NEG_INFINITY_US
     body, bc = _bc_year(text)
     day, _, clock = body.partition(" ")
     y, m, d = (int(x) for x in day.split("-"))
     if bc:
         y = 1 - y
-    return _days_from_civil(y, m, d) * _DAY_US + _time_us(clock)
+    return _int64(_days_from_civil(y, m, d) * _DAY_US + _time_us(clock))
 
 
 def _zoned_timestamp(text: str, typmod: int) -> str:
@@ -253,18 +280,20 @@ def _zoned_timestamp(text: str, typmod: int) -> str:
         y = 1 - y
     offset = _offset_seconds(m.group(8))
     micros = int(((m.group(7) or "") + "000000")[:6])
-    if 1 <= y <= 9999:
+    rest = f"-{m.group(2)}-{m.group(3)}T{m.group(4)}:{m.group(5)}:{m.group(6)}"
+    if offset and 1 <= y <= 9999:  # the stream's TimeZone=UTC writes +00: no arithmetic
         local = datetime(y, int(m.group(2)), int(m.group(3)), int(m.group(4)), int(m.group(5)),
                          int(m.group(6)), micros)  # fmt: skip
-        utc = local - timedelta(seconds=offset)
+        try:
+            utc = local - timedelta(seconds=offset)
+        except OverflowError:
+            return text
         y, rest = utc.year, utc.strftime("-%m-%dT%H:%M:%S")
         micros = utc.microsecond
-    else:  # beyond datetime's range: the server already wrote UTC (TimeZone=UTC)
-        rest = f"-{m.group(2)}-{m.group(3)}T{m.group(4)}:{m.group(5)}:{m.group(6)}"
     digits = _typmod_precision(typmod)
     digits = 6 if digits is None else digits
     frac = f".{micros:06d}"[: digits + 1] if digits else ""
-    return f"{y:04d}{rest}{frac}Z"
+    return f"{_iso_year(y)}{rest}{frac}Z"
 
 
 def _offset_seconds(offset: str) -> int:
@@ -288,12 +317,8 @@ def _zoned_time(text: str) -> str:
 
 
 def _iso_time(t: time) -> str:
-    base = f"{t.hour:02d}:{t.minute:02d}:{t.second:02d}"
-    if not t.microsecond:
-        return base
-    frac = f"{t.microsecond:06d}"
-    # java.time prints 3, 6 or 9 digits
-    return base + "." + (frac[:3] if frac.endswith("000") else frac)
+    """ISO_OFFSET_TIME's clock: only the fraction digits needed."""
+    return f"{t.hour:02d}:{t.minute:02d}:{t.second:02d}" + _trim_fraction(t.microsecond)
 
 
 _ISO_INTERVAL = re.compile(
@@ -311,7 +336,7 @@ def _interval_us(text: str) -> int | None:
     months = y * 12 + mo
     days = w * 7 + d
     micros = int((h * 3600 + mi * 60) * _MICROS + s * _MICROS)
-    return months * _MONTH_US + days * _DAY_US + micros
+    return _int64(months * _MONTH_US + days * _DAY_US + micros)
 
 
 def _bits(text: str) -> str:
@@ -345,14 +370,12 @@ _CONVERT: dict[str, Callable[[str, int], Any]] = {
     "money": _money,
     "date": lambda t, _: _date_days(t),
     "time": lambda t, m: _time_us(t) // (1000 if 0 <= m <= 3 else 1),
-    "timestamp": lambda t, m: (
-        None if (us := _timestamp_us(t)) is None else us // (1000 if 0 <= m <= 3 else 1)
-    ),
+    "timestamp": lambda t, m: _timestamp_us(t) // (1000 if 0 <= m <= 3 else 1),
     "timestamptz": _zoned_timestamp,
     "timetz": lambda t, _: _zoned_time(t),
     "interval": lambda t, _: _interval_us(t),
-    "bit": lambda t, _: _bits(t),
-    "varbit": lambda t, _: _bits(t),
+    "bit": lambda t, m: t == "1" if m == 1 else _bits(t),
+    "varbit": lambda t, m: t == "1" if m == 1 else _bits(t),
 }
 
 
@@ -363,24 +386,51 @@ def value(pg_type: str, typmod: int, text: str | None, array: Any = None) -> Any
     if text is None and array is None:
         return None
     if pg_type.startswith("_"):
-        elem = pg_type[1:]
-        return _array(elem, array)
+        return _array(pg_type[1:], typmod, array)
     convert = _CONVERT.get(pg_type)
     assert text is not None
     return convert(text, typmod) if convert is not None else text
 
 
-def _array(elem: str, items: Any) -> Any:
+def _array(elem: str, typmod: int, items: Any) -> Any:
     if items is None:
         return None
     if isinstance(items, list):
-        return [_array(elem, x) for x in items]
-    return value(elem, -1, items)
+        return [_array(elem, typmod, x) for x in items]
+    return value(elem, typmod, items)
 
 
 def epoch_ms(iso: str) -> int:
     """Milliseconds since the epoch of an ISO-8601 instant (a commit timestamp)."""
     return int((datetime.fromisoformat(iso) - _EPOCH) / timedelta(milliseconds=1))
+
+
+def absent(field: dict[str, Any]) -> Any:
+    """What the connector writes for a required (NOT NULL) column a key-only image does
+    not carry: its type's zero, in the column's own encoding."""
+    name = field.get("name")
+    if name == "org.apache.kafka.connect.data.Decimal":
+        return "AA=="
+    if name == "io.debezium.data.VariableScaleDecimal":
+        return {"scale": 0, "value": "AA=="}
+    if name == "io.debezium.time.ZonedTimestamp":
+        return "1970-01-01T00:00:00Z"
+    if name == "io.debezium.time.ZonedTime":
+        return "00:00:00Z"
+    return _ZERO.get(str(field.get("type")))
+
+
+_ZERO: dict[str, Any] = {
+    "string": "",
+    "int16": 0,
+    "int32": 0,
+    "int64": 0,
+    "float": 0.0,
+    "double": 0.0,
+    "boolean": False,
+    "bytes": "",
+    "array": [],
+}
 
 
 # -- envelopes ------------------------------------------------------------------------------
@@ -442,8 +492,10 @@ OPS = {"insert": "c", "update": "u", "delete": "d", "read": "r", "truncate": "t"
 
 
 def record_name(prefix: str, schema: str, table: str) -> str:
-    """The topic, and the base of the schema names: ``<prefix>.<schema>.<table>``."""
-    return f"{prefix}.{schema}.{table}"
+    """The topic, and the base of the schema names: ``<prefix>.<schema>.<table>``, each
+    character Kafka refuses in a topic replaced by ``_`` (as the connector's topic naming
+    does)."""
+    return re.sub(r"[^A-Za-z0-9._-]", "_", f"{prefix}.{schema}.{table}")
 
 
 def key_schema(name: str, key_fields: list[dict[str, Any]]) -> dict[str, Any]:

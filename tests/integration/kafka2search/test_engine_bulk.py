@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -96,3 +97,42 @@ def test_rewrite_field_moves_then_drops_a_column_keeping_versions_and_newer_writ
     assert engine.rewrite_field(concrete, "m", None) == 3
     assert engine.mget(alias, ["1", "2", "3"]) == {"1": {}, "2": {}, "3": {}}
     assert engine.rewrite_field(concrete, "m", None) == 0
+
+
+def test_rewrite_field_never_brings_back_a_document_deleted_after_the_scroll(
+    engine_and_alias: tuple[SearchEngine, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The scroll's view may be minutes old: a document deleted since (another
+    partition's consumer) is read again before the rewrite and stays deleted."""
+    engine, alias = engine_and_alias
+    concrete = f"{alias}-v1"
+    assert engine.bulk(bulk_body([index(alias, str(i), 10 + i, i) for i in (1, 2)])) is None
+    asked = engine.request
+
+    def deleted_meanwhile(method: str, path: str, *args: Any, **kwargs: Any) -> Any:
+        if path.endswith("/_mget"):
+            assert engine.bulk(bulk_body([delete(alias, "2", 50)])) is None
+            monkeypatch.setattr(engine, "request", asked)
+        return asked(method, path, *args, **kwargs)
+
+    monkeypatch.setattr(engine, "request", deleted_meanwhile)
+    assert engine.rewrite_field(concrete, "n", "m") == 1
+    assert engine.mget(alias, ["1", "2"]) == {"1": {"m": 1}}
+
+
+def test_rewrite_field_moves_an_unindexed_json_column(
+    engine_and_alias: tuple[SearchEngine, str],
+) -> None:
+    """A json column is mapped without an index (object, enabled: false): an ``exists``
+    query never finds it, the rewrite must still move it."""
+    engine, alias = engine_and_alias
+    concrete = f"{alias}-v1"
+    engine.put_mapping(concrete, {"doc": {"type": "object", "enabled": False}})
+    body = (
+        b'{"index":{"_index":"%b","_id":"1","version":5,"version_type":"external"}}\n'
+        % (alias.encode())
+        + b'{"n":1,"doc":{"a":[1,2]}}\n'
+    )
+    assert engine.bulk(body) is None
+    assert engine.rewrite_field(concrete, "doc", "body") == 1
+    assert engine.mget(alias, ["1"]) == {"1": {"n": 1, "body": {"a": [1, 2]}}}

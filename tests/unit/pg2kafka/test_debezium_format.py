@@ -31,7 +31,7 @@ TXN = Transaction(xid=7, commit_lsn=100, commit_ts="", seq=1, commit_us=1_700_00
 def records(**settings: Any) -> DebeziumRecords:
     return DebeziumRecords(
         DebeziumSettings(**settings), "db", TypeRegistry(), lambda _oid: {"id", "title"},
-        clock=lambda: 42_000_000,
+        lambda oid: ["id"] if oid == REL.oid else [], clock=lambda: 42_000_000,
     )  # fmt: skip
 
 
@@ -72,3 +72,28 @@ def test_a_key_change_is_a_delete_its_tombstone_and_a_create() -> None:
         ("insert", {"id": 2}),
     ]
     assert out[1].value is None
+
+
+def test_full_identity_without_a_primary_key_has_no_key() -> None:
+    """Under REPLICA IDENTITY FULL every column is flagged key; without a primary key the
+    connector writes no key, and an update stays one update."""
+    full = pg.Relation(16385, "app", "log", "f", tuple(
+        pg.Column(c.name, c.type_oid, c.type_modifier, True) for c in REL.columns
+    ))  # fmt: skip
+    r = records()
+    old = ("1", "t", "b", "{}")
+    (upd,) = r.change(full, pg.Update(full.oid, ("1", "u", "b", "{}"), "O", old), TXN, 90)
+    assert (upd.op, upd.key) == ("update", None)
+    assert payload(upd.value)["payload"]["before"]["title"] == "t"
+    out = r.change(full, pg.Delete(full.oid, "O", old), TXN, 91)
+    assert [o.op for o in out] == ["delete"]  # no key: no tombstone
+
+
+def test_unchanged_toast_in_an_integer_array_is_the_placeholders_bytes() -> None:
+    rel = pg.Relation(16386, "app", "nums", "d", (
+        pg.Column("id", 23, -1, True), pg.Column("xs", 1007, -1, False),
+    ))  # fmt: skip
+    (upd,) = records().change(
+        rel, pg.Update(rel.oid, ("1", pg.UNCHANGED_TOAST), None, None), TXN, 90
+    )
+    assert payload(upd.value)["payload"]["after"]["xs"] == list(UNAVAILABLE.encode())
