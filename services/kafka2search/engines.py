@@ -395,17 +395,25 @@ def _client_options(s: EngineSettings) -> dict[str, Any]:
     }
     if any(u.startswith("https://") for u in s.urls):
         opts["use_ssl"] = True
-        opts["verify_certs"] = s.verify_certs
-        if s.ca_certs is not None:
-            opts["ca_certs"] = str(s.ca_certs)
-        if s.client_cert is not None:
-            opts["client_cert"] = str(s.client_cert)
-        if s.client_key is not None:
-            opts["client_key"] = str(s.client_key)
-        if not s.verify_certs:
-            opts["ssl_show_warn"] = False
+    opts.update(_tls_options(s))
     if s.username is not None and s.password is not None:
         opts["http_auth"] = (s.username, s.password.get_secret_value())
+    return opts
+
+
+def _tls_options(s: EngineSettings) -> dict[str, Any]:
+    """The TLS options both clients name alike, for https:// URLs (none otherwise)."""
+    if not any(u.startswith("https://") for u in s.urls):
+        return {}
+    opts: dict[str, Any] = {"verify_certs": s.verify_certs}
+    if s.ca_certs is not None:
+        opts["ca_certs"] = str(s.ca_certs)
+    if s.client_cert is not None:
+        opts["client_cert"] = str(s.client_cert)
+    if s.client_key is not None:
+        opts["client_key"] = str(s.client_key)
+    if not s.verify_certs:
+        opts["ssl_show_warn"] = False
     return opts
 
 
@@ -459,16 +467,7 @@ class ElasticsearchEngine(HttpSearchEngine):
             # rest of a bulk round trip on our side); the compatibility type follows.
             "serializer": OrjsonSerializer(),
         }
-        if any(u.startswith("https://") for u in settings.urls):
-            opts["verify_certs"] = settings.verify_certs
-            if settings.ca_certs is not None:
-                opts["ca_certs"] = str(settings.ca_certs)
-            if settings.client_cert is not None:
-                opts["client_cert"] = str(settings.client_cert)
-            if settings.client_key is not None:
-                opts["client_key"] = str(settings.client_key)
-            if not settings.verify_certs:
-                opts["ssl_show_warn"] = False
+        opts.update(_tls_options(settings))  # the scheme is in the URLs (no use_ssl)
         if settings.username is not None and settings.password is not None:
             opts["basic_auth"] = (settings.username, settings.password.get_secret_value())
         if settings.api_key is not None:

@@ -3,27 +3,20 @@ or, for ``down`` and ``status`` without names, while they run."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 import pytest
 
+from tests.unit.stack_module import load_stack
+
 REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture
 def stack(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> ModuleType:
-    spec = importlib.util.spec_from_file_location("walcast_stack", REPO / "deploy/local/stack.py")
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    monkeypatch.setitem(sys.modules, spec.name, module)  # dataclasses look their module up
-    spec.loader.exec_module(module)
-    monkeypatch.setattr(module, "STATE", tmp_path)
-    return module
+    return load_stack(tmp_path, monkeypatch)
 
 
 def names(comps: list[Any]) -> list[str]:

@@ -4,11 +4,9 @@ of pg_hba.conf trusts anyone. An existing installation is brought up to the same
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import socket
 import stat
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
@@ -16,19 +14,14 @@ from typing import Any
 
 import pytest
 
+from tests.unit.stack_module import load_stack
+
 REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture
 def stack(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[ModuleType]:
-    spec = importlib.util.spec_from_file_location("walcast_stack", REPO / "deploy/local/stack.py")
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    monkeypatch.setitem(sys.modules, spec.name, module)  # dataclasses look their module up
-    spec.loader.exec_module(module)
-    monkeypatch.setattr(module, "STATE", tmp_path)
-    monkeypatch.setattr(module, "ENV_FILE", tmp_path / "walcast.env")
+    module = load_stack(tmp_path, monkeypatch)
     old = os.umask(0o022)  # a usual umask: files would be world-readable by default
     try:
         yield module

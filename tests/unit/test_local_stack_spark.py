@@ -4,33 +4,26 @@ and verify again (before, the old jars stayed "ready" after a version move)."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 import pytest
 
+from tests.unit.stack_module import load_stack
+
 REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture
 def stack(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> ModuleType:
-    spec = importlib.util.spec_from_file_location("walcast_stack", REPO / "deploy/local/stack.py")
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    monkeypatch.setitem(sys.modules, spec.name, module)  # dataclasses look their module up
-    spec.loader.exec_module(module)
     state = tmp_path / "state"
+    module = load_stack(state, monkeypatch)
     maven = tmp_path / "maven"
     (maven / "spark").mkdir(parents=True)
     (maven / "spark/pom.xml").write_text("<project>spark 4.2.0, delta 4.4.0</project>\n")
     (maven / "settings.xml").write_text("<settings/>\n")
-    monkeypatch.setattr(module, "STATE", state)
-    monkeypatch.setattr(module, "ENV_FILE", state / "walcast.env")
     monkeypatch.setattr(module, "MAVEN_DIR", maven)
     return module
 
