@@ -464,8 +464,10 @@ def snapshot_request(settings: Pg2KafkaSettings, tables: list[str]) -> list[int]
     the running pg2kafka within seconds. Each table must be in the publication."""
     if settings.producer.format == "debezium":
         raise PermanentError(
-            "snapshots are not built for producer.format=debezium yet",
-            hint="snapshot with producer.format=walcast, or wait for Debezium-format snapshots",
+            "incremental snapshots are not built for producer.format=debezium (initial"
+            " snapshots are)",
+            hint="to read every table again in this format: pg2kafka tear-down, then run"
+            " with snapshot.mode=initial (a new slot, a new initial snapshot)",
         )
     pub = settings.replication.publication
     ids = []

@@ -15,7 +15,7 @@ import orjson
 import psycopg
 
 from services.pg2kafka import pgoutput as pg
-from services.pg2kafka.debezium_format import DebeziumRecords
+from services.pg2kafka.debezium_format import DebeziumRecords, too_large
 from services.pg2kafka.filters import TableFilter
 from services.pg2kafka.incremental import WATERMARK, Incremental
 from services.pg2kafka.metrics import Metrics
@@ -133,14 +133,8 @@ class CdcHandler:
                     limit = self._limits[r.topic] = session.value_limit(r.topic)
                 size = len(r.value or b"") + len(r.key or b"")
                 if size > limit:
-                    # The Debezium envelope has no place for walcast's reference: stop
-                    # with what to fix rather than loop on a record Kafka refuses.
-                    raise PermanentError(
-                        f"a change of {rel.schema}.{rel.table} at LSN {pg.format_lsn(lsn)} is"
-                        f" {size} bytes, more than topic {r.topic} takes ({limit})",
-                        hint="raise the topic's max.message.bytes (and"
-                        " producer.max_message_bytes), then restart",
-                    )
+                    where = f"a change of {rel.schema}.{rel.table} at LSN {pg.format_lsn(lsn)}"
+                    raise too_large(where, r.topic, size, limit)
                 session.send(Outgoing(r.topic, r.key, r.value), r.op)
         elif isinstance(msg, pg.Commit):
             if self.debezium is not None:

@@ -28,6 +28,7 @@ from services.pg2kafka.changes import Transaction
 from services.pg2kafka.settings import DebeziumSettings
 from services.pg2kafka.types import TypeRegistry
 from shared.contract import debezium
+from shared.errors import PermanentError
 
 VERSION = "walcast-0.1.0"
 """``source.version``: the producer (the connector writes its own version there)."""
@@ -62,6 +63,18 @@ class Record:
     key: bytes | None
     value: bytes | None  # None: a tombstone
     op: str
+
+
+@dataclass(frozen=True, slots=True)
+class SnapshotRead:
+    """What the ``source`` of a snapshot's records says, as the connector's do: ``lsn``
+    the slot's consistent point (where streaming takes over), ``started_us`` when the
+    snapshot began (the same on every record of a run), ``xid`` the reading
+    transaction (walcast: the first transaction id its snapshot does not see)."""
+
+    lsn: int
+    started_us: int
+    xid: int
 
 
 class DebeziumRecords:
@@ -154,23 +167,35 @@ class DebeziumRecords:
 
     def _value(
         self, t: _Table, op: str, before: dict[str, Any] | None, after: dict[str, Any] | None,
-        txn: Transaction, lsn: int,
+        txn: Transaction | SnapshotRead, lsn: int,
     ) -> bytes:  # fmt: skip
         rel = t.relation
+        if isinstance(txn, SnapshotRead):
+            when, snapshot, last_commit = txn.started_us, "true", None
+        else:
+            when, snapshot, last_commit = txn.commit_us, "false", self.last_commit_lsn
         source = debezium.source(
             version=VERSION,
             prefix=self.settings.topic_prefix,
             db=self.database,
             schema=rel.schema,
             table=rel.table,
-            commit_us=txn.commit_us,
-            snapshot="false",
+            commit_us=when,
+            snapshot=snapshot,
             txid=txn.xid,
             lsn=lsn,
-            last_commit_lsn=self.last_commit_lsn,
+            last_commit_lsn=last_commit,
         )
         payload = debezium.envelope(op, before, after, source, self.clock() // 1000)
         return orjson.dumps(debezium.with_schema(payload, t.value_schema))
+
+    def read(self, rel: pg.Relation, values: tuple[str | None, ...], snap: SnapshotRead) -> Record:
+        """A row of a snapshot (each column's text output, as the snapshot's COPY gives
+        it): an ``r`` record at the slot's consistent point."""
+        t = self.table(rel)
+        after = self._row(t, values)
+        return Record(t.topic, self._key(t, after), self._value(t, "r", None, after, snap,
+                      snap.lsn), "read")  # fmt: skip
 
     def change(
         self, rel: pg.Relation, msg: pg.Insert | pg.Update | pg.Delete, txn: Transaction, lsn: int
@@ -210,6 +235,16 @@ class DebeziumRecords:
         if self.settings.tombstones and key is not None:
             out.append(Record(t.topic, key, None, "tombstone"))
         return out
+
+
+def too_large(what: str, topic: str, size: int, limit: int) -> PermanentError:
+    """The Debezium envelope has no place for walcast's reference to an oversized change:
+    stop with what to fix rather than loop on a record Kafka refuses."""
+    return PermanentError(
+        f"{what} is {size} bytes, more than topic {topic} takes ({limit})",
+        hint="raise the topic's max.message.bytes (and producer.max_message_bytes), then"
+        " restart: pg2kafka resumes where it stopped",
+    )
 
 
 def _unavailable(col: _Column) -> Any:

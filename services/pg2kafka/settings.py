@@ -283,10 +283,10 @@ class Pg2KafkaSettings(ServiceSettings):
                 "producer.topic_template does not apply to producer.format=debezium: its"
                 " topics are <debezium.topic_prefix>.<schema>.<table>; unset the template"
             )
-        if self.snapshot.mode != "never" or self.snapshot.automatic:
+        if self.snapshot.automatic:
             raise ValueError(
-                "producer.format=debezium streams changes only so far: set snapshot.mode=never"
-                " and snapshot.automatic=false (snapshots in the Debezium format are not"
-                " built yet)"
+                "producer.format=debezium takes initial snapshots only (snapshot.mode): set"
+                " snapshot.automatic=false (incremental snapshots, which automatic ones are,"
+                " are not built in the Debezium format)"
             )
         return self

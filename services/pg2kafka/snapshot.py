@@ -57,9 +57,11 @@ from psycopg.types.json import Jsonb
 
 from services.pg2kafka import pgoutput as pg
 from services.pg2kafka.changes import EventBuilder, iso_utc
+from services.pg2kafka.debezium_format import DebeziumRecords, SnapshotRead, too_large
 from services.pg2kafka.filters import TableFilter
 from services.pg2kafka.postgres import Catalog
 from services.pg2kafka.replication import (
+    DEBEZIUM_SESSION_OPTIONS,
     SESSION_OPTIONS,
     Identity,
     created_slot_snapshot,
@@ -128,6 +130,7 @@ class Job:
     version: int
     state: str
     epoch: int = 0  # the source's epoch its events carry (not stored: the stream's, now)
+    started_us: int = 0  # when the run was created (µs since the epoch)
 
 
 def describe_tables(
@@ -246,7 +249,8 @@ class SnapshotStore:
         with self.conn.transaction():
             row = self.conn.execute(
                 "INSERT INTO _walcast.snapshots (slot, kind, version, system_identifier,"
-                " timeline, requested_by) VALUES (%s, %s, %s, %s, %s, %s) RETURNING id",
+                " timeline, requested_by) VALUES (%s, %s, %s, %s, %s, %s)"
+                " RETURNING id, (extract(epoch FROM created_at) * 1000000)::bigint",
                 [
                     slot,
                     kind,
@@ -257,7 +261,7 @@ class SnapshotStore:
                 ],
             ).fetchone()
             assert row is not None
-            job_id = int(row[0])
+            job_id, started_us = int(row[0]), int(row[1])
             for ord_, spec in enumerate(tables):
                 chunks = planner(spec)
                 self.conn.execute(
@@ -286,17 +290,18 @@ class SnapshotStore:
                             for n, (rel, first, end, lo, hi) in enumerate(chunks)
                         ],
                     )
-        return Job(job_id, slot, kind, version, "running", self.epoch)
+        return Job(job_id, slot, kind, version, "running", self.epoch, started_us)
 
     def unfinished(self, slot: str, kind: str) -> Job | None:
         row = self.conn.execute(
-            "SELECT id, version - '0/0'::pg_lsn, state FROM _walcast.snapshots"
+            "SELECT id, version - '0/0'::pg_lsn, state,"
+            " (extract(epoch FROM created_at) * 1000000)::bigint FROM _walcast.snapshots"
             " WHERE slot = %s AND kind = %s AND state = 'running' ORDER BY id DESC LIMIT 1",
             [slot, kind],
         ).fetchone()
         if row is None:
             return None
-        return Job(int(row[0]), slot, kind, int(row[1]), str(row[2]), self.epoch)
+        return Job(int(row[0]), slot, kind, int(row[1]), str(row[2]), self.epoch, int(row[3]))
 
     def state(self, job: Job) -> str:
         row = self.conn.execute(
@@ -518,7 +523,10 @@ class SnapshotProducer:
 
     def marker(self, db: str, schema: str, table: str, version: int, info: SnapshotInfo) -> None:
         """A table's start or end marker: under ``primary_key`` keys to every partition
-        (the table's rows are spread over all of them), else by the table's key."""
+        (the table's rows are spread over all of them), else by the table's key. The
+        Debezium format has no such markers: nothing is written."""
+        if self.settings.producer.format == "debezium":
+            return
         ev: ChangeEvent = {"v": EVENT_VERSION, "op": "snapshot", "db": db, "schema": schema,
                            "table": table, "lsn": version, "seq": 0, "commit_lsn": version,
                            "xid": 0, "commit_ts": iso_utc(time.time_ns() // 1000),
@@ -610,6 +618,18 @@ class Reader:
             scrub_secrets=settings.ddl.scrub_secrets,
         )
         self.names: dict[int, sql.Composable] = {}
+        # producer.format=debezium: rows become the connector's `r` records.
+        self.debezium = (
+            DebeziumRecords(
+                settings.debezium,
+                settings.postgres.database,
+                self.builder.types,
+                self.catalog.not_null,
+                self.catalog.primary_key,
+            )
+            if settings.producer.format == "debezium"
+            else None
+        )
 
     def run(self) -> None:
         store = SnapshotStore(self.conninfo)
@@ -617,7 +637,8 @@ class Reader:
             with psycopg.connect(
                 self.conninfo,
                 autocommit=True,
-                options=SESSION_OPTIONS,
+                options=SESSION_OPTIONS
+                + (" " + DEBEZIUM_SESSION_OPTIONS if self.debezium is not None else ""),
                 application_name=f"pg2kafka-snapshot:{self.job.slot}",
             ) as conn:
                 while not self.control.halted():
@@ -643,7 +664,8 @@ class Reader:
         when halted before the end."""
         spec = self.tables[(chunk.schema, chunk.table)]
         rel = spec.relation
-        fast = pg_json_table(rel, self.builder.types)
+        dbz = self.debezium
+        fast = dbz is None and pg_json_table(rel, self.builder.types)
         assert chunk.relation is not None  # the initial snapshot reads page ranges
         query = chunk_query(self._name(conn, chunk.relation), rel, chunk_where(conn, rel, chunk),
                             fast)  # fmt: skip
@@ -652,8 +674,14 @@ class Reader:
         sink = self.producer.sink
         produce = sink.producer.produce
         routing = self.producer.routing
-        topic = routing.topic(self.settings.postgres.database, rel.schema, rel.table)
+        topic = (
+            routing.topic(self.settings.postgres.database, rel.schema, rel.table)
+            if dbz is None
+            else dbz.table(rel).topic
+        )
         limit = self.producer.topics.value_limit(topic)
+        snap: SnapshotRead | None = None
+        key: bytes | None
         per_row_key = routing.mode == "primary_key" and any(c.is_key for c in rel.columns)
         keyless = not any(c.is_key for c in rel.columns)
         fixed_key = (
@@ -676,6 +704,8 @@ class Reader:
                             sql.Literal(self.snapshot_name)
                         )
                     )
+                if dbz is not None:
+                    snap = snapshot_read(conn, self.job)
                 with conn.cursor().copy(query) as copy:
                     copy.set_types(["text"] * (2 if fast else len(rel.columns)))
                     for values in copy.rows():
@@ -693,6 +723,16 @@ class Reader:
                             )
                             if len(value) + len(key) > limit:
                                 value = oversized(orjson.loads(value), len(value))
+                        elif dbz is not None:
+                            assert snap is not None
+                            record = dbz.read(rel, values, snap)
+                            assert record.value is not None
+                            value, key = record.value, record.key
+                            if len(value) + len(key or b"") > limit:
+                                raise too_large(
+                                    f"a row of {rel.schema}.{rel.table}", topic,
+                                    len(value) + len(key or b""), limit,
+                                )  # fmt: skip
                         else:
                             ev = self.builder.read(rel, values, version, rows, read_at, info)
                             if epoch:
@@ -733,6 +773,21 @@ class Reader:
                 raise RetriableError(f"relation {oid} of the snapshot is gone")
             name = self.names[oid] = sql.Identifier(str(row[0]), str(row[1]))
         return name
+
+
+def snapshot_read(conn: psycopg.Connection[Any], job: Job) -> SnapshotRead:
+    """The Debezium ``source`` of a chunk's rows, read in its transaction: the slot's
+    consistent point (its confirmed position: the slot does not move before streaming
+    starts), the run's start and the first transaction the snapshot does not see."""
+    row = conn.execute(
+        "SELECT pg_catalog.pg_snapshot_xmax(pg_catalog.pg_current_snapshot())::text::bigint,"
+        " (SELECT confirmed_flush_lsn - '0/0'::pg_lsn FROM pg_catalog.pg_replication_slots"
+        "  WHERE slot_name = %s)",
+        [job.slot],
+    ).fetchone()
+    if row is None or row[1] is None:
+        raise RetriableError(f"replication slot {job.slot!r} is gone")
+    return SnapshotRead(lsn=int(row[1]), started_us=job.started_us, xid=int(row[0]))
 
 
 def oversized(ev: dict[str, Any] | ChangeEvent, size: int) -> bytes:

@@ -9,7 +9,7 @@ import orjson
 
 from services.pg2kafka import pgoutput as pg
 from services.pg2kafka.changes import Transaction
-from services.pg2kafka.debezium_format import UNAVAILABLE, DebeziumRecords
+from services.pg2kafka.debezium_format import UNAVAILABLE, DebeziumRecords, SnapshotRead
 from services.pg2kafka.settings import DebeziumSettings
 from services.pg2kafka.types import TypeRegistry
 
@@ -97,3 +97,20 @@ def test_unchanged_toast_in_an_integer_array_is_the_placeholders_bytes() -> None
         rel, pg.Update(rel.oid, ("1", pg.UNCHANGED_TOAST), None, None), TXN, 90
     )
     assert payload(upd.value)["payload"]["after"]["xs"] == list(UNAVAILABLE.encode())
+
+
+def test_a_snapshot_row_is_a_read_at_the_consistent_point() -> None:
+    """As the connector's snapshot records: ``op r``, no before image, ``source.snapshot``
+    true, the slot's consistent point as ``lsn`` (and in ``sequence``), the snapshot's
+    start as ``ts_ms``; the row's text from COPY goes through the same encodings."""
+    r = records(schemas=False, topic_prefix="p")
+    r.last_commit_lsn = 77  # a streamed commit seen before does not leak into a read
+    snap = SnapshotRead(lsn=500, started_us=1_700_000_000_000_001, xid=9)
+    rec = r.read(REL, ("5", "t", None, "{a}"), snap)
+    assert (rec.topic, rec.op, orjson.loads(rec.key or b"")) == ("p.app.doc", "read", {"id": 5})
+    value = payload(rec.value)
+    assert (value["op"], value["before"]) == ("r", None)
+    assert value["after"] == {"id": 5, "title": "t", "body": None, "tags": ["a"]}
+    source = value["source"]
+    assert (source["snapshot"], source["lsn"], source["txId"]) == ("true", 500, 9)
+    assert (source["sequence"], source["ts_ms"]) == ('[null,"500"]', 1_700_000_000_000)
