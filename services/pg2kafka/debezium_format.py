@@ -33,8 +33,7 @@ from shared.errors import PermanentError
 VERSION = "walcast-0.1.0"
 """``source.version``: the producer (the connector writes its own version there)."""
 
-UNAVAILABLE = "__debezium_unavailable_value"
-"""What the connector writes for an unchanged TOAST value it did not receive."""
+UNAVAILABLE = debezium.UNAVAILABLE
 
 
 @dataclass(frozen=True, slots=True)

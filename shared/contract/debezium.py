@@ -34,6 +34,10 @@ _DAY_US = 86_400 * _MICROS
 _DATE_NEG_INFINITY = -2147472691
 _DATE_POS_INFINITY = 2147483647
 
+UNAVAILABLE = "__debezium_unavailable_value"
+"""What the connector writes for an unchanged TOAST value it did not receive (as text; as
+its bytes in a bytea column, and element by element in an array)."""
+
 VARIABLE_DECIMAL_FIELDS = [
     {"type": "int32", "optional": False, "field": "scale"},
     {"type": "bytes", "optional": False, "field": "value"},
