@@ -46,7 +46,8 @@ from typing import Any, Generic
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
-from shared.contract.event import CONTROL_OPS, EventDecodeError, decode
+from shared.contract.debezium_input import is_debezium, translate
+from shared.contract.event import CONTROL_OPS, EventDecodeError, EventView, decode
 from shared.errors import PermanentError, RetriableError
 from shared.interfaces import B, BatchSink, Origin, Rejection, Wait
 from shared.kafka import KafkaOffsetCheckpointer, KafkaSink, Outgoing, ensure_topic
@@ -156,6 +157,9 @@ class ConsumerLoop(Generic[B]):
         self.name = name
         self.kafka = kafka
         self.c = consumer
+        # What the topics hold (shared.contract.debezium_input): walcast events are
+        # decoded as they are, Debezium records translated into them first.
+        self.input_format = consumer.input_format
         self.b = batch
         self.retry = retry
         self.metrics = metrics
@@ -312,11 +316,27 @@ class ConsumerLoop(Generic[B]):
         value = msg.value()
         origin = Origin(topic, partition, offset, msg.key(), value or b"")
         try:
-            ev = decode(value)
+            if self.input_format == "walcast" or (
+                self.input_format == "auto" and not is_debezium(value)
+            ):
+                self.apply(decode(value), origin)
+                return
+            values = translate(msg.key(), value)
+            views = [decode(v) for v in values]
         except EventDecodeError as exc:
             self.dead_letters.send(origin, str(exc), "poison")
             self._mark(topic, partition, offset)
             return
+        if not views:  # a Debezium tombstone or message: nothing to apply
+            self._mark(topic, partition, offset)
+        for ev in views:
+            self.apply(ev, origin)
+
+    def apply(self, ev: EventView, origin: Origin) -> None:
+        """One decoded event of the record at ``origin``: a control event is a barrier
+        (everything before it written and committed, then it); a data event goes into
+        the batch."""
+        topic, partition, offset = origin.topic, origin.partition, origin.offset
         if ev.op in CONTROL_OPS:
             self.flush()  # the data before it is written and committed first
             self.sink.control(ev)

@@ -35,6 +35,7 @@ from pydantic_settings import (
 )
 from pydantic_settings.sources.utils import parse_env_vars
 
+from shared.contract.debezium_input import InputFormat
 from shared.errors import ConfigError
 from shared.retry import BackoffPolicy
 from shared.secrets import is_secret_key, masked, scrub
@@ -126,6 +127,10 @@ class ConsumerSettings(Section):
     default."""
 
     topics: list[str] = Field(default_factory=lambda: ["walcast.cdc"], min_length=1)
+    # What the topics hold: walcast's change events, Debezium records (the PostgreSQL
+    # connector's, JSON converter with schemas), or either, told apart record by record
+    # (shared.contract.debezium_input).
+    input_format: InputFormat = "walcast"
     group_id: str = Field(default="walcast-consumer", min_length=1)
     # Poison messages and records the sink refuses for good go here, with the reason.
     dlq_topic: str = Field(default="walcast.cdc.dlq", min_length=1)

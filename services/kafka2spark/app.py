@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -160,6 +161,9 @@ def spark_session(s: Kafka2SparkSettings) -> SparkSession:
         builder = builder.config("spark.driver.host", "127.0.0.1").config(
             "spark.driver.bindAddress", "127.0.0.1"
         )
+        # Python workers (the Debezium input's translation runs in them) use this
+        # interpreter, which has walcast's dependencies; PySpark's default is `python3`.
+        os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     if sp.jars:
         builder = builder.config("spark.jars", sp.jars)
     if sp.packages:

@@ -61,6 +61,8 @@ from services.kafka2spark.schema import ENVELOPE, spark_type
 from services.kafka2spark.settings import Kafka2SparkSettings
 from shared.contract.ddl import column_numbers
 from shared.contract.ddl import renames as ddl_renames
+from shared.contract.debezium_input import is_debezium
+from shared.contract.debezium_input import translate as debezium_translate
 from shared.contract.event import (
     CONTROL_OPS,
     DATA_OPS,
@@ -68,6 +70,7 @@ from shared.contract.event import (
     EVENT_VERSION,
     MAX_EPOCH,
     MAX_EPOCH_LSN,
+    EventDecodeError,
 )
 from shared.contract.event import SNAPSHOT_PHASES as PHASES
 from shared.naming import DELTA_DIRECTORY, table_name
@@ -315,7 +318,12 @@ class DeltaMirror:
         self.beyond = result.beyond
         raw = df.select(
             "key", "value", "topic", "partition", "offset", F.col("timestamp").alias("kafka_ts")
-        ).persist()
+        )
+        if self.s.source.input_format != "walcast":
+            # Translated before it is cached: the cache holds walcast's events, not the
+            # Debezium records (several times larger with their schemas).
+            raw = translate(raw, self.s.source.input_format)
+        raw = raw.persist()
         try:
             with result.phase("read"):
                 for row in (
@@ -332,6 +340,14 @@ class DeltaMirror:
         self.on_batch(result)
 
     def _batch(self, raw: DataFrame, batch_id: int, result: BatchResult) -> None:
+        untranslatable: DataFrame | None = None
+        if "t" in raw.columns:  # translated input (see translate)
+            untranslatable = raw.where(F.col("t.reason").isNotNull()).select(
+                "key", "value", F.col("t.reason").alias("reason"), *_ORIGIN
+            )
+            raw = raw.where(F.col("t.reason").isNull()).select(
+                "key", F.explode("t.values").alias("value"), *_ORIGIN
+            )
         # Persisted once parsed: the quarantine's count and every later step read the
         # parsed records, not the JSON again (the quarantine check alone took ~13% of a
         # batch when each step parsed anew).
@@ -341,6 +357,8 @@ class DeltaMirror:
             .persist()
         )
         bad = parsed.where(F.col("reason").isNotNull())
+        if untranslatable is not None:
+            bad = bad.select("key", "value", "reason", *_ORIGIN).unionByName(untranslatable)
         events = parsed.where(F.col("reason").isNull())
         events = events.select(
             "e.*",
@@ -1051,6 +1069,37 @@ _TABLE_MARKERS = (
 
 def _first_line(exc: BaseException) -> str:
     return (str(exc).strip().splitlines() or [type(exc).__name__])[0][:500]
+
+
+_ORIGIN = ("topic", "partition", "offset", "kafka_ts")
+_TRANSLATED = T.StructType(
+    [
+        T.StructField("values", T.ArrayType(T.BinaryType())),
+        T.StructField("reason", T.StringType()),
+    ]
+)
+
+
+def _translate_record(fmt: str, key: bytes | None, value: bytes | None) -> tuple[Any, Any]:
+    """(events, None) or (None, why not), on an executor: a walcast event as it is (under
+    ``auto``), a Debezium record as the events it stands for (none for a tombstone)."""
+    if fmt == "auto" and not is_debezium(value):
+        return [value], None
+    try:
+        return debezium_translate(key, value), None
+    except EventDecodeError as exc:
+        return None, str(exc)
+
+
+def translate(raw: DataFrame, fmt: str) -> DataFrame:
+    """``raw`` with ``t``: the walcast events (``t.values``) each record stands for, or
+    the reason it is unreadable (``t.reason``) — the same translation kafka2search runs
+    (shared.contract.debezium_input), in a Python UDF: a row's values need the Connect
+    schema that travels with it. The record's own value is kept only where it is
+    unreadable (for the quarantine)."""
+    udf = F.udf(lambda k, v: _translate_record(fmt, k, v), _TRANSLATED, useArrow=False)
+    out = raw.withColumn("t", udf(F.col("key"), F.col("value")))
+    return out.withColumn("value", F.when(F.col("t.reason").isNotNull(), F.col("value")))
 
 
 class MirrorError(RuntimeError):

@@ -9,6 +9,7 @@ from typing import Literal
 from pydantic import Field, field_validator
 from pydantic_settings import SettingsConfigDict
 
+from shared.contract.debezium_input import InputFormat
 from shared.settings import (
     HttpSettings,
     KafkaSettings,
@@ -22,6 +23,10 @@ class SourceSettings(Section):
     """The CDC topic(s), read with Spark's own Kafka source."""
 
     topics: list[str] = Field(default_factory=lambda: ["walcast.cdc"], min_length=1)
+    # What the topics hold: walcast's change events, Debezium records (the PostgreSQL
+    # connector's, JSON converter with schemas), or either, told apart record by record
+    # (shared.contract.debezium_input).
+    input_format: InputFormat = "walcast"
     # Where a query without a checkpoint starts.
     starting_offsets: Literal["earliest", "latest"] = "earliest"
     # Records per micro-batch at most (Spark's maxOffsetsPerTrigger); bounds batch memory.

@@ -122,8 +122,10 @@ class ListDeadLetters(DeadLetters):
 class Msg:
     """The parts of a confluent_kafka Message the loop reads."""
 
-    def __init__(self, partition: int, offset: int, value: bytes) -> None:
-        self._p, self._o, self._v = partition, offset, value
+    def __init__(
+        self, partition: int, offset: int, value: bytes | None, key: bytes | None = None
+    ) -> None:
+        self._p, self._o, self._v, self._k = partition, offset, value, key
 
     def error(self) -> None:
         return None
@@ -138,9 +140,9 @@ class Msg:
         return self._o
 
     def key(self) -> bytes | None:
-        return None
+        return self._k
 
-    def value(self) -> bytes:
+    def value(self) -> bytes | None:
         return self._v
 
 
@@ -153,7 +155,7 @@ def event(op: str = "insert", doc_id: Any = 1, lsn: int = 100) -> bytes:
 
 
 def make_loop(
-    concurrency: int = 1, refuse: frozenset[Any] = frozenset()
+    concurrency: int = 1, refuse: frozenset[Any] = frozenset(), input_format: str = "walcast"
 ) -> tuple[ConsumerLoop[ListBatch], RecordingSink, FakeConsumer, ListDeadLetters]:
     sinks: list[RecordingSink] = []
 
@@ -165,7 +167,7 @@ def make_loop(
     loop = ConsumerLoop[ListBatch](
         name="test loop",
         kafka=KafkaSettings(bootstrap_servers="127.0.0.1:1"),
-        consumer=ConsumerSettings(),
+        consumer=ConsumerSettings.model_validate({"input_format": input_format}),
         batch=BatchSettings(concurrency=concurrency),
         retry=BackoffPolicy(),
         metrics=ConsumerMetrics(CollectorRegistry(), "test"),
@@ -233,6 +235,47 @@ def test_poison_and_refused_records_become_dead_letters_and_are_committed() -> N
     assert [(o, k) for o, k, _ in dead.sent] == [(1, "poison"), (2, "rejected"), (3, "poison")]
     assert "unknown op" in dead.sent[2][2]
     assert committed(consumer) == {(TOPIC, 0): 4}  # dead letters do not block the stream
+
+
+def debezium_record(op: str, doc_id: int, lsn: int) -> tuple[bytes, bytes]:
+    row = {"type": "struct", "optional": True,
+           "fields": [{"type": "int32", "optional": False, "field": "id"}]}  # fmt: skip
+    image = {"id": doc_id}
+    value = {
+        "schema": {"type": "struct", "fields": [{**row, "field": "before"},
+                                                {**row, "field": "after"}]},
+        "payload": {"before": image if op == "d" else None, "after": None if op == "d" else image,
+                    "op": op, "source": {"db": "app", "schema": "public", "table": "t",
+                                         "lsn": lsn, "txId": 1, "ts_ms": 0}},
+    }  # fmt: skip
+    return orjson.dumps({"schema": {}, "payload": image}), orjson.dumps(value)
+
+
+@pytest.mark.parametrize("input_format", ["debezium", "auto"])
+def test_debezium_records_are_read_as_events(input_format: str) -> None:
+    """A Debezium topic: changes become the sink's events, a tombstone is committed and
+    nothing else, a record without its schema is a dead letter saying so; under ``auto``
+    walcast's own events still pass as they are."""
+    loop, sink, consumer, dead = make_loop(input_format=input_format)
+    try:
+        key, value = debezium_record("c", 7, 100)
+        loop.handle(Msg(0, 1, value, key))
+        key, value = debezium_record("d", 7, 101)
+        loop.handle(Msg(0, 2, value, key))
+        loop.handle(Msg(0, 3, None, key))  # its tombstone
+        schemaless = orjson.dumps(orjson.loads(debezium_record("c", 8, 102)[1])["payload"])
+        loop.handle(Msg(0, 4, schemaless))
+        if input_format == "auto":
+            loop.handle(Msg(0, 5, event(doc_id=9, lsn=103)))
+        loop.flush(drain=True)
+    finally:
+        assert loop.writer is not None
+        loop.writer.shutdown(wait=True)
+    written = [i for _, ids in sink.log for i in ids]
+    assert written == ([7, 7, 9] if input_format == "auto" else [7, 7])
+    assert [(o, k) for o, k, _ in dead.sent] == [(4, "poison")]
+    assert "without its schema" in dead.sent[0][2]
+    assert committed(consumer) == {(TOPIC, 0): 6 if input_format == "auto" else 5}
 
 
 def test_a_revocation_served_while_a_flush_waits_keeps_the_batch_in_hand() -> None:
