@@ -1,0 +1,459 @@
+"""walcast's change event in Avro, in the Confluent wire format, with a schema registry.
+
+**The wire format**: a zero byte, the schema's registry id (4 bytes, big-endian), then
+the Avro binary encoding of the record (fastavro) — what every Confluent-compatible
+consumer and registry-aware deserializer reads.
+
+**The schemas**: one record schema per table, ``walcast.<db>.<schema>.<table>.Event``
+(each name part reduced to Avro's name characters), generated from the event's ``types``:
+the envelope's fields (``op``, ``lsn``, ... as in docs/events.md) with ``key``, ``new``
+and ``old`` as records of the table's columns. Values keep walcast's JSON encoding where
+Avro has no exact equal, so nothing is lost and a consumer gets back the very event:
+
+- integers → ``int`` (``int2``, ``int4``) / ``long``; boolean → ``boolean``;
+  floats → ``double`` or, for ``NaN`` / ``±Infinity`` (which walcast's event keeps as
+  text), ``string``; bytea → ``bytes``; json / jsonb → ``string`` holding the JSON text;
+  everything else (numeric's exact digits, dates and timestamps in ISO-8601 with
+  ``infinity`` and expanded years, intervals, ...) → ``string``, as in the JSON event;
+- arrays → ``array`` of the element (one dimension; a multi-dimensional value is refused
+  with the column named);
+- every column is nullable with a ``null`` default, so adding or dropping a column is a
+  compatible change under the registry's default ``BACKWARD`` rule; changing a column's
+  type is not, and the registry refuses it (:class:`RegistryEncoder` says what to do).
+
+Each column field carries its Postgres type and original name as attributes
+(``pg_type``, ``pg_name``: Avro field names are restricted), which is how
+:func:`event_from_avro` rebuilds ``types`` and the rows' column names.
+
+**Subjects** (``subject_name_strategy``): ``topic`` — ``<topic>-value`` (Confluent's
+default; one table per topic), ``record`` — the record's full name, ``topic_record`` —
+``<topic>-<record name>`` (several tables in one topic).
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import re
+import struct
+import threading
+from collections.abc import Mapping
+from functools import lru_cache
+from typing import Any, Literal
+
+import fastavro
+import orjson
+
+from shared.contract.event import EventDecodeError
+from shared.contract.pgtypes import by_name
+
+SubjectStrategy = Literal["topic", "record", "topic_record"]
+MAGIC = 0
+_HEADER = struct.Struct(">bI")
+_NAME_BAD = re.compile(r"[^A-Za-z0-9_]")
+
+
+def avro_name(text: str) -> str:
+    """A valid Avro name for ``text``: other characters as ``_``, a leading digit (or an
+    empty name) prefixed by ``_``."""
+    name = _NAME_BAD.sub("_", text)
+    return name if name and not name[0].isdigit() else "_" + name
+
+
+def record_name(db: str, schema: str, table: str) -> str:
+    return ".".join(("walcast", avro_name(db), avro_name(schema), avro_name(table), "Event"))
+
+
+def subject(strategy: SubjectStrategy, topic: str, record: str) -> str:
+    if strategy == "topic":
+        return f"{topic}-value"
+    if strategy == "record":
+        return record
+    return f"{topic}-{record}"
+
+
+# -- schema ----------------------------------------------------------------------------------
+
+
+def _value_type(pg_type: str) -> Any:
+    row, is_array = by_name(pg_type)
+    kind = row.kind if row is not None else "s"
+    if kind == "i":
+        base: Any = "int" if row is not None and row.name in ("int2", "int4") else "long"
+    elif kind == "b":
+        base = "boolean"
+    elif kind == "f":
+        base = ["double", "string"]
+    elif kind == "x":
+        base = "bytes"
+    else:
+        base = "string"
+    if is_array:
+        items = ["null", *base] if isinstance(base, list) else ["null", base]
+        return {"type": "array", "items": items}
+    return base
+
+
+def _nullable(t: Any) -> list[Any]:
+    return ["null", *t] if isinstance(t, list) else ["null", t]
+
+
+def _columns(columns: Mapping[str, str]) -> list[dict[str, Any]]:
+    """Fields of a row record: unique Avro names, original name and type as attributes."""
+    fields = []
+    taken: set[str] = set()
+    for column, pg_type in columns.items():
+        name = avro_name(column)
+        while name in taken:
+            name += "_"
+        taken.add(name)
+        fields.append({"name": name, "type": _nullable(_value_type(pg_type)), "default": None,
+                       "pg_name": column, "pg_type": pg_type})  # fmt: skip
+    return fields
+
+
+def event_schema(db: str, schema: str, table: str, types: Mapping[str, str],
+                 key: list[str]) -> dict[str, Any]:  # fmt: skip
+    """The Avro schema of a table's events: ``types`` column → Postgres type (the event's
+    ``types``), ``key`` the key's columns (empty: none)."""
+    name = record_name(db, schema, table)
+    ns = name.rsplit(".", 1)[0]
+    row = {"type": "record", "name": "Row", "namespace": ns, "fields": _columns(types)}
+    key_row = {"type": "record", "name": "Key", "namespace": ns,
+               "fields": _columns({k: types.get(k, "text") for k in key})}  # fmt: skip
+    opt_long = {"type": ["null", "long"], "default": None}
+    opt_string = {"type": ["null", "string"], "default": None}
+    return {
+        "type": "record",
+        "name": "Event",
+        "namespace": ns,
+        "fields": [
+            {"name": "v", "type": "int"},
+            {"name": "op", "type": "string"},
+            {"name": "db", "type": "string"},
+            {"name": "schema", "type": "string"},
+            {"name": "table", "type": "string"},
+            {"name": "lsn", "type": "long"},
+            {"name": "seq", "type": "long"},
+            {"name": "commit_lsn", "type": "long"},
+            {"name": "xid", "type": "long"},
+            {"name": "commit_ts", "type": "string"},
+            {"name": "key", "type": key_row},
+            {"name": "new", "type": ["null", row], "default": None},
+            {"name": "old", "type": ["null", "Row"], "default": None},
+            {"name": "unchanged_toast", "type": ["null", {"type": "array", "items": "string"}],
+             "default": None},
+            # DDL and snapshot details, rare: their JSON, as in the JSON event.
+            {"name": "ddl", **opt_string},
+            {"name": "snapshot", **opt_string},
+            {"name": "oversized", **opt_long},
+            {"name": "epoch", **opt_long},
+        ],
+    }  # fmt: skip
+
+
+# -- values ----------------------------------------------------------------------------------
+
+
+def _to_avro(value: Any, kind: str, column: str) -> Any:
+    if value is None:
+        return None
+    if kind == "j":
+        return orjson.dumps(value).decode()
+    if kind == "x":
+        return base64.b64decode(value)
+    if isinstance(value, list):
+        raise ValueError(f"column {column!r}: a multi-dimensional array has no Avro form here")
+    return value
+
+
+_Plan = tuple[tuple[str, str, str, bool], ...]  # (Avro name, column, kind, is an array)
+
+
+@lru_cache(maxsize=4096)
+def _plan_of(columns: tuple[tuple[str, str, str], ...]) -> _Plan:
+    out = []
+    for name, column, pg_type in columns:
+        row, is_array = by_name(pg_type)
+        out.append((name, column, row.kind if row is not None else "s", is_array))
+    return tuple(out)
+
+
+def _plan(fields: list[dict[str, Any]]) -> _Plan:
+    """How each column converts, worked out once per row schema."""
+    return _plan_of(tuple((f["name"], f["pg_name"], f["pg_type"]) for f in fields))
+
+
+def _row_to_avro(row: Mapping[str, Any] | None, plan: _Plan) -> Any:
+    if row is None:
+        return None
+    out: dict[str, Any] = {}
+    for name, column, kind, is_array in plan:
+        value = row.get(column)
+        if value is None:
+            out[name] = None
+        elif is_array:
+            if kind in "jx" or any(isinstance(v, list) for v in value):
+                value = [_to_avro(v, kind, column) for v in value]
+            out[name] = value
+        elif kind in "jx":
+            out[name] = _to_avro(value, kind, column)
+        else:
+            out[name] = value
+    return out
+
+
+def _from_avro(value: Any, kind: str) -> Any:
+    if value is None:
+        return None
+    if kind == "j":
+        return orjson.Fragment(value)
+    if kind == "x":
+        return base64.b64encode(value).decode()
+    return value
+
+
+def _row_from_avro(datum: Mapping[str, Any] | None, plan: _Plan,
+                   present: set[str] | None = None) -> dict[str, Any] | None:  # fmt: skip
+    if datum is None:
+        return None
+    out = {}
+    for name, column, kind, is_array in plan:
+        if present is not None and column not in present:
+            continue
+        value = datum.get(name)
+        if value is None or kind not in "jx":
+            out[column] = value
+        elif is_array:
+            out[column] = [_from_avro(v, kind) for v in value]
+        else:
+            out[column] = _from_avro(value, kind)
+    return out
+
+
+def _plans(schema: dict[str, Any]) -> tuple[_Plan, _Plan]:
+    """(key plan, row plan) of an event schema."""
+    return _plan(_fields(schema, "key")), _plan(_fields(schema, "new"))
+
+
+def _fields(schema: dict[str, Any], name: str) -> list[dict[str, Any]]:
+    for f in schema["fields"]:
+        if f["name"] == name:
+            t = f["type"]
+            record = next(x for x in t if isinstance(x, dict)) if isinstance(t, list) else t
+            return list(record["fields"])
+    raise KeyError(name)
+
+
+def event_to_avro(ev: Mapping[str, Any], schema: dict[str, Any]) -> dict[str, Any]:
+    """The Avro datum of a change event (plain values: rows as dicts) under its table's
+    :func:`event_schema`. A row's columns left out (unchanged TOAST) are null in the
+    datum and named in ``unchanged_toast``, as in the event."""
+    key_plan, row_plan = _plans(schema)
+    return {
+        "v": ev["v"], "op": ev["op"], "db": ev["db"], "schema": ev["schema"],
+        "table": ev["table"], "lsn": ev["lsn"], "seq": ev.get("seq", 0),
+        "commit_lsn": ev.get("commit_lsn", ev["lsn"]), "xid": ev.get("xid", 0),
+        "commit_ts": ev.get("commit_ts", ""),
+        "key": _row_to_avro(ev.get("key") or {}, key_plan),
+        "new": _row_to_avro(ev.get("new"), row_plan),
+        "old": _row_to_avro(ev.get("old"), row_plan),
+        "unchanged_toast": ev.get("unchanged_toast"),
+        "ddl": None if ev.get("ddl") is None else orjson.dumps(ev["ddl"]).decode(),
+        "snapshot": None if ev.get("snapshot") is None else orjson.dumps(ev["snapshot"]).decode(),
+        "oversized": ev.get("oversized"), "epoch": ev.get("epoch"),
+    }  # fmt: skip
+
+
+def event_from_avro(datum: Mapping[str, Any], schema: dict[str, Any]) -> dict[str, Any]:
+    """The change event an Avro datum stands for (:func:`event_to_avro` reversed): what
+    ``orjson.dumps`` turns into the JSON event, for the event contract's decoder."""
+    key_plan, row_plan = _plans(schema)
+    toast = datum.get("unchanged_toast")
+    present = None
+    if toast:
+        skip = set(toast)
+        present = {p[1] for p in row_plan if p[1] not in skip}
+    ev: dict[str, Any] = {
+        k: datum[k]
+        for k in ("v", "op", "db", "schema", "table", "lsn", "seq", "commit_lsn", "xid",
+                  "commit_ts")
+    }  # fmt: skip
+    ev["key"] = _row_from_avro(datum["key"], key_plan) or {}
+    ev["new"] = _row_from_avro(datum.get("new"), row_plan, present)
+    ev["old"] = _row_from_avro(datum.get("old"), row_plan)
+    if toast:
+        ev["unchanged_toast"] = toast
+    ev["types"] = {f["pg_name"]: f["pg_type"] for f in _fields(schema, "new")}
+    for k in ("ddl", "snapshot"):
+        if datum.get(k) is not None:
+            ev[k] = orjson.Fragment(datum[k])
+    for k in ("oversized", "epoch"):
+        if datum.get(k) is not None:
+            ev[k] = datum[k]
+    return ev
+
+
+# -- the wire format and the registry --------------------------------------------------------
+
+
+def frame(schema_id: int, payload: bytes) -> bytes:
+    return _HEADER.pack(MAGIC, schema_id) + payload
+
+
+def unframe(data: bytes) -> tuple[int, memoryview]:
+    """(schema id, Avro payload) of a Confluent wire-format record."""
+    if len(data) < 5 or data[0] != MAGIC:
+        raise EventDecodeError("not in the Confluent Avro wire format (no magic byte 0)")
+    return _HEADER.unpack_from(data)[1], memoryview(data)[5:]
+
+
+class RegistryEncoder:
+    """``client``: confluent-kafka's ``SchemaRegistryClient`` (:func:`registry_client`).
+    Change events to Confluent wire-format records. A table's schema is generated from
+    its events' ``types`` and key and registered once per (subject, schema) — again when
+    a DDL changes the columns; the registry's compatibility rule decides whether it may
+    (a refusal raises with what to do). Thread-safe."""
+
+    def __init__(self, client: Any, strategy: SubjectStrategy = "topic") -> None:
+        from confluent_kafka.schema_registry import Schema
+
+        self.client = client
+        self.strategy = strategy
+        self._schema_cls = Schema
+        self._by_table: dict[tuple[Any, ...], tuple[int, Any, dict[str, Any]]] = {}
+        self._lock = threading.Lock()
+
+    def schema_for(self, topic: str, ev: Mapping[str, Any]) -> tuple[int, Any, dict[str, Any]]:
+        """(id, parsed schema, schema) of the event's table as it is now; looked up per
+        event by the table's columns (a new schema only when they change)."""
+        types = ev.get("types") or {}
+        key = ev.get("key") or {}
+        if isinstance(types, orjson.Fragment):
+            types_id: Any = types.contents
+            types = orjson.loads(types.contents)
+        else:
+            types_id = tuple(types.items())
+        if isinstance(key, orjson.Fragment):
+            key = orjson.loads(key.contents)
+        cache_key = (topic, ev["db"], ev["schema"], ev["table"], types_id, tuple(key))
+        found = self._by_table.get(cache_key)
+        if found is not None:
+            return found
+        schema = event_schema(ev["db"], ev["schema"], ev["table"], types, list(key))
+        subj = subject(self.strategy, topic, schema["namespace"] + ".Event")
+        with self._lock:
+            found = self._by_table.get(cache_key)
+            if found is None:
+                schema_id = self._register(subj, orjson.dumps(schema).decode())
+                found = (schema_id, fastavro.parse_schema(schema), schema)
+                self._by_table[cache_key] = found
+        return found
+
+    def _register(self, subj: str, text: str) -> int:
+        from confluent_kafka.schema_registry.error import SchemaRegistryError
+
+        from shared.errors import PermanentError, RetriableError
+
+        try:
+            return int(self.client.register_schema(subj, self._schema_cls(text, "AVRO")))
+        except SchemaRegistryError as exc:
+            if exc.http_status_code == 409:
+                raise PermanentError(
+                    f"the schema registry refused the new schema of subject {subj!r}:"
+                    f" {exc.error_message}",
+                    hint="the table's columns changed in a way the subject's compatibility"
+                    " level does not allow (a changed type): set the subject's level (e.g."
+                    " NONE) and restart, or move the table to a new topic",
+                ) from exc
+            if exc.http_status_code in (401, 403):
+                raise PermanentError(
+                    f"the schema registry refused pg2kafka's credentials: {exc.error_message}",
+                    hint="check schema_registry.username / password",
+                ) from exc
+            raise RetriableError(f"schema registry: {exc}") from exc
+        except Exception as exc:  # the client's transport errors
+            raise RetriableError(f"schema registry unreachable: {exc}") from exc
+
+    def encode(self, topic: str, ev: Mapping[str, Any]) -> bytes:
+        """One event as a wire-format record (rows as plain values, or the producer's
+        pre-encoded JSON fragments)."""
+        schema_id, parsed, schema = self.schema_for(topic, ev)
+        plain = ev
+        if any(isinstance(v, orjson.Fragment) for v in ev.values()):  # pg2kafka's rows
+            plain = {k: (orjson.loads(v.contents) if isinstance(v, orjson.Fragment) else v)
+                     for k, v in ev.items()}  # fmt: skip
+        try:
+            datum = event_to_avro(plain, schema)
+        except ValueError as exc:
+            from shared.errors import PermanentError
+
+            raise PermanentError(
+                f"a change of {ev['schema']}.{ev['table']} at LSN {ev['lsn']} cannot be"
+                f" written in Avro: {exc}",
+                hint="use producer.encoding=json for this table's topic",
+            ) from exc
+        out = io.BytesIO()
+        out.write(_HEADER.pack(MAGIC, schema_id))
+        fastavro.schemaless_writer(out, parsed, datum)
+        return out.getvalue()
+
+
+class RegistryDecoder:
+    """Confluent wire-format records back to change events (JSON bytes the event
+    contract decodes), each writer schema fetched from the registry once by its id."""
+
+    def __init__(self, client: Any) -> None:
+        self.client = client
+        self._schemas: dict[int, tuple[Any, dict[str, Any]]] = {}
+        self._lock = threading.Lock()
+
+    def _schema(self, schema_id: int) -> tuple[Any, dict[str, Any]]:
+        found = self._schemas.get(schema_id)
+        if found is None:
+            with self._lock:
+                try:
+                    text = self.client.get_schema(schema_id).schema_str
+                except Exception as exc:
+                    from shared.errors import RetriableError
+
+                    raise RetriableError(f"schema registry: schema {schema_id}: {exc}") from exc
+                schema = orjson.loads(text)
+                found = (fastavro.parse_schema(schema), schema)
+                self._schemas[schema_id] = found
+        return found
+
+    def decode(self, data: bytes) -> bytes:
+        schema_id, payload = unframe(data)
+        parsed, schema = self._schema(schema_id)
+        if not str(schema.get("namespace", "")).startswith("walcast."):
+            raise EventDecodeError(
+                f"Avro record of schema {schema_id} is not a walcast change event"
+            )
+        try:
+            datum = fastavro.schemaless_reader(io.BytesIO(payload), parsed, None)
+        except Exception as exc:
+            raise EventDecodeError(f"Avro record does not match schema {schema_id}: {exc}") from exc
+        assert isinstance(datum, dict)
+        return orjson.dumps(event_from_avro(datum, schema))
+
+
+def registry_client(url: str, conf: Mapping[str, Any] | None = None) -> Any:
+    """confluent-kafka's registry client (``mock://...``: its in-memory mock)."""
+    from confluent_kafka.schema_registry import SchemaRegistryClient
+
+    return SchemaRegistryClient.new_client({"url": url, **(conf or {})})
+
+
+__all__ = [
+    "RegistryDecoder",
+    "RegistryEncoder",
+    "event_from_avro",
+    "event_schema",
+    "event_to_avro",
+    "frame",
+    "record_name",
+    "registry_client",
+    "subject",
+    "unframe",
+]

@@ -1,0 +1,152 @@
+"""walcast's change event in Avro (shared/avro.py): every kind of value comes back as the
+JSON event carries it, the wire format is Confluent's, schemas are registered under the
+chosen subject and evolve on DDL as the registry's compatibility rule allows — through
+confluent-kafka's client, against the registry test double (tests/schema_registry.py)
+and against the client's own ``mock://`` registry."""
+
+from __future__ import annotations
+
+import io
+import json
+import struct
+from collections.abc import Iterator
+from typing import Any
+
+import fastavro
+import orjson
+import pytest
+
+from shared.avro import (
+    RegistryDecoder,
+    RegistryEncoder,
+    event_schema,
+    record_name,
+    registry_client,
+    subject,
+    unframe,
+)
+from shared.contract.event import EventDecodeError, decode
+from shared.errors import PermanentError
+from tests.schema_registry import Registry, running
+
+TYPES = {
+    "id": "int4", "big": "int8", "amount": "numeric", "ratio": "float8", "flag": "bool",
+    "blob": "bytea", "doc": "jsonb", "day": "date", "at": "timestamptz", "tags": "_text",
+    "nums": "_int4", "Odd Name": "text", "mood": "mood_enum",
+}  # fmt: skip
+ROW = {
+    "id": 1, "big": 9007199254740993, "amount": "12345678901234567890.0001", "ratio": "NaN",
+    "flag": True, "blob": "AAH/", "doc": {"k": [1, 2.5, None]}, "day": "-0043-03-15",
+    "at": "infinity", "tags": ["a", None, "b c"], "nums": [1, None], "Odd Name": "x",
+    "mood": "happy",
+}  # fmt: skip
+
+
+def event(**overrides: Any) -> dict[str, Any]:
+    ev = {"v": 1, "op": "insert", "db": "app", "schema": "public", "table": "t", "lsn": 100,
+          "seq": 0, "commit_lsn": 100, "xid": 7, "commit_ts": "2024-01-01T00:00:00.000000Z",
+          "key": {"id": 1}, "new": dict(ROW), "old": None, "types": dict(TYPES)}  # fmt: skip
+    ev.update(overrides)
+    return ev
+
+
+@pytest.fixture
+def registry() -> Iterator[tuple[Any, Registry]]:
+    with running() as (url, state):
+        yield registry_client(url), state
+
+
+def roundtrip(client: Any, ev: dict[str, Any], topic: str = "walcast.cdc") -> dict[str, Any]:
+    data = RegistryEncoder(client, "topic_record").encode(topic, ev)
+    back = RegistryDecoder(client).decode(data)
+    decode(back)  # the event contract accepts it
+    out: dict[str, Any] = orjson.loads(back)
+    return out
+
+
+def test_every_kind_of_value_comes_back_as_the_json_event_carries_it(
+    registry: tuple[Any, Registry],
+) -> None:
+    client, _ = registry
+    ev = event(old=dict(ROW, ratio=0.5))
+    assert roundtrip(client, ev) == orjson.loads(orjson.dumps(ev))
+
+
+def test_unchanged_toast_snapshot_and_control_events(registry: tuple[Any, Registry]) -> None:
+    client, _ = registry
+    toast = event(op="update", new={"id": 1, "big": 2}, unchanged_toast=["doc", "blob"])
+    back = roundtrip(client, toast)
+    assert back["new"] == {k: ROW.get(k) if k in ("id",) else None for k in TYPES
+                           if k not in ("doc", "blob")} | {"big": 2}  # fmt: skip
+    assert back["unchanged_toast"] == ["doc", "blob"]
+    read = roundtrip(client, event(op="read", snapshot={"id": 3, "chunk": 0}, epoch=2))
+    assert (read["snapshot"], read["epoch"]) == ({"id": 3, "chunk": 0}, 2)
+    ddl = {"tag": "ALTER TABLE", "columns": [{"name": "id", "type": "int4"}]}
+    back = roundtrip(client, event(op="ddl", key={}, new=None, ddl=ddl))
+    assert (back["ddl"], back["key"], back["new"]) == (ddl, {}, None)
+
+
+def test_the_wire_format_is_confluents(registry: tuple[Any, Registry]) -> None:
+    client, state = registry
+    data = RegistryEncoder(client).encode("orders", event())
+    magic, schema_id = struct.unpack(">bI", data[:5])
+    assert (magic, schema_id) == (0, 1)
+    schema = json.loads(state.schemas[schema_id])
+    datum = fastavro.schemaless_reader(io.BytesIO(data[5:]), fastavro.parse_schema(schema), None)
+    assert datum["new"]["Odd_Name"] == "x"  # a plain Avro reader, no walcast code
+    assert list(state.subjects) == ["orders-value"]
+    with pytest.raises(EventDecodeError, match="magic byte"):
+        unframe(b'{"v":1}')
+
+
+@pytest.mark.parametrize(
+    ("strategy", "want"),
+    [("topic", "cdc-value"), ("record", "walcast.app.public.t.Event"),
+     ("topic_record", "cdc-walcast.app.public.t.Event")],
+)  # fmt: skip
+def test_subject_name_strategies(strategy: Any, want: str) -> None:
+    assert subject(strategy, "cdc", record_name("app", "public", "t")) == want
+
+
+def test_a_column_added_evolves_the_schema_a_type_change_is_refused(
+    registry: tuple[Any, Registry],
+) -> None:
+    client, state = registry
+    enc = RegistryEncoder(client)
+    enc.encode("t", event())
+    wider = event(types={**TYPES, "note": "text"}, new={**ROW, "note": "n"})
+    second = enc.encode("t", wider)
+    assert state.subjects["t-value"] == [1, 2]  # a new version, accepted (BACKWARD)
+    assert orjson.loads(RegistryDecoder(client).decode(second))["new"]["note"] == "n"
+    retyped = event(types={**TYPES, "flag": "int4"}, new={**ROW, "flag": 1})
+    with pytest.raises(PermanentError, match="refused the new schema of subject 't-value'") as e:
+        enc.encode("t", retyped)
+    assert "compatibility" in (e.value.hint or "")
+    state.levels["t-value"] = "NONE"  # what the operator does, then restarts
+    enc.encode("t", retyped)
+    assert len(state.subjects["t-value"]) == 3
+
+
+def test_the_clients_mock_registry_suffices_for_encoding_and_decoding() -> None:
+    client = registry_client("mock://walcast-unit")
+    ev = event()
+    assert orjson.loads(RegistryDecoder(client).decode(RegistryEncoder(client).encode("m", ev))) \
+        == orjson.loads(orjson.dumps(ev))  # fmt: skip
+
+
+def test_records_that_are_not_walcast_events_are_refused(registry: tuple[Any, Registry]) -> None:
+    client, _ = registry
+    from confluent_kafka.schema_registry import Schema
+
+    other = {"type": "record", "name": "Thing", "namespace": "acme", "fields": []}
+    sid = client.register_schema("x-value", Schema(json.dumps(other), "AVRO"))
+    with pytest.raises(EventDecodeError, match="not a walcast change event"):
+        RegistryDecoder(client).decode(struct.pack(">bI", 0, sid))
+    with pytest.raises(PermanentError, match="multi-dimensional"):
+        RegistryEncoder(client).encode("t", event(new={**ROW, "nums": [[1, 2], [3, 4]]}))
+
+
+def test_schema_names_and_fields_are_valid_avro() -> None:
+    schema = event_schema("my-db", "1st schema", "t.x", TYPES, ["id"])
+    fastavro.parse_schema(schema)  # raises on an invalid name
+    assert schema["namespace"] == "walcast.my_db._1st_schema.t_x"
