@@ -322,23 +322,39 @@ class RegistryEncoder:
         self.strategy = strategy
         self._schema_cls = Schema
         self._by_table: dict[tuple[Any, ...], tuple[int, Any, dict[str, Any]]] = {}
+        self._last: dict[tuple[str, ...], tuple[int, Any, dict[str, Any]]] = {}  # per table
         self._lock = threading.Lock()
 
     def schema_for(self, topic: str, ev: Mapping[str, Any]) -> tuple[int, Any, dict[str, Any]]:
         """(id, parsed schema, schema) of the event's table as it is now; looked up per
         event by the table's columns (a new schema only when they change)."""
+        table = (topic, ev["db"], ev["schema"], ev["table"])
         types = ev.get("types") or {}
-        key = ev.get("key") or {}
+        key: Any = ev.get("key") or {}
+        if not types:
+            # A control event: a DDL's columns are the table's new schema (registered
+            # now, so the registry rules on the change when it happens); a truncate
+            # (or a dropped table) is written with the table's last schema.
+            ddl = ev.get("ddl")
+            if isinstance(ddl, orjson.Fragment):
+                ddl = orjson.loads(orjson.dumps(ddl))
+            columns = (ddl or {}).get("columns")
+            if columns:
+                types = {str(c["name"]): str(c["type"]) for c in columns}
+                key = {str(k): None for k in (ddl or {}).get("primary_key") or ()}
+            elif table in self._last:
+                return self._last[table]
         if isinstance(types, orjson.Fragment):
-            types_id: Any = types.contents
-            types = orjson.loads(types.contents)
+            types_id: Any = orjson.dumps(types)
+            types = orjson.loads(orjson.dumps(types))
         else:
             types_id = tuple(types.items())
         if isinstance(key, orjson.Fragment):
-            key = orjson.loads(key.contents)
+            key = orjson.loads(orjson.dumps(key))
         cache_key = (topic, ev["db"], ev["schema"], ev["table"], types_id, tuple(key))
         found = self._by_table.get(cache_key)
         if found is not None:
+            self._last[table] = found
             return found
         schema = event_schema(ev["db"], ev["schema"], ev["table"], types, list(key))
         subj = subject(self.strategy, topic, schema["namespace"] + ".Event")
@@ -348,6 +364,7 @@ class RegistryEncoder:
                 schema_id = self._register(subj, orjson.dumps(schema).decode())
                 found = (schema_id, fastavro.parse_schema(schema), schema)
                 self._by_table[cache_key] = found
+        self._last[table] = found
         return found
 
     def _register(self, subj: str, text: str) -> int:
@@ -381,7 +398,7 @@ class RegistryEncoder:
         schema_id, parsed, schema = self.schema_for(topic, ev)
         plain = ev
         if any(isinstance(v, orjson.Fragment) for v in ev.values()):  # pg2kafka's rows
-            plain = {k: (orjson.loads(v.contents) if isinstance(v, orjson.Fragment) else v)
+            plain = {k: (orjson.loads(orjson.dumps(v)) if isinstance(v, orjson.Fragment) else v)
                      for k, v in ev.items()}  # fmt: skip
         try:
             datum = event_to_avro(plain, schema)

@@ -46,6 +46,7 @@ from typing import Any, Generic
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
+from shared.avro import RegistryDecoder
 from shared.contract.debezium_input import is_debezium, translate
 from shared.contract.event import CONTROL_OPS, EventDecodeError, EventView, decode
 from shared.errors import PermanentError, RetriableError
@@ -153,6 +154,7 @@ class ConsumerLoop(Generic[B]):
         until: dict[tuple[str, int], int] | None = None,
         make_consumer: ConsumerFactory = Consumer,
         dead_letters: DeadLetters | None = None,
+        avro: RegistryDecoder | None = None,
     ) -> None:
         self.name = name
         self.kafka = kafka
@@ -160,6 +162,9 @@ class ConsumerLoop(Generic[B]):
         # What the topics hold (shared.contract.debezium_input): walcast events are
         # decoded as they are, Debezium records translated into them first.
         self.input_format = consumer.input_format
+        # walcast's events in Avro (the Confluent wire format: a first byte of 0, which
+        # no JSON record starts with): decoded to the JSON event through the registry.
+        self.avro = avro
         self.b = batch
         self.retry = retry
         self.metrics = metrics
@@ -316,6 +321,8 @@ class ConsumerLoop(Generic[B]):
         value = msg.value()
         origin = Origin(topic, partition, offset, msg.key(), value or b"")
         try:
+            if self.avro is not None and value and value[0] == 0:
+                value = self.avro.decode(value)
             if self.input_format == "walcast" or (
                 self.input_format == "auto" and not is_debezium(value)
             ):

@@ -129,7 +129,8 @@ class ConsumerSettings(Section):
     topics: list[str] = Field(default_factory=lambda: ["walcast.cdc"], min_length=1)
     # What the topics hold: walcast's change events, Debezium records (the PostgreSQL
     # connector's, JSON converter with schemas), or either, told apart record by record
-    # (shared.contract.debezium_input).
+    # (shared.contract.debezium_input). walcast's events in Avro (the Confluent wire
+    # format) are read under "walcast" and "auto" when schema_registry.url is set.
     input_format: InputFormat = "walcast"
     group_id: str = Field(default="walcast-consumer", min_length=1)
     # Poison messages and records the sink refuses for good go here, with the reason.
@@ -153,6 +154,36 @@ class ConsumerSettings(Section):
     group_instance_id: str | None = Field(default=None, min_length=1)
     # A write retried longer than this makes the group think the member died.
     max_poll_interval_ms: int = Field(default=600_000, ge=10_000)
+
+
+class SchemaRegistrySettings(Section):
+    """A Confluent-compatible schema registry, for the Avro encoding (docs/events.md,
+    "Avro"): pg2kafka registers its schemas there, the sinks fetch writer schemas by id.
+    Spoken to through confluent-kafka's standard registry client; ``mock://<name>`` is
+    that client's in-memory registry (tests)."""
+
+    url: str | None = Field(default=None, pattern=r"^(https?|mock)://")
+    username: str | None = None
+    password: SecretStr | None = None
+    ssl_ca_location: Path | None = None
+    # Subjects: "topic" (<topic>-value, Confluent's default: one table per topic),
+    # "record" (the record's name) or "topic_record" (<topic>-<record name>: several
+    # tables in one topic).
+    subject_name_strategy: Literal["topic", "record", "topic_record"] = "topic"
+
+    def client(self) -> Any:
+        """confluent-kafka's ``SchemaRegistryClient`` (holds the password: never log it)."""
+        from shared.avro import registry_client
+
+        if self.url is None:
+            raise ConfigError("schema_registry.url is not set")
+        conf: dict[str, Any] = {}
+        if self.username is not None:
+            password = self.password.get_secret_value() if self.password else ""
+            conf["basic.auth.user.info"] = f"{self.username}:{password}"
+        if self.ssl_ca_location is not None:
+            conf["ssl.ca.location"] = str(self.ssl_ca_location)
+        return registry_client(self.url, conf)
 
 
 class BatchSettings(Section):

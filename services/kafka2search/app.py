@@ -37,6 +37,7 @@ from services.kafka2search.documents import Batch, Doc, bulk_body
 from services.kafka2search.engines import SearchEngine, engine_for
 from services.kafka2search.mapping import alias_name, index_name, properties
 from services.kafka2search.settings import Kafka2SearchSettings
+from shared.avro import RegistryDecoder
 from shared.cli import tune_gc_for_records
 from shared.consumer import ConsumerLoop, ConsumerMetrics
 from shared.contract.ddl import column_numbers
@@ -583,6 +584,11 @@ def consumer_loop(
         group_id=group_id,
         start=start,
         until=until,
+        avro=(
+            RegistryDecoder(settings.schema_registry.client())
+            if settings.schema_registry.url is not None
+            else None
+        ),
     )
     return loop, made[0]
 

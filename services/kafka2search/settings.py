@@ -15,6 +15,7 @@ from shared.settings import (
     ConsumerSettings,
     HttpSettings,
     KafkaSettings,
+    SchemaRegistrySettings,
     Section,
     ServiceSettings,
     check_table_template,
@@ -106,3 +107,5 @@ class Kafka2SearchSettings(ServiceSettings):
     index: IndexSettings = IndexSettings()
     http: Kafka2SearchHttpSettings = Kafka2SearchHttpSettings()
     retry: Kafka2SearchRetry = Kafka2SearchRetry()
+    # walcast's events in Avro (the Confluent wire format): where their schemas are.
+    schema_registry: SchemaRegistrySettings = SchemaRegistrySettings()

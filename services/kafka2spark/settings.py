@@ -13,6 +13,7 @@ from shared.contract.debezium_input import InputFormat
 from shared.settings import (
     HttpSettings,
     KafkaSettings,
+    SchemaRegistrySettings,
     Section,
     ServiceSettings,
     check_table_template,
@@ -119,3 +120,5 @@ class Kafka2SparkSettings(ServiceSettings):
     trigger: TriggerSettings = TriggerSettings()
     spark: SparkSettings = SparkSettings()
     http: Kafka2SparkHttpSettings = Kafka2SparkHttpSettings()
+    # walcast's events in Avro (the Confluent wire format): where their schemas are.
+    schema_registry: SchemaRegistrySettings = SchemaRegistrySettings()

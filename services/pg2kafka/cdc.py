@@ -26,6 +26,7 @@ from services.pg2kafka.session import ReplicationSession, SlotStream
 from services.pg2kafka.settings import Pg2KafkaSettings
 from services.pg2kafka.source import SourceLedger
 from services.pg2kafka.topics import StreamTarget
+from shared.avro import RegistryEncoder
 from shared.contract.event import ChangeEvent, JsonEventSerializer
 from shared.errors import PermanentError
 from shared.interfaces import Serializer
@@ -59,6 +60,15 @@ class CdcHandler:
         self.mode = settings.producer.partition_key
         self.serializer: Serializer[ChangeEvent] = JsonEventSerializer()
         self._encode = self.serializer.encode  # bound once: called per event
+        # producer.encoding=avro: per-table schemas in the registry (shared/avro.py).
+        self.avro = (
+            RegistryEncoder(
+                settings.schema_registry.client(),
+                settings.schema_registry.subject_name_strategy,
+            )
+            if settings.producer.encoding == "avro"
+            else None
+        )
         self._session: ReplicationSession | None = None
         self.routing = Routing(settings, target, self._ensure_topic)
         self._keyless_warned: set[str] = set()
@@ -190,17 +200,19 @@ class CdcHandler:
     def send(self, session: ReplicationSession, ev: ChangeEvent) -> None:
         if self.epoch:
             ev["epoch"] = self.epoch
-        value = self._encode(ev)
         topic = self.topic_for(session, ev)
+        value = self._encode(ev) if self.avro is None else self.avro.encode(topic, ev)
         key = self.key_for(ev)
         limit = self._limits.get(topic)
         if limit is None:
             limit = self._limits[topic] = session.value_limit(topic)
         if len(value) + len(key) > limit:
-            value = self.reference(session, ev, len(value))
+            value = self.reference(session, ev, len(value), topic)
         session.send(Outgoing(topic, key, value), ev["op"])
 
-    def reference(self, session: ReplicationSession, ev: ChangeEvent, size: int) -> bytes:
+    def reference(
+        self, session: ReplicationSession, ev: ChangeEvent, size: int, topic: str
+    ) -> bytes:
         """A change larger than the topic takes would stop the stream for good (Kafka
         refuses it, and it is first in line again after every restart): in its place goes
         a reference — the same event without its rows, with ``oversized`` = its size —
@@ -220,7 +232,7 @@ class CdcHandler:
             ev.get("lsn"),
             size,
         )
-        return self._encode(ref)
+        return self._encode(ref) if self.avro is None else self.avro.encode(topic, ref)
 
     def send_table_wide(self, session: ReplicationSession, ev: ChangeEvent) -> None:
         """A truncate or a schema change concerns every row of the table. Under
@@ -233,9 +245,9 @@ class CdcHandler:
             return
         if self.epoch:
             ev["epoch"] = self.epoch
-        value = self.serializer.encode(ev)
         key = table_key(ev["schema"], ev["table"])
         topic = self.topic_for(session, ev)
+        value = self.serializer.encode(ev) if self.avro is None else self.avro.encode(topic, ev)
         partitions = session.refresh_partitions(topic)  # rare events: ask again
         for partition in range(partitions):
             session.write(Outgoing(topic, key, value, partition=partition))

@@ -150,3 +150,27 @@ def test_schema_names_and_fields_are_valid_avro() -> None:
     schema = event_schema("my-db", "1st schema", "t.x", TYPES, ["id"])
     fastavro.parse_schema(schema)  # raises on an invalid name
     assert schema["namespace"] == "walcast.my_db._1st_schema.t_x"
+
+
+def test_the_producers_pre_encoded_rows_and_a_ddl_evolve_the_schema(
+    registry: tuple[Any, Registry],
+) -> None:
+    """pg2kafka holds key, rows and types as encoded JSON (orjson fragments); a DDL event
+    carries the table's new columns: its schema is registered when the DDL comes, and a
+    truncate after it is written with the table's last schema."""
+    client, state = registry
+    enc = RegistryEncoder(client)
+    frag = {k: orjson.Fragment(orjson.dumps(v)) for k, v in event().items()
+            if k in ("key", "new", "types")}  # fmt: skip
+    data = enc.encode("f", event(**frag))
+    assert orjson.loads(RegistryDecoder(client).decode(data)) == orjson.loads(orjson.dumps(event()))
+    columns = [{"name": n, "type": t} for n, t in {**TYPES, "extra": "text"}.items()]
+    ddl = event(op="ddl", key={}, new=None, types=None,
+                ddl={"tag": "ALTER TABLE", "columns": columns, "primary_key": ["id"]})  # fmt: skip
+    del ddl["types"]
+    enc.encode("f", ddl)
+    assert len(state.subjects["f-value"]) == 2  # the DDL registered the new schema
+    truncate = event(op="truncate", key={}, new=None)
+    del truncate["types"]
+    enc.encode("f", truncate)
+    assert len(state.subjects["f-value"]) == 2  # no new version for a truncate

@@ -77,3 +77,29 @@ def test_incremental_snapshot_requests_are_refused_in_the_debezium_format() -> N
 
     with pytest.raises(PermanentError, match="incremental snapshots are not built"):
         snapshot_request(_debezium(), ["public.t"])
+
+
+def test_the_avro_encoding_is_checked_at_start_up() -> None:
+    def avro(**sections: object) -> Pg2KafkaSettings:
+        base: dict[str, object] = {
+            "producer": {"encoding": "avro"},
+            "snapshot": {"mode": "never", "automatic": False},
+            "schema_registry": {"url": "http://registry:8081",
+                                "subject_name_strategy": "topic_record"},
+        }  # fmt: skip
+        base.update(sections)
+        return Pg2KafkaSettings.model_validate(base)
+
+    assert avro().producer.encoding == "avro"
+    with pytest.raises(ValidationError, match=r"needs schema_registry\.url"):
+        avro(schema_registry={})
+    with pytest.raises(ValidationError, match="several tables"):
+        avro(schema_registry={"url": "http://r:8081"})  # topic: one schema per topic
+    per_table = {"encoding": "avro", "topic_template": "cdc.{schema}.{table}"}
+    assert avro(producer=per_table, schema_registry={"url": "http://r:8081"})
+    with pytest.raises(ValidationError, match="streams changes only so far"):
+        avro(snapshot={"mode": "initial", "automatic": False})
+    with pytest.raises(ValidationError, match="Debezium envelope in Avro is not"):
+        avro(producer={"encoding": "avro", "format": "debezium"})
+    with pytest.raises(ValidationError, match=r"schema_registry\.url"):
+        avro(schema_registry={"url": "ftp://x"})
