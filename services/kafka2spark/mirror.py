@@ -59,6 +59,7 @@ from pyspark.sql import types as T  # noqa: N812 - the PySpark convention
 from services.kafka2spark.held import add_mirror, read_held, read_mirrors, write_held
 from services.kafka2spark.schema import ENVELOPE, spark_type
 from services.kafka2spark.settings import Kafka2SparkSettings
+from shared.avro import RegistryDecoder
 from shared.contract.ddl import column_numbers
 from shared.contract.ddl import renames as ddl_renames
 from shared.contract.debezium_input import is_debezium
@@ -74,6 +75,7 @@ from shared.contract.event import (
 )
 from shared.contract.event import SNAPSHOT_PHASES as PHASES
 from shared.naming import DELTA_DIRECTORY, table_name
+from shared.settings import SchemaRegistrySettings
 
 log = logging.getLogger(__name__)
 
@@ -319,10 +321,11 @@ class DeltaMirror:
         raw = df.select(
             "key", "value", "topic", "partition", "offset", F.col("timestamp").alias("kafka_ts")
         )
-        if self.s.source.input_format != "walcast":
+        registry = self.s.schema_registry if self.s.schema_registry.url else None
+        if self.s.source.input_format != "walcast" or registry is not None:
             # Translated before it is cached: the cache holds walcast's events, not the
             # Debezium records (several times larger with their schemas).
-            raw = translate(raw, self.s.source.input_format)
+            raw = translate(raw, self.s.source.input_format, registry)
         raw = raw.persist()
         try:
             with result.phase("read"):
@@ -1080,24 +1083,40 @@ _TRANSLATED = T.StructType(
 )
 
 
-def _translate_record(fmt: str, key: bytes | None, value: bytes | None) -> tuple[Any, Any]:
-    """(events, None) or (None, why not), on an executor: a walcast event as it is (under
-    ``auto``), a Debezium record as the events it stands for (none for a tombstone)."""
-    if fmt == "auto" and not is_debezium(value):
-        return [value], None
+_decoders: dict[str, RegistryDecoder] = {}  # per Python worker, by registry URL
+
+
+def _translate_record(
+    fmt: str, registry: SchemaRegistrySettings | None, key: bytes | None, value: bytes | None
+) -> tuple[Any, Any]:
+    """(events, None) or (None, why not), on an executor: an Avro record (first byte 0)
+    decoded through the registry first; then a walcast event as it is, a Debezium record
+    as the events it stands for (none for a tombstone)."""
     try:
+        if registry is not None and value and value[0] == 0:
+            decoder = _decoders.get(str(registry.url))
+            if decoder is None:
+                decoder = _decoders[str(registry.url)] = RegistryDecoder(registry.client())
+            value = decoder.decode(value)
+        if fmt == "walcast" or (fmt == "auto" and not is_debezium(value)):
+            return [value], None
         return debezium_translate(key, value), None
     except EventDecodeError as exc:
         return None, str(exc)
 
 
-def translate(raw: DataFrame, fmt: str) -> DataFrame:
+def translate(raw: DataFrame, fmt: str, registry: SchemaRegistrySettings | None) -> DataFrame:
     """``raw`` with ``t``: the walcast events (``t.values``) each record stands for, or
     the reason it is unreadable (``t.reason``) — the same translation kafka2search runs
-    (shared.contract.debezium_input), in a Python UDF: a row's values need the Connect
-    schema that travels with it. The record's own value is kept only where it is
-    unreadable (for the quarantine)."""
-    udf = F.udf(lambda k, v: _translate_record(fmt, k, v), _TRANSLATED, useArrow=False)
+    (shared.avro, shared.contract.debezium_input), in a Python UDF: an Avro record needs
+    its writer schema from the registry, a Debezium record's values the Connect schema
+    that travels with it. The record's own value is kept only where it is unreadable
+    (for the quarantine)."""
+
+    def run(k: bytes | None, v: bytes | None) -> tuple[Any, Any]:
+        return _translate_record(fmt, registry, k, v)
+
+    udf = F.udf(run, _TRANSLATED, useArrow=False)
     out = raw.withColumn("t", udf(F.col("key"), F.col("value")))
     return out.withColumn("value", F.when(F.col("t.reason").isNotNull(), F.col("value")))
 
