@@ -48,6 +48,8 @@ from shared.contract.event import EventDecodeError
 from shared.contract.pgtypes import by_name
 
 SubjectStrategy = Literal["topic", "record", "topic_record"]
+Shape = tuple[Mapping[str, str], list[str]]
+"""A table's columns (name → Postgres type, as events' ``types``) and its key's columns."""
 MAGIC = 0
 _HEADER = struct.Struct(">bI")
 _NAME_BAD = re.compile(r"[^A-Za-z0-9_]")
@@ -325,12 +327,16 @@ class RegistryEncoder:
         self._last: dict[tuple[str, ...], tuple[int, Any, dict[str, Any]]] = {}  # per table
         self._lock = threading.Lock()
 
-    def schema_for(self, topic: str, ev: Mapping[str, Any]) -> tuple[int, Any, dict[str, Any]]:
+    def schema_for(
+        self, topic: str, ev: Mapping[str, Any], shape: Shape | None = None
+    ) -> tuple[int, Any, dict[str, Any]]:
         """(id, parsed schema, schema) of the event's table as it is now; looked up per
         event by the table's columns (a new schema only when they change)."""
         table = (topic, ev["db"], ev["schema"], ev["table"])
         types = ev.get("types") or {}
         key: Any = ev.get("key") or {}
+        if not types and shape is not None:
+            types, key = dict(shape[0]), {k: None for k in shape[1]}
         if not types:
             # A control event: a DDL's columns are the table's new schema (registered
             # now, so the registry rules on the change when it happens); a truncate
@@ -344,6 +350,11 @@ class RegistryEncoder:
                 key = {str(k): None for k in (ddl or {}).get("primary_key") or ()}
             elif table in self._last:
                 return self._last[table]
+            else:
+                latest = self._latest(topic, ev)
+                if latest is not None:
+                    self._last[table] = latest
+                    return latest
         if isinstance(types, orjson.Fragment):
             types_id: Any = orjson.dumps(types)
             types = orjson.loads(orjson.dumps(types))
@@ -366,6 +377,25 @@ class RegistryEncoder:
                 self._by_table[cache_key] = found
         self._last[table] = found
         return found
+
+    def _latest(self, topic: str, ev: Mapping[str, Any]) -> tuple[int, Any, dict[str, Any]] | None:
+        """The table's schema as the registry last took it (a control event after a
+        restart, before any row of the table), or None."""
+        from confluent_kafka.schema_registry.error import SchemaRegistryError
+
+        name = record_name(ev["db"], ev["schema"], ev["table"])
+        try:
+            found = self.client.get_latest_version(subject(self.strategy, topic, name))
+        except SchemaRegistryError as exc:
+            if exc.http_status_code == 404:
+                return None
+            from shared.errors import RetriableError
+
+            raise RetriableError(f"schema registry: {exc}") from exc
+        schema = orjson.loads(found.schema.schema_str)
+        if schema.get("name") != "Event" or schema.get("namespace") != name.rsplit(".", 1)[0]:
+            return None  # a subject shared by several tables (topic strategy): not this one
+        return int(found.schema_id), fastavro.parse_schema(schema), schema
 
     def _register(self, subj: str, text: str) -> int:
         from confluent_kafka.schema_registry.error import SchemaRegistryError
@@ -392,10 +422,11 @@ class RegistryEncoder:
         except Exception as exc:  # the client's transport errors
             raise RetriableError(f"schema registry unreachable: {exc}") from exc
 
-    def encode(self, topic: str, ev: Mapping[str, Any]) -> bytes:
+    def encode(self, topic: str, ev: Mapping[str, Any], shape: Shape | None = None) -> bytes:
         """One event as a wire-format record (rows as plain values, or the producer's
-        pre-encoded JSON fragments)."""
-        schema_id, parsed, schema = self.schema_for(topic, ev)
+        pre-encoded JSON fragments). ``shape``: the table's (types, key columns), for a
+        control event written before any row of its table (a snapshot's start marker)."""
+        schema_id, parsed, schema = self.schema_for(topic, ev, shape)
         plain = ev
         if any(isinstance(v, orjson.Fragment) for v in ev.values()):  # pg2kafka's rows
             plain = {k: (orjson.loads(orjson.dumps(v)) if isinstance(v, orjson.Fragment) else v)

@@ -289,11 +289,6 @@ class Pg2KafkaSettings(ServiceSettings):
                 "producer.encoding=avro is built for producer.format=walcast so far (the"
                 " Debezium envelope in Avro is not)"
             )
-        if self.snapshot.mode != "never" or self.snapshot.automatic:
-            raise ValueError(
-                "producer.encoding=avro streams changes only so far: set snapshot.mode=never"
-                " and snapshot.automatic=false (snapshots in Avro are not built yet)"
-            )
         template = self.producer.topic_template or ""
         if self.schema_registry.subject_name_strategy == "topic" and "{table}" not in template:
             raise ValueError(

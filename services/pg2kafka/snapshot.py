@@ -72,6 +72,7 @@ from services.pg2kafka.routing import Routing, row_key, table_key
 from services.pg2kafka.settings import Pg2KafkaSettings
 from services.pg2kafka.topics import StreamTarget, Topics, producer_config
 from services.pg2kafka.types import TypeRegistry
+from shared.avro import RegistryEncoder, Shape
 from shared.contract.event import EVENT_VERSION, ChangeEvent, SnapshotInfo
 from shared.errors import PermanentError, RetriableError, is_retriable, operator_hint
 from shared.kafka import BulkKafkaSink
@@ -520,8 +521,27 @@ class SnapshotProducer:
         )
         self.topics = Topics(settings, self.sink)
         self.routing = Routing(settings, StreamTarget.cdc(settings), self.topics.ensure)
+        # producer.encoding=avro: the same per-table schemas as the stream's.
+        self.avro = (
+            RegistryEncoder(
+                settings.schema_registry.client(),
+                settings.schema_registry.subject_name_strategy,
+            )
+            if settings.producer.encoding == "avro"
+            else None
+        )
 
-    def marker(self, db: str, schema: str, table: str, version: int, info: SnapshotInfo) -> None:
+    def encode(
+        self, topic: str, ev: ChangeEvent | dict[str, Any], shape: Shape | None = None
+    ) -> bytes:
+        """An event's record value in the producer's encoding (``shape``: see
+        :meth:`shared.avro.RegistryEncoder.encode`)."""
+        return orjson.dumps(ev) if self.avro is None else self.avro.encode(topic, ev, shape)
+
+    def marker(
+        self, db: str, schema: str, table: str, version: int, info: SnapshotInfo,
+        shape: Shape | None = None,
+    ) -> None:  # fmt: skip
         """A table's start or end marker: under ``primary_key`` keys to every partition
         (the table's rows are spread over all of them), else by the table's key. The
         Debezium format has no such markers: nothing is written."""
@@ -533,8 +553,8 @@ class SnapshotProducer:
                            "key": {}, "new": None, "old": None, "snapshot": info}  # fmt: skip
         if self.epoch:
             ev["epoch"] = self.epoch
-        value = orjson.dumps(ev)
         topic = self.routing.topic(db, schema, table)
+        value = self.encode(topic, ev, shape)
         if self.routing.mode == "primary_key":
             for partition in range(self.topics.refresh(topic)):
                 self.sink.write(topic, value, table_key(schema, table), partition)
@@ -665,7 +685,8 @@ class Reader:
         spec = self.tables[(chunk.schema, chunk.table)]
         rel = spec.relation
         dbz = self.debezium
-        fast = dbz is None and pg_json_table(rel, self.builder.types)
+        encode = self.producer.encode
+        fast = dbz is None and self.producer.avro is None and pg_json_table(rel, self.builder.types)
         assert chunk.relation is not None  # the initial snapshot reads page ranges
         query = chunk_query(self._name(conn, chunk.relation), rel, chunk_where(conn, rel, chunk),
                             fast)  # fmt: skip
@@ -737,10 +758,10 @@ class Reader:
                             ev = self.builder.read(rel, values, version, rows, read_at, info)
                             if epoch:
                                 ev["epoch"] = epoch
-                            value = orjson.dumps(ev)
+                            value = encode(topic, ev)
                             key = routing.key(ev)
                             if len(value) + len(key) > limit:
-                                value = oversized(ev, len(value))
+                                value = encode(topic, oversized_event(ev, len(value)))
                         try:
                             produce(topic, value, key)
                         except BufferError:
@@ -790,14 +811,19 @@ def snapshot_read(conn: psycopg.Connection[Any], job: Job) -> SnapshotRead:
     return SnapshotRead(lsn=int(row[1]), started_us=job.started_us, xid=int(row[0]))
 
 
-def oversized(ev: dict[str, Any] | ChangeEvent, size: int) -> bytes:
+def oversized_event(ev: dict[str, Any] | ChangeEvent, size: int) -> dict[str, Any]:
     """A row too large for its topic travels as a reference without its row (as a
     change does); consumers dead-letter it with the reason."""
     ref = {k: v for k, v in ev.items() if k not in ("new", "old")}
     ref["new"] = None
     ref["old"] = None
     ref["oversized"] = size
-    return orjson.dumps(ref)
+    return ref
+
+
+def oversized(ev: dict[str, Any] | ChangeEvent, size: int) -> bytes:
+    """:func:`oversized_event`, as JSON."""
+    return orjson.dumps(oversized_event(ev, size))
 
 
 def pg_json_table(rel: pg.Relation, types: TypeRegistry) -> bool:
@@ -1192,16 +1218,26 @@ def start_markers(
 ) -> None:
     """Each table's start marker, with the source the rows are read from."""
     producer = SnapshotProducer(settings, settings.producer.max_inflight_bytes, job.epoch)
+    catalog = Catalog(settings.postgres.conninfo()) if producer.avro is not None else None
     try:
         for t in tables:
+            shape: Shape | None = None
+            if catalog is not None:  # Avro: the marker is written with the table's schema
+                types = TypeRegistry(catalog.type_info)
+                cols = t.relation.columns
+                shape = ({c.name: types.name(c.type_oid) for c in cols},
+                         [c.name for c in cols if c.is_key])  # fmt: skip
             producer.marker(
                 settings.postgres.database, t.schema, t.name, job.version,
                 {"id": job.id, "phase": "start",
                  "source": {"system": system[0], "timeline": system[1]}},
+                shape,
             )  # fmt: skip
         producer.flush()
     finally:
         producer.close()
+        if catalog is not None:
+            catalog.close()
 
 
 def after_source_change(settings: Pg2KafkaSettings, reason: str) -> str:

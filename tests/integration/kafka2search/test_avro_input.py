@@ -108,3 +108,38 @@ def _norm(row: dict[str, Any]) -> dict[str, Any]:
 
 
 pytestmark = pytest.mark.timeout(600)
+
+
+def test_an_avro_snapshot_then_changes_into_the_index(
+    make_harness: HarnessFactory, make_indexer: IndexerFactory, unique_name: str
+) -> None:
+    """The initial snapshot in Avro: two reader processes, one-page chunks, the start and
+    end markers (written with the table's schema), then streamed changes."""
+    from services.pg2kafka import admin
+
+    table = f"{unique_name}_s"
+    with running() as (url, registry):
+        h = make_harness(
+            init=False,
+            producer={"encoding": "avro"},
+            schema_registry={"url": url, "subject_name_strategy": "record"},
+            snapshot={"mode": "initial", "automatic": False, "workers": 2, "chunk_pages": 1},
+            filters={"include": [f"public.{table}"]},
+        )
+        h.sql(f"CREATE TABLE {table} (id int PRIMARY KEY, v text, n numeric, ok bool)")
+        h.sql(f"INSERT INTO {table} SELECT g, 'v' || g, g / 3.0, g % 2 = 0"
+              " FROM generate_series(1, 300) g")  # fmt: skip
+        admin.init(h.settings)
+        h.start()
+        ix = make_indexer(h.settings.producer.topic, schema_registry={"url": url}).start()
+        ix.wait(lambda: len(ix.docs(table)) == 300, "the snapshot indexed", timeout=120)
+        h.sql(f"UPDATE {table} SET v = 'streamed' WHERE id <= 10")
+        h.sql(f"DELETE FROM {table} WHERE id > 290")
+        want = {
+            str(i): {"id": i, "v": v, "n": n, "ok": ok}
+            for i, v, n, ok in h.sql(f"SELECT id, v, n::text, ok FROM {table}")
+        }
+        ix.wait(lambda: ix.docs(table) == want, "the index equal to the table", timeout=90)
+        # One subject for the table (record strategy), one version: the markers and the
+        # rows of both reader processes and the stream share the schema.
+        assert [len(v) for v in registry.subjects.values()] == [1], registry.subjects
