@@ -153,7 +153,10 @@ class ReplicationSession:
         self.handler = handler
         s = self.settings
         try:
-            if needs_kafka and self.target.topic_template is None:
+            # One topic to check: not under a template, nor in the Debezium format
+            # (a topic per table, created or checked at each table's first change).
+            per_table = s.producer.format == "debezium" and self.target.topic == s.producer.topic
+            if needs_kafka and self.target.topic_template is None and not per_table:
                 self.ensure_topic(self.target.topic)
             if not self.leader.acquire(self.stop, s.replication.standby_poll_s, self.live.tick):
                 return False
