@@ -42,6 +42,7 @@ from functools import lru_cache
 from typing import Any, Literal
 
 import fastavro
+import msgspec
 import orjson
 
 from shared.contract.event import EventDecodeError
@@ -140,9 +141,13 @@ def event_schema(db: str, schema: str, table: str, types: Mapping[str, str],
             {"name": "commit_lsn", "type": "long"},
             {"name": "xid", "type": "long"},
             {"name": "commit_ts", "type": "string"},
-            {"name": "key", "type": key_row},
+            {"name": "key", "type": ["null", key_row], "default": None},  # null: {}
             {"name": "new", "type": ["null", row], "default": None},
             {"name": "old", "type": ["null", "Row"], "default": None},
+            # The columns ``old`` holds when not all (a key-only image): the others are
+            # absent, not null.
+            {"name": "old_columns", "type": ["null", {"type": "array", "items": "string"}],
+             "default": None},
             {"name": "unchanged_toast", "type": ["null", {"type": "array", "items": "string"}],
              "default": None},
             # DDL and snapshot details, rare: their JSON, as in the JSON event.
@@ -160,8 +165,12 @@ def event_schema(db: str, schema: str, table: str, types: Mapping[str, str],
 def _to_avro(value: Any, kind: str, column: str) -> Any:
     if value is None:
         return None
-    if kind == "j":
-        return orjson.dumps(value).decode()
+    if kind == "j":  # the JSON's own text when it came as such (exact numbers)
+        return (
+            bytes(value).decode()
+            if isinstance(value, msgspec.Raw)
+            else orjson.dumps(value).decode()
+        )
     if kind == "x":
         return base64.b64decode(value)
     if isinstance(value, list):
@@ -252,12 +261,17 @@ def event_to_avro(ev: Mapping[str, Any], schema: dict[str, Any]) -> dict[str, An
     :func:`event_schema`. A row's columns left out (unchanged TOAST) are null in the
     datum and named in ``unchanged_toast``, as in the event."""
     key_plan, row_plan = _plans(schema)
+    old = ev.get("old")
+    old_columns = None
+    if old is not None and len(old) != len(row_plan):
+        old_columns = list(old)
     return {
         "v": ev["v"], "op": ev["op"], "db": ev["db"], "schema": ev["schema"],
         "table": ev["table"], "lsn": ev["lsn"], "seq": ev.get("seq", 0),
         "commit_lsn": ev.get("commit_lsn", ev["lsn"]), "xid": ev.get("xid", 0),
         "commit_ts": ev.get("commit_ts", ""),
-        "key": _row_to_avro(ev.get("key") or {}, key_plan),
+        "key": _row_to_avro(ev.get("key") or None, key_plan),
+        "old_columns": old_columns,
         "new": _row_to_avro(ev.get("new"), row_plan),
         "old": _row_to_avro(ev.get("old"), row_plan),
         "unchanged_toast": ev.get("unchanged_toast"),
@@ -281,9 +295,11 @@ def event_from_avro(datum: Mapping[str, Any], schema: dict[str, Any]) -> dict[st
         for k in ("v", "op", "db", "schema", "table", "lsn", "seq", "commit_lsn", "xid",
                   "commit_ts")
     }  # fmt: skip
-    ev["key"] = _row_from_avro(datum["key"], key_plan) or {}
+    ev["key"] = _row_from_avro(datum.get("key"), key_plan) or {}
     ev["new"] = _row_from_avro(datum.get("new"), row_plan, present)
-    ev["old"] = _row_from_avro(datum.get("old"), row_plan)
+    old_columns = datum.get("old_columns")
+    ev["old"] = _row_from_avro(datum.get("old"), row_plan,
+                               None if old_columns is None else set(old_columns))  # fmt: skip
     if toast:
         ev["unchanged_toast"] = toast
     ev["types"] = {f["pg_name"]: f["pg_type"] for f in _fields(schema, "new")}
@@ -418,6 +434,13 @@ class RegistryEncoder:
                     f"the schema registry refused pg2kafka's credentials: {exc.error_message}",
                     hint="check schema_registry.username / password",
                 ) from exc
+            if exc.http_status_code is not None and 400 <= exc.http_status_code < 500:
+                raise PermanentError(
+                    f"the schema registry refused the schema of subject {subj!r}:"
+                    f" {exc.error_message} ({exc.http_status_code})",
+                    hint="a registry that does not take walcast's Avro schemas: check"
+                    " schema_registry.url and the subject's settings",
+                ) from exc
             raise RetriableError(f"schema registry: {exc}") from exc
         except Exception as exc:  # the client's transport errors
             raise RetriableError(f"schema registry unreachable: {exc}") from exc
@@ -427,13 +450,12 @@ class RegistryEncoder:
         pre-encoded JSON fragments). ``shape``: the table's (types, key columns), for a
         control event written before any row of its table (a snapshot's start marker)."""
         schema_id, parsed, schema = self.schema_for(topic, ev, shape)
-        plain = ev
-        if any(isinstance(v, orjson.Fragment) for v in ev.values()):  # pg2kafka's rows
-            plain = {k: (orjson.loads(orjson.dumps(v)) if isinstance(v, orjson.Fragment) else v)
-                     for k, v in ev.items()}  # fmt: skip
         try:
+            plain = ev
+            if any(isinstance(v, orjson.Fragment) for v in ev.values()):  # pg2kafka's rows
+                plain = _from_fragments(ev, schema)
             datum = event_to_avro(plain, schema)
-        except ValueError as exc:
+        except (ValueError, msgspec.DecodeError) as exc:
             from shared.errors import PermanentError
 
             raise PermanentError(
@@ -445,6 +467,41 @@ class RegistryEncoder:
         out.write(_HEADER.pack(MAGIC, schema_id))
         fastavro.schemaless_writer(out, parsed, datum)
         return out.getvalue()
+
+
+_decode_raw_row = msgspec.json.Decoder(dict[str, msgspec.Raw] | None).decode
+_decode_raw_list = msgspec.json.Decoder(list[msgspec.Raw]).decode
+
+
+def _from_fragments(ev: Mapping[str, Any], schema: dict[str, Any]) -> dict[str, Any]:
+    """The event with pg2kafka's pre-encoded rows as values: a json / jsonb column (and
+    its array elements) keeps its JSON text, exact; the others are parsed."""
+    _, row_plan = _plans(schema)
+    kinds = {column: (kind, is_array) for _, column, kind, is_array in row_plan}
+    out = dict(ev)
+    for k in ("key", "new", "old"):
+        v = ev.get(k)
+        if not isinstance(v, orjson.Fragment):
+            continue
+        raw_row = _decode_raw_row(orjson.dumps(v))
+        if raw_row is None:
+            out[k] = None
+            continue
+        row: dict[str, Any] = {}
+        for column, raw in raw_row.items():
+            kind, is_array = kinds.get(column, ("s", False))
+            if kind != "j":
+                row[column] = orjson.loads(bytes(raw))
+            elif is_array and bytes(raw) != b"null":
+                row[column] = _decode_raw_list(bytes(raw))
+            else:
+                row[column] = None if bytes(raw) == b"null" else raw
+        out[k] = row
+    for k in ("types", "ddl", "snapshot"):
+        v = ev.get(k)
+        if isinstance(v, orjson.Fragment):
+            out[k] = orjson.loads(orjson.dumps(v))
+    return out
 
 
 class RegistryDecoder:
@@ -460,16 +517,35 @@ class RegistryDecoder:
         found = self._schemas.get(schema_id)
         if found is None:
             with self._lock:
-                try:
-                    text = self.client.get_schema(schema_id).schema_str
-                except Exception as exc:
-                    from shared.errors import RetriableError
-
-                    raise RetriableError(f"schema registry: schema {schema_id}: {exc}") from exc
-                schema = orjson.loads(text)
-                found = (fastavro.parse_schema(schema), schema)
+                found = self._fetch(schema_id)
                 self._schemas[schema_id] = found
         return found
+
+    def _fetch(self, schema_id: int) -> tuple[Any, dict[str, Any]]:
+        """A writer schema by id. Unknown to the registry, or no Avro record schema: the
+        record is unreadable (dead-lettered); the registry unreachable or failing: a
+        retriable error (the record is read again)."""
+        from confluent_kafka.schema_registry.error import SchemaRegistryError
+
+        from shared.errors import RetriableError
+
+        try:
+            text = self.client.get_schema(schema_id).schema_str
+        except SchemaRegistryError as exc:
+            if exc.http_status_code == 404:
+                raise EventDecodeError(
+                    f"schema id {schema_id} is unknown to the registry"
+                ) from None
+            raise RetriableError(f"schema registry: schema {schema_id}: {exc}") from exc
+        except Exception as exc:  # the client's transport errors
+            raise RetriableError(f"schema registry: schema {schema_id}: {exc}") from exc
+        try:
+            schema = orjson.loads(text or "")
+            if not isinstance(schema, dict):
+                raise ValueError("not a record schema")
+            return fastavro.parse_schema(schema), schema
+        except Exception as exc:  # noqa: BLE001 - whatever the registry holds: unreadable
+            raise EventDecodeError(f"schema {schema_id} is no Avro record schema: {exc}") from None
 
     def decode(self, data: bytes) -> bytes:
         schema_id, payload = unframe(data)

@@ -321,15 +321,20 @@ class ConsumerLoop(Generic[B]):
         value = msg.value()
         origin = Origin(topic, partition, offset, msg.key(), value or b"")
         try:
-            if self.avro is not None and value and value[0] == 0:
+            if value and value[0] == 0:  # Avro's wire format (no JSON starts so)
+                if self.avro is None:
+                    raise PermanentError(
+                        f"{topic}[{partition}]@{offset} is an Avro record (Confluent wire"
+                        " format) and no schema registry is configured",
+                        hint="set schema_registry.url to the registry its producer uses",
+                    )
                 value = self.avro.decode(value)
             if self.input_format == "walcast" or (
                 self.input_format == "auto" and not is_debezium(value)
             ):
-                self.apply(decode(value), origin)
-                return
-            values = translate(msg.key(), value)
-            views = [decode(v) for v in values]
+                views = [decode(value)]
+            else:
+                views = [decode(v) for v in translate(msg.key(), value)]
         except EventDecodeError as exc:
             self.dead_letters.send(origin, str(exc), "poison")
             self._mark(topic, partition, offset)

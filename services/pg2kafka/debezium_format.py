@@ -66,10 +66,12 @@ class Record:
 
 @dataclass(frozen=True, slots=True)
 class SnapshotRead:
-    """What the ``source`` of a snapshot's records says, as the connector's do: ``lsn``
-    the slot's consistent point (where streaming takes over), ``started_us`` when the
-    snapshot began (the same on every record of a run), ``xid`` the reading
-    transaction (walcast: the first transaction id its snapshot does not see)."""
+    """What the ``source`` of a snapshot's records says: ``lsn`` below every change
+    streamed after the snapshot (walcast: the slot's restart position; the connector
+    writes its consistent point, see services/pg2kafka/snapshot.py ``snapshot_read``),
+    ``started_us`` when the snapshot began (the same on every record of a run), ``xid``
+    the reading transaction (walcast: the first transaction id its snapshot does not
+    see)."""
 
     lsn: int
     started_us: int
@@ -190,7 +192,7 @@ class DebeziumRecords:
 
     def read(self, rel: pg.Relation, values: tuple[str | None, ...], snap: SnapshotRead) -> Record:
         """A row of a snapshot (each column's text output, as the snapshot's COPY gives
-        it): an ``r`` record at the slot's consistent point."""
+        it): an ``r`` record at ``snap.lsn``."""
         t = self.table(rel)
         after = self._row(t, values)
         return Record(t.topic, self._key(t, after), self._value(t, "r", None, after, snap,

@@ -726,7 +726,7 @@ class Reader:
                         )
                     )
                 if dbz is not None:
-                    snap = snapshot_read(conn, self.job)
+                    snap = snapshot_read(conn, self.job, version)
                 with conn.cursor().copy(query) as copy:
                     copy.set_types(["text"] * (2 if fast else len(rel.columns)))
                     for values in copy.rows():
@@ -796,19 +796,18 @@ class Reader:
         return name
 
 
-def snapshot_read(conn: psycopg.Connection[Any], job: Job) -> SnapshotRead:
-    """The Debezium ``source`` of a chunk's rows, read in its transaction: the slot's
-    consistent point (its confirmed position: the slot does not move before streaming
-    starts), the run's start and the first transaction the snapshot does not see."""
+def snapshot_read(conn: psycopg.Connection[Any], job: Job, version: int) -> SnapshotRead:
+    """The Debezium ``source`` of a chunk's rows, read in its transaction: ``lsn`` the
+    slot's restart position (``version`` + 1) — not its consistent point, as the
+    connector writes: a transaction that began before that point and committed after it
+    is streamed with changes below it, and a sink ordering by LSN would keep the read row
+    over them (docs/snapshots-design.md); below every streamed change, the row loses to
+    each. Also the run's start and the first transaction the snapshot does not see."""
     row = conn.execute(
-        "SELECT pg_catalog.pg_snapshot_xmax(pg_catalog.pg_current_snapshot())::text::bigint,"
-        " (SELECT confirmed_flush_lsn - '0/0'::pg_lsn FROM pg_catalog.pg_replication_slots"
-        "  WHERE slot_name = %s)",
-        [job.slot],
+        "SELECT pg_catalog.pg_snapshot_xmax(pg_catalog.pg_current_snapshot())::text::bigint"
     ).fetchone()
-    if row is None or row[1] is None:
-        raise RetriableError(f"replication slot {job.slot!r} is gone")
-    return SnapshotRead(lsn=int(row[1]), started_us=job.started_us, xid=int(row[0]))
+    assert row is not None
+    return SnapshotRead(lsn=version + 1, started_us=job.started_us, xid=int(row[0]))
 
 
 def oversized_event(ev: dict[str, Any] | ChangeEvent, size: int) -> dict[str, Any]:
@@ -1267,6 +1266,12 @@ def after_source_change(settings: Pg2KafkaSettings, reason: str) -> str:
                     )
                 if slot is None:
                     return "no slot on this server: the initial snapshot reads every table"
+                if settings.producer.format == "debezium":
+                    return (
+                        "producer.format=debezium has no incremental snapshots: the sinks"
+                        " keep the old source's rows this one lacks; to read every table"
+                        " again, pg2kafka tear-down, then run (a new initial snapshot)"
+                    )
                 tables = conn.execute(
                     "INSERT INTO _walcast.snapshot_requests (publication, schema_name,"
                     " table_name, reason) SELECT pubname, schemaname, tablename,"

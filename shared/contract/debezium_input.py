@@ -18,8 +18,11 @@ The mapping (docs/events.md, "Reading Debezium topics"):
   (the converter's ``schemas.enable=false``) is refused: its numbers, dates and bytes
   cannot be read without one.
 - The version sinks compare is ``source.lsn``: the change's own position. A snapshot's
-  row (``r``) carries the slot's consistent point, which a change made after the
-  snapshot can share: it is versioned one below, so that change wins.
+  row (``r``) is versioned one below its ``source.lsn``. pg2kafka writes there the
+  slot's restart position, below every change streamed after the snapshot; the real
+  connector writes its slot's consistent point, and a transaction that began before that
+  point and committed after it has changes below it — such a change, arriving after the
+  row, is refused as older (docs/events.md states this limit).
 - ``key``: the Kafka key's columns; a table without a key (REPLICA IDENTITY FULL and no
   primary key: the connector writes no key) is keyed by its whole row, as walcast's own
   events are — so an update of such a row is a delete of the old row and an insert of
@@ -70,6 +73,17 @@ def translate(key: bytes | None, value: bytes | None) -> list[bytes]:
 
 def events(key: bytes | None, value: bytes | None) -> list[dict[str, Any]]:
     """:func:`translate`, as dicts."""
+    try:
+        return _events(key, value)
+    except EventDecodeError:
+        raise
+    except (ValueError, TypeError, KeyError, AttributeError, OverflowError, OSError) as exc:
+        # Shapes no rule above foresaw (a timestamp out of range, a malformed schema):
+        # unreadable, like any other malformed record, never a stop of the sink.
+        raise EventDecodeError(f"unreadable Debezium record: {type(exc).__name__}: {exc}") from None
+
+
+def _events(key: bytes | None, value: bytes | None) -> list[dict[str, Any]]:
     if value is None:
         return []  # a tombstone: for log compaction, after the delete it follows
     record = _json(value, "value")
@@ -106,6 +120,16 @@ def events(key: bytes | None, value: bytes | None) -> list[dict[str, Any]]:
         raise EventDecodeError(f"Debezium {_OPS[op]} without an after image")
     if op == "r":
         head["lsn"] = head["commit_lsn"] = max(head["lsn"] - 1, 0)
+    if names is None and before is not None and after[1]:
+        # Keyed by the whole row, the key must be whole: an unchanged TOAST value is
+        # taken from the before image (complete under REPLICA IDENTITY FULL).
+        missing = [c for c in after[1] if c not in before[0]]
+        if missing:
+            raise EventDecodeError(
+                f"Debezium update of a table without a key: unchanged TOAST column(s)"
+                f" {missing} are in neither image"
+            )
+        after = ({**after[0], **{c: before[0][c] for c in after[1]}}, [])
     if names is None and op == "u" and before is not None and before[0] != after[0]:
         # Keyed by its whole row, the row moved to another key.
         return [

@@ -174,3 +174,32 @@ def test_the_producers_pre_encoded_rows_and_a_ddl_evolve_the_schema(
     del truncate["types"]
     enc.encode("f", truncate)
     assert len(state.subjects["f-value"]) == 2  # no new version for a truncate
+
+
+def test_json_columns_keep_their_exact_text_and_partial_images_stay_partial(
+    registry: tuple[Any, Registry],
+) -> None:
+    """From pg2kafka's pre-encoded rows a json value's numbers stay exact (no float
+    round trip); an empty key and a key-only old image come back as they went."""
+    client, _ = registry
+    doc = b'{"big": 12345678901234567890123, "dec": 1.10}'
+    new = orjson.Fragment(b'{"id": 1, "doc": ' + doc + b', "tags": ["a"]}')
+    ev = event(new=new, types={"id": "int4", "doc": "jsonb", "tags": "_text"},
+               old={"id": 0}, op="update")  # fmt: skip
+    back = RegistryDecoder(client).decode(RegistryEncoder(client).encode("x", ev))
+    assert doc in back  # the JSON's text, byte for byte
+    out = orjson.loads(back)
+    assert out["old"] == {"id": 0}  # the key-only image: no nulls for absent columns
+    control = event(op="truncate", key={}, new=None)
+    assert (
+        orjson.loads(RegistryDecoder(client).decode(RegistryEncoder(client).encode("x", control)))[
+            "key"
+        ]
+        == {}
+    )
+
+
+def test_an_unknown_schema_id_is_an_unreadable_record(registry: tuple[Any, Registry]) -> None:
+    client, _ = registry
+    with pytest.raises(EventDecodeError, match="schema id 999 is unknown"):
+        RegistryDecoder(client).decode(struct.pack(">bI", 0, 999))

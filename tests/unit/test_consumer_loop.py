@@ -17,7 +17,7 @@ from prometheus_client import CollectorRegistry
 
 from shared.consumer import ConsumerLoop, ConsumerMetrics, DeadLetters
 from shared.contract.event import EventView
-from shared.errors import RetriableError
+from shared.errors import PermanentError, RetriableError
 from shared.interfaces import BatchSink, Origin, Wait
 from shared.kafka import KafkaOffsetCheckpointer
 from shared.retry import BackoffPolicy
@@ -341,3 +341,16 @@ def test_ready_means_joined_the_group() -> None:
     finally:
         assert loop.writer is not None
         loop.writer.shutdown(wait=True)
+
+
+def test_an_avro_record_without_a_registry_stops_the_loop_saying_what_to_set() -> None:
+    """A whole Avro topic read without schema_registry.url must not pour into the
+    dead-letter topic: the loop stops (nothing committed) with what to fix."""
+    loop, _, consumer, dead = make_loop()
+    try:
+        with pytest.raises(PermanentError, match="no schema registry is configured"):
+            loop.handle(Msg(0, 1, b"\x00\x00\x00\x00\x01payload"))
+    finally:
+        assert loop.writer is not None
+        loop.writer.shutdown(wait=True)
+    assert (dead.sent, consumer.commits) == ([], [])

@@ -139,3 +139,22 @@ def test_auto_tells_walcast_events_from_debezium_records() -> None:
     assert not is_debezium(b'{"v":1,"op":"insert"}')
     assert is_debezium(record("c", None, {"id": 1})[1])
     assert is_debezium(None)
+
+
+def test_a_keyless_rows_unchanged_toast_comes_from_its_before_image() -> None:
+    """The whole row is the key: an unchanged TOAST value in ``after`` is taken from the
+    complete ``before`` (REPLICA IDENTITY FULL), so the key stays whole."""
+    old = {"id": 1, "body": "long text", "blob": None}
+    new = {"id": 2, "body": debezium.UNAVAILABLE, "blob": None}
+    out = events(*record("u", old, new))
+    assert [(e["op"], e["key"]) for e in out] == [
+        ("delete", old), ("insert", {"id": 2, "body": "long text", "blob": None})]  # fmt: skip
+    assert "unchanged_toast" not in out[1]
+
+
+def test_unforeseen_shapes_are_unreadable_records_not_crashes() -> None:
+    key, value = record("c", None, {"id": 1})
+    broken = orjson.loads(value)
+    broken["payload"]["source"]["ts_us"] = 2**62  # beyond any datetime
+    with pytest.raises(EventDecodeError, match="unreadable Debezium record"):
+        translate(key, orjson.dumps(broken))

@@ -39,8 +39,9 @@ EXPECTED = {"acct": 8, "pair": 5}  # records per table, tombstones included
 def normalise(record: tuple[Any, Any], prefix: str, read: bool = False) -> Any:
     """What legitimately differs between two producers of the same change; of a snapshot's
     rows (``read``) also what belongs to each producer's own snapshot: its slot's
-    consistent point, its reading transaction, its start, and which records Debezium
-    marks first and last (walcast's parallel chunks mark none: docs/events.md)."""
+    position (walcast: its restart position; Debezium: its consistent point), its reading
+    transaction, its start, and which records Debezium marks first and last (walcast's
+    parallel chunks mark none: docs/events.md)."""
     key, value = record
     text = re.sub(re.escape(prefix) + r"\.", "P.", repr((key, value)))
     key, value = eval(text)  # noqa: S307 - our own repr of JSON values
@@ -128,7 +129,7 @@ def test_snapshot_records_equal_the_real_connectors(
 ) -> None:
     """Rows the tables held before either started: both snapshot them (``op r``) and then
     stream; the records compare equal as above, and walcast's snapshot records carry its
-    slot's consistent point, below every change streamed after them."""
+    slot's restart position, below every change streamed after them."""
     url = debezium.ensure_running()
     schema = unique_name
     ours_prefix = f"{unique_name}_w"
@@ -175,9 +176,9 @@ def test_snapshot_records_equal_the_real_connectors(
                 compare(ours, theirs, (ours_prefix, prefix), table, read=rows)
                 sources = {repr({k: r[1]["payload"]["source"][k] for k in ("lsn", "ts_ms")})
                            for r in ours}  # fmt: skip
-                assert len(sources) == 1, sources  # one consistent point, one start
+                assert len(sources) == 1, sources  # one position, one start
                 assert {r[1]["payload"]["source"]["snapshot"] for r in ours} == {"true"}
-            # Streaming takes over after the snapshot, above its consistent point.
+            # Streaming takes over after the snapshot, above its position.
             h.sql(after)
 
             def changed(records: list[Any]) -> bool:
