@@ -45,6 +45,7 @@ import fastavro
 import msgspec
 import orjson
 
+from shared.contract.debezium_avro import avro_schema, connect_schema, from_datum, to_datum
 from shared.contract.event import EventDecodeError
 from shared.contract.pgtypes import by_name
 
@@ -67,9 +68,9 @@ def record_name(db: str, schema: str, table: str) -> str:
     return ".".join(("walcast", avro_name(db), avro_name(schema), avro_name(table), "Event"))
 
 
-def subject(strategy: SubjectStrategy, topic: str, record: str) -> str:
+def subject(strategy: SubjectStrategy, topic: str, record: str, key: bool = False) -> str:
     if strategy == "topic":
-        return f"{topic}-value"
+        return f"{topic}-key" if key else f"{topic}-value"
     if strategy == "record":
         return record
     return f"{topic}-{record}"
@@ -478,10 +479,14 @@ def _from_fragments(ev: Mapping[str, Any], schema: dict[str, Any]) -> dict[str, 
     its array elements) keeps its JSON text, exact; the others are parsed."""
     _, row_plan = _plans(schema)
     kinds = {column: (kind, is_array) for _, column, kind, is_array in row_plan}
+    exact = any(kind == "j" for kind, _ in kinds.values())  # else: parsed whole
     out = dict(ev)
     for k in ("key", "new", "old"):
         v = ev.get(k)
         if not isinstance(v, orjson.Fragment):
+            continue
+        if not exact:
+            out[k] = orjson.loads(orjson.dumps(v))
             continue
         raw_row = _decode_raw_row(orjson.dumps(v))
         if raw_row is None:
@@ -504,6 +509,40 @@ def _from_fragments(ev: Mapping[str, Any], schema: dict[str, Any]) -> dict[str, 
     return out
 
 
+class ConnectRegistryEncoder:
+    """Kafka Connect records (the JSON converter's ``{"schema", "payload"}``: pg2kafka's
+    Debezium keys and values) to Confluent wire-format Avro, as Confluent's AvroConverter
+    writes them (:mod:`shared.contract.debezium_avro`). Each Connect schema is converted
+    and registered once per subject (``<topic>-key`` / ``<topic>-value`` under the
+    ``topic`` strategy); a changed one (a column added) is registered when first met,
+    and the registry's compatibility rule decides. Thread-safe."""
+
+    def __init__(self, client: Any, strategy: SubjectStrategy = "topic") -> None:
+        self.client = client
+        self.strategy = strategy
+        self._walcast = RegistryEncoder(client, strategy)  # its registration rules
+        self._ids: dict[tuple[str, str], tuple[int, Any]] = {}
+        self._lock = threading.Lock()
+
+    def encode(self, topic: str, record: Mapping[str, Any], key: bool = False) -> bytes:
+        connect = record["schema"]
+        text = orjson.dumps(connect, option=orjson.OPT_SORT_KEYS).decode()
+        subj = subject(self.strategy, topic, str(connect.get("name") or "Connect"), key)
+        found = self._ids.get((subj, text))
+        if found is None:
+            with self._lock:
+                found = self._ids.get((subj, text))
+                if found is None:
+                    avro = avro_schema(connect)
+                    schema_id = self._walcast._register(subj, orjson.dumps(avro).decode())
+                    found = (schema_id, fastavro.parse_schema(avro))
+                    self._ids[(subj, text)] = found
+        out = io.BytesIO()
+        out.write(_HEADER.pack(MAGIC, found[0]))
+        fastavro.schemaless_writer(out, found[1], to_datum(connect, record["payload"]))
+        return out.getvalue()
+
+
 class RegistryDecoder:
     """Confluent wire-format records back to change events (JSON bytes the event
     contract decodes), each writer schema fetched from the registry once by its id."""
@@ -511,6 +550,7 @@ class RegistryDecoder:
     def __init__(self, client: Any) -> None:
         self.client = client
         self._schemas: dict[int, tuple[Any, dict[str, Any]]] = {}
+        self._connect: dict[int, dict[str, Any]] = {}
         self._lock = threading.Lock()
 
     def _schema(self, schema_id: int) -> tuple[Any, dict[str, Any]]:
@@ -548,18 +588,31 @@ class RegistryDecoder:
             raise EventDecodeError(f"schema {schema_id} is no Avro record schema: {exc}") from None
 
     def decode(self, data: bytes) -> bytes:
+        """A walcast event's JSON; or, for a Kafka Connect record (a Debezium key or
+        value: its schema carries ``connect.name``), the JSON converter's record with its
+        schema, which :mod:`shared.contract.debezium_input` reads."""
         schema_id, payload = unframe(data)
         parsed, schema = self._schema(schema_id)
-        if not str(schema.get("namespace", "")).startswith("walcast."):
+        # A Connect record carries connect.name (its namespace may well start with
+        # "walcast.": Debezium's default topic prefix here is "walcast").
+        connect_record = "connect.name" in schema
+        walcast = not connect_record and str(schema.get("namespace", "")).startswith("walcast.")
+        if not walcast and not connect_record:
             raise EventDecodeError(
-                f"Avro record of schema {schema_id} is not a walcast change event"
+                f"Avro record of schema {schema_id} is neither a walcast change event nor a"
+                " Kafka Connect record"
             )
         try:
             datum = fastavro.schemaless_reader(io.BytesIO(payload), parsed, None)
         except Exception as exc:
             raise EventDecodeError(f"Avro record does not match schema {schema_id}: {exc}") from exc
         assert isinstance(datum, dict)
-        return orjson.dumps(event_from_avro(datum, schema))
+        if walcast:
+            return orjson.dumps(event_from_avro(datum, schema))
+        connect = self._connect.get(schema_id)
+        if connect is None:
+            connect = self._connect[schema_id] = connect_schema(schema)
+        return orjson.dumps({"schema": connect, "payload": from_datum(connect, datum)})
 
 
 def registry_client(url: str, conf: Mapping[str, Any] | None = None) -> Any:

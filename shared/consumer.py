@@ -334,7 +334,10 @@ class ConsumerLoop(Generic[B]):
             ):
                 views = [decode(value)]
             else:
-                views = [decode(v) for v in translate(msg.key(), value)]
+                key = msg.key()
+                if key and key[0] == 0 and self.avro is not None:  # an Avro Debezium key
+                    key = self.avro.decode(key)
+                views = [decode(v) for v in translate(key, value)]
         except EventDecodeError as exc:
             self.dead_letters.send(origin, str(exc), "poison")
             self._mark(topic, partition, offset)

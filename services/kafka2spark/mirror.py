@@ -1098,6 +1098,8 @@ def _translate_record(
             if decoder is None:
                 decoder = _decoders[str(registry.url)] = RegistryDecoder(registry.client())
             value = decoder.decode(value)
+            if key and key[0] == 0:  # an Avro Debezium key
+                key = decoder.decode(key)
         if fmt == "walcast" or (fmt == "auto" and not is_debezium(value)):
             return [value], None
         return debezium_translate(key, value), None

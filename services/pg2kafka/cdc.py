@@ -15,7 +15,7 @@ import orjson
 import psycopg
 
 from services.pg2kafka import pgoutput as pg
-from services.pg2kafka.debezium_format import DebeziumRecords, too_large
+from services.pg2kafka.debezium_format import DebeziumRecords, connect_encoder, too_large
 from services.pg2kafka.filters import TableFilter
 from services.pg2kafka.incremental import WATERMARK, Incremental
 from services.pg2kafka.metrics import Metrics
@@ -66,7 +66,7 @@ class CdcHandler:
                 settings.schema_registry.client(),
                 settings.schema_registry.subject_name_strategy,
             )
-            if settings.producer.encoding == "avro"
+            if settings.producer.encoding == "avro" and settings.producer.format == "walcast"
             else None
         )
         self._session: ReplicationSession | None = None
@@ -135,6 +135,7 @@ class CdcHandler:
                     b.types,
                     session.catalog.not_null,
                     session.catalog.primary_key,
+                    avro=connect_encoder(self.settings),
                 )
             for r in records.change(rel, msg, b.txn, lsn):
                 limit = self._limits.get(r.topic)

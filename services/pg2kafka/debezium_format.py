@@ -25,8 +25,9 @@ import orjson
 from services.pg2kafka import pgoutput as pg
 from services.pg2kafka._native import convert_value
 from services.pg2kafka.changes import Transaction
-from services.pg2kafka.settings import DebeziumSettings
+from services.pg2kafka.settings import DebeziumSettings, Pg2KafkaSettings
 from services.pg2kafka.types import TypeRegistry
+from shared.avro import ConnectRegistryEncoder
 from shared.contract import debezium
 from shared.errors import PermanentError
 
@@ -91,8 +92,12 @@ class DebeziumRecords:
         not_null: Callable[[int], set[str]],
         primary_key: Callable[[int], list[str]],
         clock: Callable[[], int] = time.time_ns,
+        avro: ConnectRegistryEncoder | None = None,
     ) -> None:
         self.settings = settings
+        # producer.encoding=avro: keys and values as Confluent's AvroConverter writes
+        # them (the schemas always built: the registry holds them).
+        self.avro = avro
         self.database = database
         self.types = types
         self.not_null = not_null
@@ -119,7 +124,7 @@ class DebeziumRecords:
             keys = ()
         topic = debezium.record_name(self.settings.topic_prefix, rel.schema, rel.table)
         key_schema = value_schema = None
-        if self.settings.schemas:
+        if self.settings.schemas or self.avro is not None:
             fields = [
                 debezium.field_schema(c.name, c.type, c.typmod, c.name not in required)
                 for c in columns
@@ -164,6 +169,8 @@ class DebeziumRecords:
         if not t.keys:
             return None
         payload = {t.columns[i].name: row[t.columns[i].name] for i in t.keys}
+        if self.avro is not None:
+            return self.avro.encode(t.topic, {"schema": t.key_schema, "payload": payload}, True)
         return orjson.dumps(debezium.with_schema(payload, t.key_schema))
 
     def _value(
@@ -188,6 +195,8 @@ class DebeziumRecords:
             last_commit_lsn=last_commit,
         )
         payload = debezium.envelope(op, before, after, source, self.clock() // 1000)
+        if self.avro is not None:
+            return self.avro.encode(t.topic, {"schema": t.value_schema, "payload": payload})
         return orjson.dumps(debezium.with_schema(payload, t.value_schema))
 
     def read(self, rel: pg.Relation, values: tuple[str | None, ...], snap: SnapshotRead) -> Record:
@@ -236,6 +245,14 @@ class DebeziumRecords:
         if self.settings.tombstones and key is not None:
             out.append(Record(t.topic, key, None, "tombstone"))
         return out
+
+
+def connect_encoder(settings: Pg2KafkaSettings) -> ConnectRegistryEncoder | None:
+    """The Avro encoder of ``format: debezium`` with ``encoding: avro``, else None."""
+    if settings.producer.format != "debezium" or settings.producer.encoding != "avro":
+        return None
+    registry = settings.schema_registry
+    return ConnectRegistryEncoder(registry.client(), registry.subject_name_strategy)
 
 
 def too_large(what: str, topic: str, size: int, limit: int) -> PermanentError:

@@ -284,13 +284,9 @@ class Pg2KafkaSettings(ServiceSettings):
             return self
         if self.schema_registry.url is None:
             raise ValueError("producer.encoding=avro needs schema_registry.url")
-        if self.producer.format != "walcast":
-            raise ValueError(
-                "producer.encoding=avro is built for producer.format=walcast so far (the"
-                " Debezium envelope in Avro is not)"
-            )
         template = self.producer.topic_template or ""
-        if self.schema_registry.subject_name_strategy == "topic" and "{table}" not in template:
+        per_table = "{table}" in template or self.producer.format == "debezium"
+        if self.schema_registry.subject_name_strategy == "topic" and not per_table:
             raise ValueError(
                 "schema_registry.subject_name_strategy=topic keeps one schema per topic, but"
                 " this topic carries several tables: set subject_name_strategy=topic_record"

@@ -57,7 +57,12 @@ from psycopg.types.json import Jsonb
 
 from services.pg2kafka import pgoutput as pg
 from services.pg2kafka.changes import EventBuilder, iso_utc
-from services.pg2kafka.debezium_format import DebeziumRecords, SnapshotRead, too_large
+from services.pg2kafka.debezium_format import (
+    DebeziumRecords,
+    SnapshotRead,
+    connect_encoder,
+    too_large,
+)
 from services.pg2kafka.filters import TableFilter
 from services.pg2kafka.postgres import Catalog
 from services.pg2kafka.replication import (
@@ -527,7 +532,7 @@ class SnapshotProducer:
                 settings.schema_registry.client(),
                 settings.schema_registry.subject_name_strategy,
             )
-            if settings.producer.encoding == "avro"
+            if settings.producer.encoding == "avro" and settings.producer.format == "walcast"
             else None
         )
 
@@ -646,6 +651,7 @@ class Reader:
                 self.builder.types,
                 self.catalog.not_null,
                 self.catalog.primary_key,
+                avro=connect_encoder(settings),
             )
             if settings.producer.format == "debezium"
             else None

@@ -165,7 +165,7 @@ def _b64(data: bytes) -> str:
     return base64.b64encode(data).decode()
 
 
-def _twos_complement(n: int) -> bytes:
+def twos_complement(n: int) -> bytes:
     """Java's ``BigInteger.toByteArray``: big-endian two's complement, shortest form."""
     length = (n + (n < 0)).bit_length() // 8 + 1
     return n.to_bytes(length, "big", signed=True)
@@ -196,12 +196,12 @@ def _numeric(text: str, typmod: int) -> Any:
         return None  # NaN / ±Infinity: Debezium writes null in precise mode
     unscaled, scale = parts
     if ps is None:
-        return {"scale": scale, "value": _b64(_twos_complement(unscaled))}
+        return {"scale": scale, "value": _b64(twos_complement(unscaled))}
     target = ps[1]
     unscaled = (
         unscaled * 10 ** (target - scale) if target >= scale else unscaled // 10 ** (scale - target)
     )
-    return _b64(_twos_complement(unscaled))
+    return _b64(twos_complement(unscaled))
 
 
 def _money(text: str, typmod: int) -> Any:

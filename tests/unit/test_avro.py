@@ -10,6 +10,7 @@ import io
 import json
 import struct
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import fastavro
@@ -140,7 +141,9 @@ def test_records_that_are_not_walcast_events_are_refused(registry: tuple[Any, Re
 
     other = {"type": "record", "name": "Thing", "namespace": "acme", "fields": []}
     sid = client.register_schema("x-value", Schema(json.dumps(other), "AVRO"))
-    with pytest.raises(EventDecodeError, match="not a walcast change event"):
+    with pytest.raises(
+        EventDecodeError, match="neither a walcast change event nor a Kafka Connect record"
+    ):
         RegistryDecoder(client).decode(struct.pack(">bI", 0, sid))
     with pytest.raises(PermanentError, match="multi-dimensional"):
         RegistryEncoder(client).encode("t", event(new={**ROW, "nums": [[1, 2], [3, 4]]}))
@@ -203,3 +206,20 @@ def test_an_unknown_schema_id_is_an_unreadable_record(registry: tuple[Any, Regis
     client, _ = registry
     with pytest.raises(EventDecodeError, match="schema id 999 is unknown"):
         RegistryDecoder(client).decode(struct.pack(">bI", 0, 999))
+
+
+def test_debezium_records_in_avro_read_back_as_the_json_converters(
+    registry: tuple[Any, Registry],
+) -> None:
+    """The real connector's records (tests/unit/data), keys and values, through the
+    Connect encoder and the registry: read back, the JSON converter's records again;
+    subjects <topic>-key / <topic>-value."""
+    from shared.avro import ConnectRegistryEncoder
+
+    client, state = registry
+    data = json.loads((Path(__file__).parent / "data" / "debezium_3.7.0_types.json").read_text())
+    enc, dec = ConnectRegistryEncoder(client), RegistryDecoder(client)
+    for key, value in data["records"][:3]:
+        assert orjson.loads(dec.decode(enc.encode("dbz", key, key=True))) == key
+        assert orjson.loads(dec.decode(enc.encode("dbz", value))) == value
+    assert sorted(state.subjects) == ["dbz-key", "dbz-value"]

@@ -74,7 +74,7 @@ def test_decimal_bytes_are_javas_shortest_twos_complement() -> None:
         -129: b"\xff\x7f",
     }
     for n, want in cases.items():
-        assert debezium._twos_complement(n) == want, n
+        assert debezium.twos_complement(n) == want, n
 
 
 def test_commit_timestamps_in_milliseconds() -> None:

@@ -48,3 +48,50 @@ def test_the_mirror_of_an_avro_topic_equals_the_table(
         assert any(len(v) == 2 for v in registry.subjects.values())  # the DDL evolved it
         # The executors fetched the writer schemas (pg2kafka only registers them).
         assert any(m == "GET" and p.startswith("/schemas/ids/") for m, p in registry.requests)
+
+
+def test_the_mirror_of_a_debezium_avro_topic_equals_the_table(
+    make_harness: HarnessFactory, make_mirror: MirrorFactory, unique_name: str
+) -> None:
+    """Debezium's records in Avro (``format: debezium``, ``encoding: avro``), its initial
+    snapshot included: keys and values decoded on the executors, then translated."""
+    from services.pg2kafka import admin
+
+    with running() as (url, _):
+        h = make_harness(
+            init=False,
+            producer={"encoding": "avro", "format": "debezium", "create_topic": True,
+                      "topic_partitions": 1},
+            schema_registry={"url": url},
+            snapshot={"mode": "initial", "automatic": False},
+            filters={"include": [f"public.k2d_{unique_name[-8:]}"]},  # make_table's name
+        )  # fmt: skip
+        prefix = h.settings.debezium.topic_prefix
+        table = make_table(h)
+        h.sql(f"INSERT INTO {table} (id, name, price, ts) SELECT g, 'n' || g, g * 1.25,"
+              " '2026-01-01 00:00:00+00' FROM generate_series(1, 50) g")  # fmt: skip
+        admin.init(h.settings)
+        h.start()
+        h.sql(f"UPDATE {table} SET name = name || '!' WHERE id % 3 = 0")
+        h.sql(f"DELETE FROM {table} WHERE id % 10 = 0")
+        lsn = int(h.sql("SELECT pg_current_wal_lsn() - '0/0'::pg_lsn")[0][0])
+        slot = h.settings.replication.slot
+
+        def streamed() -> bool:  # the slot appears with the snapshot
+            rows = h.sql("SELECT confirmed_flush_lsn - '0/0'::pg_lsn FROM pg_replication_slots"
+                         " WHERE slot_name = %s", [slot])  # fmt: skip
+            return bool(rows) and int(rows[0][0]) >= lsn
+
+        wait_for(streamed, "the snapshot and the workload in Kafka", timeout=120)
+        topic = f"{prefix}.public.{table}"
+        made = make_mirror(topic)
+        s = made.settings
+        settings = s.model_copy(update={
+            "schema_registry": SchemaRegistrySettings(url=url),
+            "source": s.source.model_copy(update={"input_format": "debezium"}),
+        })  # fmt: skip
+        m = Mirror(made.spark, settings)
+        m.run()
+        columns = "id, name, price::text, active, doc::text, big, ts, op"
+        assert delta_rows(m.path(table)) == pg_rows(h, table, columns)
+        assert not (s.delta.root / "_quarantine").exists()
