@@ -223,3 +223,32 @@ def test_debezium_records_in_avro_read_back_as_the_json_converters(
         assert orjson.loads(dec.decode(enc.encode("dbz", key, key=True))) == key
         assert orjson.loads(dec.decode(enc.encode("dbz", value))) == value
     assert sorted(state.subjects) == ["dbz-key", "dbz-value"]
+
+
+def test_a_debezium_tables_new_column_evolves_its_subject_a_retyped_one_is_refused(
+    registry: tuple[Any, Registry],
+) -> None:
+    """Debezium writes no DDL: a table's Avro schema changes with the first record that
+    carries the new columns, and the registry's rule decides then (BACKWARD: an optional
+    column added passes, a column's type changed does not)."""
+    from shared.avro import ConnectRegistryEncoder
+
+    client, state = registry
+    enc = ConnectRegistryEncoder(client)
+
+    def value(*fields: dict[str, Any]) -> dict[str, Any]:
+        row = {
+            "type": "struct",
+            "optional": True,
+            "name": "p.s.t.Value",
+            "fields": [{"type": "int32", "optional": False, "field": "id"}, *fields],
+        }
+        return {"schema": {"type": "struct", "optional": False, "name": "p.s.t.Envelope",
+                           "fields": [{**row, "field": "after"}]},
+                "payload": {"after": {"id": 1, **{f["field"]: None for f in fields}}}}  # fmt: skip
+
+    enc.encode("p.s.t", value())
+    enc.encode("p.s.t", value({"type": "string", "optional": True, "field": "note"}))
+    assert len(state.subjects["p.s.t-value"]) == 2
+    with pytest.raises(PermanentError, match="refused the new schema"):
+        enc.encode("p.s.t", value({"type": "int64", "optional": True, "field": "note"}))
