@@ -15,7 +15,12 @@ import orjson
 import psycopg
 
 from services.pg2kafka import pgoutput as pg
-from services.pg2kafka.debezium_format import DebeziumRecords, connect_encoder, too_large
+from services.pg2kafka.debezium_format import (
+    DebeziumRecords,
+    connect_encoder,
+    event_encoder,
+    too_large,
+)
 from services.pg2kafka.filters import TableFilter
 from services.pg2kafka.incremental import WATERMARK, Incremental
 from services.pg2kafka.metrics import Metrics
@@ -26,7 +31,6 @@ from services.pg2kafka.session import ReplicationSession, SlotStream
 from services.pg2kafka.settings import Pg2KafkaSettings
 from services.pg2kafka.source import SourceLedger
 from services.pg2kafka.topics import StreamTarget
-from shared.avro import RegistryEncoder
 from shared.contract.event import ChangeEvent, JsonEventSerializer
 from shared.errors import PermanentError
 from shared.interfaces import Serializer
@@ -61,14 +65,7 @@ class CdcHandler:
         self.serializer: Serializer[ChangeEvent] = JsonEventSerializer()
         self._encode = self.serializer.encode  # bound once: called per event
         # producer.encoding=avro: per-table schemas in the registry (shared/avro.py).
-        self.avro = (
-            RegistryEncoder(
-                settings.schema_registry.client(),
-                settings.schema_registry.subject_name_strategy,
-            )
-            if settings.producer.encoding == "avro" and settings.producer.format == "walcast"
-            else None
-        )
+        self.avro = event_encoder(settings)
         self._session: ReplicationSession | None = None
         self.routing = Routing(settings, target, self._ensure_topic)
         self._keyless_warned: set[str] = set()

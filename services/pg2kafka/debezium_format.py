@@ -27,7 +27,7 @@ from services.pg2kafka._native import convert_value
 from services.pg2kafka.changes import Transaction
 from services.pg2kafka.settings import DebeziumSettings, Pg2KafkaSettings
 from services.pg2kafka.types import TypeRegistry
-from shared.avro import ConnectRegistryEncoder
+from shared.avro import ConnectRegistryEncoder, RegistryEncoder
 from shared.contract import debezium
 from shared.errors import PermanentError
 
@@ -245,6 +245,15 @@ class DebeziumRecords:
         if self.settings.tombstones and key is not None:
             out.append(Record(t.topic, key, None, "tombstone"))
         return out
+
+
+def event_encoder(settings: Pg2KafkaSettings) -> RegistryEncoder | None:
+    """The Avro encoder of walcast's event (``encoding: avro``, ``format: walcast``), one
+    per producer (the stream's, each snapshot reader's), else None."""
+    if settings.producer.format != "walcast" or settings.producer.encoding != "avro":
+        return None
+    registry = settings.schema_registry
+    return RegistryEncoder(registry.client(), registry.subject_name_strategy)
 
 
 def connect_encoder(settings: Pg2KafkaSettings) -> ConnectRegistryEncoder | None:

@@ -61,6 +61,7 @@ from services.pg2kafka.debezium_format import (
     DebeziumRecords,
     SnapshotRead,
     connect_encoder,
+    event_encoder,
     too_large,
 )
 from services.pg2kafka.filters import TableFilter
@@ -77,7 +78,7 @@ from services.pg2kafka.routing import Routing, row_key, table_key
 from services.pg2kafka.settings import Pg2KafkaSettings
 from services.pg2kafka.topics import StreamTarget, Topics, producer_config
 from services.pg2kafka.types import TypeRegistry
-from shared.avro import RegistryEncoder, Shape
+from shared.avro import Shape
 from shared.contract.event import EVENT_VERSION, ChangeEvent, SnapshotInfo
 from shared.errors import PermanentError, RetriableError, is_retriable, operator_hint
 from shared.kafka import BulkKafkaSink
@@ -527,14 +528,7 @@ class SnapshotProducer:
         self.topics = Topics(settings, self.sink)
         self.routing = Routing(settings, StreamTarget.cdc(settings), self.topics.ensure)
         # producer.encoding=avro: the same per-table schemas as the stream's.
-        self.avro = (
-            RegistryEncoder(
-                settings.schema_registry.client(),
-                settings.schema_registry.subject_name_strategy,
-            )
-            if settings.producer.encoding == "avro" and settings.producer.format == "walcast"
-            else None
-        )
+        self.avro = event_encoder(settings)
 
     def encode(
         self, topic: str, ev: ChangeEvent | dict[str, Any], shape: Shape | None = None
