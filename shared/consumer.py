@@ -44,7 +44,7 @@ from dataclasses import dataclass
 from typing import Any, Generic
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
-from prometheus_client import CollectorRegistry, Counter, Gauge
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from shared.avro import RegistryDecoder
 from shared.contract.debezium_input import is_debezium, translate
@@ -65,13 +65,23 @@ class ConsumerMetrics:
     def __init__(self, registry: CollectorRegistry, prefix: str) -> None:
         self.records = Counter(f"{prefix}_records", "Kafka records consumed", registry=registry)
         self.dlq = Counter(
-            f"{prefix}_dead_letters", "records sent to the dead-letter topic", ["kind"],
+            f"{prefix}_dead_letters",
+            "records sent to the dead-letter topic, by reason: poison (not an event) or"
+            " rejected (the sink refused it)",
+            ["reason"],
             registry=registry,
         )  # fmt: skip
         self.lag = Gauge(
             f"{prefix}_lag_records", "high watermark minus position", ["topic", "partition"],
             registry=registry,
         )  # fmt: skip
+        self.record_age = Histogram(
+            f"{prefix}_record_age_seconds",
+            "Kafka to the sink: age of a batch's first record (its Kafka timestamp) when the"
+            " write covering it succeeded",
+            buckets=(0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900),
+            registry=registry,
+        )
 
 
 @dataclass
@@ -80,6 +90,7 @@ class _InFlight:
 
     future: Future[list[Rejection]]
     positions: dict[tuple[str, int], int]
+    first_ms: int = 0  # the Kafka timestamp of the batch's first record (0: none)
 
 
 def _reason_kind(reason: str) -> str:
@@ -187,6 +198,7 @@ class ConsumerLoop(Generic[B]):
         self.batch: B = self.sink.new_batch()
         self.positions: dict[tuple[str, int], int] = {}
         self.batch_started = 0.0
+        self.batch_first_ms = 0
         self.flushing = False
         self.consumer: Consumer | None = None
         self.checkpointer: KafkaOffsetCheckpointer | None = None
@@ -319,6 +331,8 @@ class ConsumerLoop(Generic[B]):
         assert partition is not None
         assert offset is not None
         value = msg.value()
+        if not self.batch.records:
+            self.batch_first_ms = msg.timestamp()[1]
         origin = Origin(topic, partition, offset, msg.key(), value or b"")
         try:
             if value and value[0] == 0:  # Avro's wire format (no JSON starts so)
@@ -390,7 +404,7 @@ class ConsumerLoop(Generic[B]):
                 before = tuple(f.future for f in self.inflight)
                 batch, self.batch = self.batch, self.sink.new_batch()
                 future = self.writer.submit(self.sink.write, batch, self._writer_sleep, before)
-                self.inflight.append(_InFlight(future, self.positions))
+                self.inflight.append(_InFlight(future, self.positions, self.batch_first_ms))
             elif self.positions:  # only skipped records (dead letters, control events)
                 done: Future[list[Rejection]] = Future()
                 done.set_result([])
@@ -422,6 +436,8 @@ class ConsumerLoop(Generic[B]):
             self.dead_letters.send(origin, reason, "rejected")
         self.dead_letters.flush(60)
         self._commit(flight.positions, wait)
+        if flight.first_ms > 0:
+            self.metrics.record_age.observe(max(0.0, time.time() - flight.first_ms / 1000))
 
     def _commit(self, positions: dict[tuple[str, int], int], wait: bool) -> None:
         """Commit ``positions``; with ``wait``, also what was committed without waiting

@@ -9,6 +9,10 @@
 
 Checks are callables returning ``(ok, detail)``; they run on the server thread, so they
 must be cheap (read a flag or a timestamp, never do I/O).
+
+The same checks are also metrics, evaluated at each scrape: ``walcast_ready`` and
+``walcast_healthy`` (1 or 0, what the endpoints would answer) and ``walcast_ready_check``
+per readiness check, so an alert can say which one fails without probing the pod.
 """
 
 from __future__ import annotations
@@ -19,6 +23,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import orjson
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
 
 Check = Callable[[], tuple[bool, str]]
 
@@ -33,6 +39,7 @@ class OpsServer:
         self._server = ThreadingHTTPServer((host, port), self._handler())
         self._server.daemon_threads = True
         self._thread: threading.Thread | None = None
+        registry.register(_ChecksCollector(self))
 
     @property
     def port(self) -> int:
@@ -95,3 +102,30 @@ class OpsServer:
                 return  # scrapes every few seconds would drown the service's own log
 
         return Handler
+
+
+class _ChecksCollector(Collector):
+    """The checks as gauges, run when Prometheus scrapes (they are cheap by contract)."""
+
+    def __init__(self, server: OpsServer) -> None:
+        self.server = server
+
+    def collect(self) -> list[GaugeMetricFamily]:
+        ready, checks = self.server._run(self.server._ready)
+        healthy, _ = self.server._run(self.server._health)
+        per_check = GaugeMetricFamily(
+            "walcast_ready_check", "1 when this readiness check passes", labels=["check"]
+        )
+        for name, result in checks.items():
+            per_check.add_metric([name], 1.0 if result["ok"] else 0.0)
+        return [
+            GaugeMetricFamily(
+                "walcast_ready", "1 when every readiness check passes (/ready answers 200)",
+                value=float(ready),
+            ),
+            GaugeMetricFamily(
+                "walcast_healthy", "1 when every liveness check passes (/health answers 200)",
+                value=float(healthy),
+            ),
+            per_check,
+        ]  # fmt: skip

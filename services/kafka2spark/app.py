@@ -93,6 +93,13 @@ class Metrics:
             f"{prefix}_lag_records", "end offset minus the last batch's position",
             ["topic", "partition"], registry=registry,
         )  # fmt: skip
+        self.record_age = Histogram(
+            f"{prefix}_record_age_seconds",
+            "Kafka to Delta: age of a batch's oldest record (its Kafka timestamp) when the"
+            " batch was committed",
+            buckets=(0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 900),
+            registry=registry,
+        )
         self.last_batch = Gauge(f"{prefix}_last_batch_id", "last batch written", registry=registry)
         self.last_batch_time = Gauge(
             f"{prefix}_last_batch_timestamp_seconds", "when the last batch ended", registry=registry
@@ -318,6 +325,8 @@ def build(settings: Kafka2SparkSettings, spark: SparkSession | None = None) -> S
         service.batches += 1
         metrics.batches.inc()
         metrics.batch_seconds.observe(result.seconds)
+        if result.first_ts is not None:
+            metrics.record_age.observe(max(0.0, time.time() - result.first_ts))
         metrics.records.inc(result.records)
         metrics.quarantined.inc(result.quarantined)
         metrics.schema_changes.inc(len(result.schema_changes))

@@ -232,6 +232,7 @@ class BatchResult:
     beyond: dict[str, int] = field(default_factory=dict)
     schema_changes: list[str] = field(default_factory=list)
     offsets: dict[tuple[str, int], int] = field(default_factory=dict)  # last offset read
+    first_ts: float | None = None  # the oldest Kafka timestamp read (epoch seconds)
     seconds: float = 0.0
     # Where the batch's time went: read, quarantine, changelog, plan, "table <name>"
     # (its merges, truncates and DDL), commit (added by the caller).
@@ -330,9 +331,15 @@ class DeltaMirror:
         try:
             with result.phase("read"):
                 for row in (
-                    raw.groupBy("topic", "partition").agg(F.max("offset").alias("o")).collect()
+                    raw.groupBy("topic", "partition")
+                    .agg(F.max("offset").alias("o"), F.min("kafka_ts").alias("ts"))
+                    .collect()
                 ):
                     result.offsets[(row["topic"], row["partition"])] = int(row["o"])
+                    if row["ts"] is not None:  # a naive local datetime: .timestamp() inverts it
+                        ts = row["ts"].timestamp()
+                        first = result.first_ts
+                        result.first_ts = ts if first is None else min(first, ts)
                 if result.offsets:
                     result.records = raw.count()
             if result.offsets:

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import psycopg
-from prometheus_client import CollectorRegistry
+from prometheus_client import CollectorRegistry, Gauge
 
 from services.pg2kafka.admin import maintain_partitions
 from services.pg2kafka.cdc import CdcStream
@@ -105,7 +105,28 @@ def build(settings: Pg2KafkaSettings) -> Service:
         )
     live = cdc.live
     runner.health("loop", lambda: (time.monotonic() - live.last_loop < 120, "main loop ticking"))
-    runner.ready("streaming", lambda: (live.streaming, "replication streaming"))
+    # Ready: the leader streaming, or a standby that is connected and polling the lock
+    # (a Deployment's rolling update waits for new pods to be ready, and a new pod starts
+    # as the standby of the old leader; docs/deploy.md).
+    standby_within = max(10.0, 3 * settings.replication.standby_poll_s)
+
+    def ready() -> tuple[bool, str]:
+        if live.streaming:
+            return True, "leader: replication streaming"
+        if live.standby(standby_within):
+            return True, "standby: another pg2kafka leads the slot"
+        return False, "neither streaming nor a standby polling the leader lock"
+
+    runner.ready("streaming", ready)
+    role = Gauge(
+        "walcast_pg2kafka_role",
+        "1 for this process's role in the slot's leadership: leader (streaming) or standby"
+        " (connected, waiting to take over)",
+        ["role"],
+        registry=runner.registry,
+    )
+    role.labels("leader").set_function(lambda: float(live.streaming))
+    role.labels("standby").set_function(lambda: float(live.standby(standby_within)))
     if events is not None:
         ev = events.live
         runner.health(

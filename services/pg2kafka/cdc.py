@@ -278,7 +278,9 @@ class CdcStream(SlotStream):
         leader = LeaderLock(s.postgres.conninfo(), self.target.slot)
         ledger = SourceLedger(s)
         try:
-            if not leader.acquire(self.stop, s.replication.standby_poll_s, self.live.tick):
+            if not leader.acquire(
+                self.stop, s.replication.standby_poll_s, self.live.tick, self.live.standing_by
+            ):
                 return
             epoch = self.begin_epoch(ledger)
             if self.incremental is not None:

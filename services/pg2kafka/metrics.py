@@ -69,6 +69,17 @@ class Metrics:
             "bytes handed to Kafka, not yet acknowledged",
             registry=registry,
         )
+        self.inflight_limit = Gauge(
+            f"{prefix}_inflight_limit_bytes",
+            "the memory guard: in-flight bytes at which reading the slot pauses"
+            " (producer.max_inflight_bytes)",
+            registry=registry,
+        )
+        self.retained_wal = Gauge(
+            f"{prefix}_slot_retained_wal_bytes",
+            "WAL the server keeps for the slot: its position minus the slot's restart_lsn",
+            registry=registry,
+        )
         self.confirmed = Gauge(
             f"{prefix}_confirmed_lsn", "LSN confirmed to the slot", registry=registry
         )

@@ -150,6 +150,15 @@ class Catalog:
             self.conn.close()
 
 
+# The server's WAL position (a hot standby's: what it replayed) minus the slot's
+# restart_lsn. Always one row, NULL when the slot is not there.
+RETAINED_WAL_SQL = """
+SELECT pg_wal_lsn_diff(
+         CASE WHEN pg_is_in_recovery() THEN pg_last_wal_replay_lsn() ELSE pg_current_wal_lsn() END,
+         (SELECT restart_lsn FROM pg_replication_slots WHERE slot_name = %s))::bigint
+"""
+
+
 class LeaderLock:
     """Session-level advisory lock naming the slot: whoever holds it streams.
 
@@ -164,12 +173,22 @@ class LeaderLock:
         self.slot = slot
         self.conn: psycopg.Connection[tuple[object, ...]] | None = None
         self._checked = time.monotonic()
+        # The WAL the server keeps for the slot (its current position minus the slot's
+        # restart_lsn), as of the last ``check``: what a stalled pipeline costs the
+        # server's disk. None until read, or when the slot is not there.
+        self.retained_wal_bytes: int | None = None
 
     def acquire(
-        self, stop: threading.Event, poll_s: float, tick: Callable[[], None] = lambda: None
+        self,
+        stop: threading.Event,
+        poll_s: float,
+        tick: Callable[[], None] = lambda: None,
+        standing_by: Callable[[], None] = lambda: None,
     ) -> bool:
         """Block until leader (True) or stopped (False); ``tick`` runs every round, so
-        liveness checks see a waiting standby as alive."""
+        liveness checks see a waiting standby as alive; ``standing_by`` after every round
+        that found another process leading (this one is a healthy standby: connected,
+        ready to take over)."""
         announced = False
         while not stop.is_set():
             tick()
@@ -184,6 +203,7 @@ class LeaderLock:
             if row and row[0]:
                 log.info("leader for slot %s", self.slot)
                 return True
+            standing_by()
             if not announced:
                 log.info("standby: another pg2kafka streams slot %s", self.slot)
                 announced = True
@@ -192,7 +212,8 @@ class LeaderLock:
 
     def check(self, every_s: float) -> None:
         """While streaming: make sure the lock's session is still there. If it died, a
-        standby may lead by now, so stop and start over as a candidate."""
+        standby may lead by now, so stop and start over as a candidate. The same round
+        trip reads the slot's retained WAL (``retained_wal_bytes``)."""
         now = time.monotonic()
         if now - self._checked < every_s:
             return
@@ -200,9 +221,10 @@ class LeaderLock:
         try:
             if self.conn is None or self.conn.closed:
                 raise psycopg.OperationalError("lock connection closed")
-            self.conn.execute("SELECT 1")
+            row = self.conn.execute(RETAINED_WAL_SQL, [self.slot]).fetchone()
         except psycopg.Error as exc:
             raise RetriableError(f"lost the leader lock's session: {exc}") from exc
+        self.retained_wal_bytes = None if row is None or row[0] is None else int(str(row[0]))
 
     def release(self) -> None:
         if self.conn is not None:

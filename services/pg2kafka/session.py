@@ -58,9 +58,18 @@ class Liveness:
     last_loop: float = field(default_factory=time.monotonic)
     streaming: bool = False
     progressed: bool = False
+    # When a round last found another process leading (monotonic; 0: never).
+    standby_at: float = 0.0
 
     def tick(self) -> None:
         self.last_loop = time.monotonic()
+
+    def standing_by(self) -> None:
+        self.standby_at = time.monotonic()
+
+    def standby(self, within_s: float) -> bool:
+        """A standby whose last round was within ``within_s``: connected and waiting."""
+        return not self.streaming and time.monotonic() - self.standby_at < within_s
 
     def take_progress(self) -> bool:
         made, self.progressed = self.progressed, False
@@ -104,6 +113,7 @@ class ReplicationSession:
         conninfo = s.postgres.conninfo()
         self.target = target
         self.metrics = metrics
+        metrics.inflight_limit.set(settings.producer.max_inflight_bytes)
         self.stop = stop
         self.live = live
         self.handler: Handler | None = None
@@ -302,6 +312,8 @@ class ReplicationSession:
                 "text", "%d values were not UTF-8: decoded as %s", taken, text.codec
             )
         m.inflight.set(self.sink.inflight_bytes)
+        if self.leader.retained_wal_bytes is not None:
+            m.retained_wal.set(self.leader.retained_wal_bytes)
         m.confirmed.set(source.confirmed_lsn)
         m.lag.set(max(0, source.server_wal_end - source.confirmed_lsn))
 

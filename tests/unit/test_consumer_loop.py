@@ -6,6 +6,7 @@ rebalance in the middle of a flush drops nothing the member keeps."""
 from __future__ import annotations
 
 import threading
+import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -123,9 +124,18 @@ class Msg:
     """The parts of a confluent_kafka Message the loop reads."""
 
     def __init__(
-        self, partition: int, offset: int, value: bytes | None, key: bytes | None = None
+        self,
+        partition: int,
+        offset: int,
+        value: bytes | None,
+        key: bytes | None = None,
+        age_s: float = 0.0,
     ) -> None:
         self._p, self._o, self._v, self._k = partition, offset, value, key
+        self._ms = int((time.time() - age_s) * 1000)
+
+    def timestamp(self) -> tuple[int, int]:
+        return 1, self._ms  # TIMESTAMP_CREATE_TIME
 
     def error(self) -> None:
         return None
@@ -203,6 +213,27 @@ def test_offsets_move_only_after_the_write_that_covers_them() -> None:
         loop.writer.shutdown(wait=True)
     assert sink.log == [("write", [1])]
     assert committed(consumer) == {(TOPIC, 0): 6}
+
+
+def test_record_age_is_observed_once_per_batch_after_its_write() -> None:
+    """Kafka → sink latency: the age of the batch's first record when its write
+    succeeded, observed when the offsets move, not when the batch is handed over."""
+    loop, sink, _, _ = make_loop()
+    registry = CollectorRegistry()
+    loop.metrics = ConsumerMetrics(registry, "test")
+    sink.release.clear()
+    try:
+        loop.handle(Msg(0, 1, event(doc_id=1), age_s=30))
+        loop.handle(Msg(0, 2, event(doc_id=2), age_s=1))
+        loop.flush(drain=False)
+        assert registry.get_sample_value("test_record_age_seconds_count") == 0
+        sink.release.set()
+        loop.flush(drain=True)
+    finally:
+        assert loop.writer is not None
+        loop.writer.shutdown(wait=True)
+    assert registry.get_sample_value("test_record_age_seconds_count") == 1
+    assert 30 <= (registry.get_sample_value("test_record_age_seconds_sum") or 0) < 60
 
 
 def test_a_control_event_is_a_barrier() -> None:
