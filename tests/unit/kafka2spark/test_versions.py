@@ -44,7 +44,7 @@ def _pom() -> dict[str, str]:
 
 def _image_packages() -> dict[str, str]:
     text = (REPO / "services/kafka2spark/Dockerfile").read_text()
-    (value,) = re.findall(r"^ENV KAFKA2SPARK_SPARK__PACKAGES=(\S+)$", text, re.MULTILINE)
+    (value,) = re.findall(r"^ARG SPARK_PACKAGES=(\S+)$", text, re.MULTILINE)
     return {c.rsplit(":", 1)[0]: c.rsplit(":", 1)[1] for c in value.split(",")}
 
 
