@@ -3,15 +3,20 @@
 Integration and e2e tests read connection settings from the env file the local stack
 writes (``deploy/local/walcast up``), or from ``$WALCAST_ENV_FILE``. A missing stack is a
 test *failure* with instructions, never a skip: CI must not go green without services.
+With ``WALCAST_TEST_BACKEND=containers`` the same tests run against containers that
+testcontainers starts instead (tests/containers.py).
 """
 
 from __future__ import annotations
 
 import os
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+from tests.containers import Containers, select_backend, skip_reason
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -31,7 +36,18 @@ def _env_file() -> Path:
 
 
 @pytest.fixture(scope="session")
-def stack_env() -> dict[str, str]:
+def stack_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
+    if select_backend(os.environ) == "containers":
+        containers = Containers(tmp_path_factory.mktemp("containers-stack"))
+        try:
+            yield containers.start()
+        finally:
+            containers.stop()
+        return
+    yield _stack_env()
+
+
+def _stack_env() -> dict[str, str]:
     path = _env_file()
     if not path.is_file():
         pytest.fail(
@@ -55,8 +71,13 @@ def unique_name(request: pytest.FixtureRequest) -> str:
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Mark each test with its tier from its directory, so `-m unit` etc. select them."""
+    """Mark each test with its tier from its directory, so `-m unit` etc. select them; under
+    the containers backend, skip what needs the local stack itself."""
+    backend = select_backend(os.environ)
     for item in items:
+        reason = skip_reason(backend, str(item.fspath))
+        if reason is not None:
+            item.add_marker(pytest.mark.skip(reason=reason))
         parts = Path(str(item.fspath)).parts
         for tier in ("unit", "integration", "e2e"):
             if tier in parts:

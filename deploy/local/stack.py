@@ -682,20 +682,25 @@ class Postgres(Component):
         )
 
     def env(self) -> dict[str, str]:
-        return {
-            "WALCAST_PG_HOST": HOST,
-            "WALCAST_PG_PORT": str(PG_PORT),
-            "WALCAST_PG_USER": PG_USER,
-            "WALCAST_PG_PASSWORD": PG_PASSWORD,
-            "WALCAST_PG_DATABASE": PG_DATABASE,
-            "WALCAST_PG_DSN": f"postgresql://{PG_USER}:{PG_PASSWORD}@{HOST}:{PG_PORT}/{PG_DATABASE}",
-            # pg2kafka's own settings (env prefix PG2KAFKA_), read with --env-file.
-            "PG2KAFKA_POSTGRES__HOST": HOST,
-            "PG2KAFKA_POSTGRES__PORT": str(PG_PORT),
-            "PG2KAFKA_POSTGRES__USER": PG_USER,
-            "PG2KAFKA_POSTGRES__PASSWORD": PG_PASSWORD,
-            "PG2KAFKA_POSTGRES__DATABASE": PG_DATABASE,
-        }
+        return postgres_env(HOST, PG_PORT, PG_USER, PG_PASSWORD, PG_DATABASE)
+
+
+def postgres_env(host: str, port: int, user: str, password: str, database: str) -> dict[str, str]:
+    """The env file's Postgres entries (also written for containers: tests/containers.py)."""
+    return {
+        "WALCAST_PG_HOST": host,
+        "WALCAST_PG_PORT": str(port),
+        "WALCAST_PG_USER": user,
+        "WALCAST_PG_PASSWORD": password,
+        "WALCAST_PG_DATABASE": database,
+        "WALCAST_PG_DSN": f"postgresql://{user}:{password}@{host}:{port}/{database}",
+        # pg2kafka's own settings (env prefix PG2KAFKA_), read with --env-file.
+        "PG2KAFKA_POSTGRES__HOST": host,
+        "PG2KAFKA_POSTGRES__PORT": str(port),
+        "PG2KAFKA_POSTGRES__USER": user,
+        "PG2KAFKA_POSTGRES__PASSWORD": password,
+        "PG2KAFKA_POSTGRES__DATABASE": database,
+    }
 
 
 def pg_hba() -> str:
@@ -863,12 +868,17 @@ class Kafka(Component):
             return False, str(exc)
 
     def env(self) -> dict[str, str]:
-        return {
-            "WALCAST_KAFKA_BOOTSTRAP": self.bootstrap,
-            "PG2KAFKA_KAFKA__BOOTSTRAP_SERVERS": self.bootstrap,
-            "KAFKA2SEARCH_KAFKA__BOOTSTRAP_SERVERS": self.bootstrap,
-            "KAFKA2SPARK_KAFKA__BOOTSTRAP_SERVERS": self.bootstrap,
-        }
+        return kafka_env(self.bootstrap)
+
+
+def kafka_env(bootstrap: str) -> dict[str, str]:
+    """The env file's Kafka entries: every service's bootstrap servers."""
+    return {
+        "WALCAST_KAFKA_BOOTSTRAP": bootstrap,
+        "PG2KAFKA_KAFKA__BOOTSTRAP_SERVERS": bootstrap,
+        "KAFKA2SEARCH_KAFKA__BOOTSTRAP_SERVERS": bootstrap,
+        "KAFKA2SPARK_KAFKA__BOOTSTRAP_SERVERS": bootstrap,
+    }
 
 
 # --------------------------------------------------------------------------- search engines
@@ -895,13 +905,18 @@ class SearchEngine(Component):
         return status in ("green", "yellow"), f"{self.name} {version}, cluster {status}"
 
     def env(self) -> dict[str, str]:
-        url = f"http://{HOST}:{self.port}"
-        env = {self.env_key: url}
-        if isinstance(self, OpenSearch):
-            # kafka2search's default engine in the local stack (Elasticsearch: set
-            # KAFKA2SEARCH_ENGINE__KIND and __URLS, see README).
-            env["KAFKA2SEARCH_ENGINE__URLS"] = f'["{url}"]'
-        return env
+        return search_env(self.env_key, f"http://{HOST}:{self.port}")
+
+
+def search_env(key: str, url: str) -> dict[str, str]:
+    """The env file's entry of one search engine (``key``: WALCAST_OPENSEARCH_URL or
+    WALCAST_ELASTICSEARCH_URL)."""
+    env = {key: url}
+    if key == "WALCAST_OPENSEARCH_URL":
+        # kafka2search's default engine in the local stack (Elasticsearch: set
+        # KAFKA2SEARCH_ENGINE__KIND and __URLS, see README).
+        env["KAFKA2SEARCH_ENGINE__URLS"] = f'["{url}"]'
+    return env
 
 
 class OpenSearch(SearchEngine):
@@ -1364,27 +1379,32 @@ ENV_FILE_MODE = 0o600
 
 
 def write_env_file(comps: list[Component]) -> bool:
-    """Write the env file; return True when its content changed.
+    """Write the env file; return True when its content changed."""
+    values: dict[str, str] = {"WALCAST_STACK_DIR": str(STATE)}
+    for comp in comps:
+        values.update(comp.env())
+    return write_env(values, ENV_FILE)
+
+
+def write_env(values: dict[str, str], path: Path) -> bool:
+    """Write ``values`` as an env file at ``path``; return True when its content changed.
 
     It holds passwords, so it is never readable by others: a new file is created with
     mode 0600 (a temporary file made with that mode, then renamed over the old one — no
     moment where the content sits in a wider file). An existing file's mode is fixed by
     :func:`fix_env_file_mode`."""
-    values: dict[str, str] = {"WALCAST_STACK_DIR": str(STATE)}
-    for comp in comps:
-        values.update(comp.env())
     text = (
         "# written by deploy/local/stack.py up; read by the services, tests and demo\n"
         + "".join(f"{k}={v}\n" for k, v in sorted(values.items()))
     )
-    if ENV_FILE.exists() and ENV_FILE.read_text() == text:
+    if path.exists() and path.read_text() == text:
         return False
-    tmp = ENV_FILE.with_name(f".{ENV_FILE.name}.{os.getpid()}.tmp")
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, ENV_FILE_MODE)
     try:
         with os.fdopen(fd, "w") as fh:
             fh.write(text)
-        os.replace(tmp, ENV_FILE)
+        os.replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
