@@ -62,6 +62,7 @@ from confluent_kafka.cimpl import NewTopic
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.pg2kafka_bench import REPO, RESULTS, STATE, read_env
+from bench.plots import latency_percentiles, per_second, timeline
 from services.kafka2search.app import Service, build
 from services.kafka2search.documents import Doc, Origin, bulk_body
 from services.kafka2search.engines import SearchEngine, engine_for
@@ -662,7 +663,9 @@ def latency(b: Bench, kind: str, rate: int, seconds: int) -> dict[str, Any]:
         proc.wait(60)
     lat_ms = sorted((seen.seen[i] - at) * 1000 for lo, hi, at in commits for i in range(lo, hi + 1))
     q = statistics.quantiles(lat_ms, n=100)
+    plotted = plot_latency(kind, commits, seen.seen, lat_ms)
     return {
+        "plots": [str(p.relative_to(REPO)) for p in plotted],
         "target_rows_per_s": rate,
         "achieved_rows_per_s": round(achieved),
         "rows_per_transaction": LAT_TXN_ROWS,
@@ -675,6 +678,33 @@ def latency(b: Bench, kind: str, rate: int, seconds: int) -> dict[str, Any]:
         "refresh_interval": settings.index.refresh_interval,
         "batch_max_wait_s": settings.batch.max_wait_s,
     }
+
+
+def plot_latency(
+    kind: str, commits: list[tuple[int, int, float]], seen: dict[int, float], lat_ms: list[float]
+) -> list[Path]:
+    """Rows written and made searchable per second, the lag between them, and commit →
+    searchable by percentile: PNGs next to the JSON."""
+    if not commits:
+        return []
+    start = commits[0][2]
+    end = max(max(seen.values()), commits[-1][2])
+    written = [at for lo, hi, at in commits for _ in range(lo, hi + 1)]
+    searchable = [seen[i] for lo, hi, _ in commits for i in range(lo, hi + 1)]
+    w_rate, s_rate = per_second(written, start, end), per_second(searchable, start, end)
+    lag, total = [], 0.0
+    for (t, w), (_, v) in zip(w_rate, s_rate, strict=True):
+        total += w - v
+        lag.append((t, total))
+    return [
+        timeline(RESULTS / f"kafka2search-{kind}-timeline.png",
+                 f"kafka2search into {kind}: live writes, commit → searchable",
+                 [("rows / s", {"committed in Postgres": w_rate, "searchable": s_rate}),
+                  ("rows behind", {"committed, not yet searchable": lag})]),
+        latency_percentiles(RESULTS / f"kafka2search-{kind}-latency.png",
+                            f"kafka2search into {kind}: commit → searchable",
+                            {"commit → searchable": lat_ms}),
+    ]  # fmt: skip
 
 
 # -- report ------------------------------------------------------------------------------
@@ -730,6 +760,8 @@ def report(kind: str, tp: dict[str, Any], lat: dict[str, Any] | None) -> None:
             f" {lat['batch_max_wait_s']} s bound the latency; polled every"
             f" {lat['poll_interval_ms']} ms)"
         )
+        for plot in lat["plots"]:
+            print(f"plot: {plot}")
 
 
 def main() -> int:

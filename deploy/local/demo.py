@@ -12,7 +12,9 @@ Run by ``deploy/local/walcast demo`` after the local stack is up. It
    OpenSearch until its consumer group has no lag; kafka2spark mirrors it into Delta tables under
    ``.stack/delta`` (one pass, ``available_now``);
 3. prints where the results are: Postgres tables and WAL position, Kafka topics and their
-   end offsets, search index document counts, Delta table versions.
+   end offsets, search index document counts, Delta table versions;
+4. points at the pictures: the benchmarks' PNG plots (throughput and lag over time,
+   latency percentiles) under ``bench/results``, or the command that draws them.
 """
 
 from __future__ import annotations
@@ -450,6 +452,20 @@ def summary(env: dict[str, str]) -> None:
         print(f"  delta         no tables yet under {delta_root}")
 
 
+PLOT_COMMAND = "python -m bench.kafka2search_bench --events 20000 --rounds 1 --latency-seconds 20"
+
+
+def pictures(results: Path = REPO / "bench" / "results") -> list[str]:
+    """Where the benchmarks' plots are, or how to draw them (lines to print)."""
+    plots = sorted(results.glob("*.png")) if results.is_dir() else []
+    if not plots:
+        return [
+            f"  no plots yet: `{PLOT_COMMAND}` draws live writes, lag and",
+            "  commit → searchable percentiles into bench/results/ (README, Benchmarks)",
+        ]
+    return [f"  {p.relative_to(REPO) if p.is_relative_to(REPO) else p}" for p in plots]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="walcast demo", description=__doc__.split("\n\n")[0])
     parser.add_argument("--rows", type=int, default=2000, help="customers to write (orders: 2x)")
@@ -461,6 +477,9 @@ def main(argv: list[str] | None = None) -> int:
     pg2kafka_init(env_file, env["WALCAST_PG_DSN"], args.rows)
     run_services(env, env_file)
     summary(env)
+    print("4. pictures (the benchmarks' throughput, lag and latency plots)")
+    for line in pictures():
+        print(line)
     return 0
 
 
