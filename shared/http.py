@@ -10,9 +10,10 @@
 Checks are callables returning ``(ok, detail)``; they run on the server thread, so they
 must be cheap (read a flag or a timestamp, never do I/O).
 
-The same checks are also metrics, evaluated at each scrape: ``walcast_ready`` and
-``walcast_healthy`` (1 or 0, what the endpoints would answer) and ``walcast_ready_check``
-per readiness check, so an alert can say which one fails without probing the pod.
+The same checks are also metrics, evaluated at each scrape (waiting a second at most):
+``walcast_ready`` and ``walcast_healthy`` (1 or 0, what the endpoints would answer) and
+``walcast_ready_check`` per readiness check, so an alert can say which one fails without
+probing the pod.
 """
 
 from __future__ import annotations
@@ -105,14 +106,37 @@ class OpsServer:
 
 
 class _ChecksCollector(Collector):
-    """The checks as gauges, run when Prometheus scrapes (they are cheap by contract)."""
+    """The checks as gauges, evaluated when Prometheus scrapes. A check should be cheap,
+    but some ask a dependency (kafka2search's pings the engine, bounded by its request
+    timeout): a scrape waits at most ``WAIT_S`` for the evaluation and otherwise reports
+    the last finished one, so a slow dependency never makes ``/metrics`` time out (and
+    the service look down) when it is only not ready."""
+
+    WAIT_S = 1.0
 
     def __init__(self, server: OpsServer) -> None:
         self.server = server
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+        self._last: tuple[bool, bool, dict[str, dict[str, object]]] | None = None
 
-    def collect(self) -> list[GaugeMetricFamily]:
+    def _evaluate(self) -> None:
         ready, checks = self.server._run(self.server._ready)
         healthy, _ = self.server._run(self.server._health)
+        self._last = (ready, healthy, checks)
+
+    def collect(self) -> list[GaugeMetricFamily]:
+        with self._lock:
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(
+                    target=self._evaluate, name="ops-checks", daemon=True
+                )
+                self._thread.start()
+            thread = self._thread
+        thread.join(self.WAIT_S)
+        if self._last is None:
+            return []  # the first evaluation is still running: nothing known yet
+        ready, healthy, checks = self._last
         per_check = GaugeMetricFamily(
             "walcast_ready_check", "1 when this readiness check passes", labels=["check"]
         )

@@ -22,6 +22,7 @@ from prometheus_client import CollectorRegistry, Gauge
 from services.pg2kafka.admin import maintain_partitions
 from services.pg2kafka.cdc import CdcStream
 from services.pg2kafka.metrics import Metrics
+from services.pg2kafka.session import Liveness
 from services.pg2kafka.settings import Pg2KafkaSettings
 from services.pg2kafka.subscriptions import SubscriptionStream
 from shared.service import Runner
@@ -93,6 +94,30 @@ class Service:
         self.runner.install_signal_handlers("after in-flight messages are acknowledged")
 
 
+def readiness(live: Liveness, standby_within: float) -> tuple[bool, str]:
+    """pg2kafka's ``/ready``: the leader streaming or reading its initial snapshot, or a
+    standby that polled the leader lock within ``standby_within`` seconds. Not ready:
+    between attempts after a failure, or a standby that lost its connection."""
+    if live.streaming:
+        return True, "leader: replication streaming"
+    if live.snapshotting:  # before streaming; hours, on big tables
+        return True, "leader: initial snapshot before streaming"
+    if live.standby(standby_within):
+        return True, "standby: another pg2kafka leads the slot"
+    return False, "neither leading nor a standby polling the leader lock"
+
+
+def events_readiness(live: Liveness, standby_within: float) -> tuple[bool, str]:
+    """The subscription events stream's part of ``/ready``: its leader in any state (live,
+    queueing through a Kafka outage, replaying, recovering a slot: all are its work), or
+    a connected standby."""
+    if live.leading:
+        return True, "leader of the events stream"
+    if live.standby(standby_within):
+        return True, "standby of the events stream"
+    return False, "events stream: neither leading nor a standby polling the leader lock"
+
+
 def build(settings: Pg2KafkaSettings) -> Service:
     """Compose pg2kafka from its settings; nothing connects until ``run``."""
     runner = Runner(settings.http)
@@ -110,29 +135,22 @@ def build(settings: Pg2KafkaSettings) -> Service:
     # as the standby of the old leader; docs/deploy.md).
     standby_within = max(10.0, 3 * settings.replication.standby_poll_s)
 
-    def ready() -> tuple[bool, str]:
-        if live.streaming:
-            return True, "leader: replication streaming"
-        if live.standby(standby_within):
-            return True, "standby: another pg2kafka leads the slot"
-        return False, "neither streaming nor a standby polling the leader lock"
-
-    runner.ready("streaming", ready)
+    runner.ready("streaming", lambda: readiness(live, standby_within))
     role = Gauge(
         "walcast_pg2kafka_role",
-        "1 for this process's role in the slot's leadership: leader (streaming) or standby"
-        " (connected, waiting to take over)",
+        "1 for this process's role in the slot's leadership: leader (holds the lock:"
+        " snapshotting or streaming) or standby (connected, waiting to take over)",
         ["role"],
         registry=runner.registry,
     )
-    role.labels("leader").set_function(lambda: float(live.streaming))
+    role.labels("leader").set_function(lambda: float(live.leading))
     role.labels("standby").set_function(lambda: float(live.standby(standby_within)))
     if events is not None:
         ev = events.live
         runner.health(
             "events_loop", lambda: (time.monotonic() - ev.last_loop < 120, "events loop ticking")
         )
-        runner.ready("events_streaming", lambda: (ev.streaming, "events streaming"))
+        runner.ready("events_streaming", lambda: events_readiness(ev, standby_within))
     return Service(settings, runner, cdc, events)
 
 

@@ -24,7 +24,6 @@ from services.pg2kafka.debezium_format import (
 from services.pg2kafka.filters import TableFilter
 from services.pg2kafka.incremental import WATERMARK, Incremental
 from services.pg2kafka.metrics import Metrics
-from services.pg2kafka.postgres import LeaderLock
 from services.pg2kafka.replication import identify_system
 from services.pg2kafka.routing import Routing, table_key
 from services.pg2kafka.session import ReplicationSession, SlotStream
@@ -275,18 +274,22 @@ class CdcStream(SlotStream):
         from services.pg2kafka.snapshot import drop_slot, initial_snapshot
 
         s = self.settings
-        leader = LeaderLock(s.postgres.conninfo(), self.target.slot)
+        leader = self.lead()
+        if leader is None:
+            return  # stopped while standing by
         ledger = SourceLedger(s)
         try:
-            if not leader.acquire(
-                self.stop, s.replication.standby_poll_s, self.live.tick, self.live.standing_by
-            ):
-                return
             epoch = self.begin_epoch(ledger)
             if self.incremental is not None:
                 self.incremental.epoch = epoch
             if s.snapshot.mode != "never":
-                outcome = initial_snapshot(s, self.metrics, self.stop, self.live.tick, epoch)
+                self.live.snapshotting = True
+                try:
+                    outcome = initial_snapshot(
+                        s, self.metrics, self.stop, self.leader_tick(leader), epoch
+                    )
+                finally:
+                    self.live.snapshotting = False
                 self.live.progressed = outcome in ("done", "cancelled")
                 if outcome == "stopped":
                     return
@@ -308,7 +311,7 @@ class CdcStream(SlotStream):
             if self.incremental is not None:
                 self.incremental.close()
             ledger.close()
-            leader.release()
+            self.step_down(leader)
 
     def begin_epoch(self, ledger: SourceLedger) -> int:
         """The epoch this leadership streams under: the stream's, or the next one when the

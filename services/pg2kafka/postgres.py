@@ -224,6 +224,23 @@ class LeaderLock:
             row = self.conn.execute(RETAINED_WAL_SQL, [self.slot]).fetchone()
         except psycopg.Error as exc:
             raise RetriableError(f"lost the leader lock's session: {exc}") from exc
+        self._retained(row)
+
+    def read_retained(self, every_s: float) -> None:
+        """``retained_wal_bytes`` again, at most every ``every_s``, where no session runs
+        ``check`` (the initial snapshot): a failure only leaves the value unknown."""
+        now = time.monotonic()
+        if now - self._checked < every_s or self.conn is None or self.conn.closed:
+            return
+        self._checked = now
+        try:
+            self._retained(self.conn.execute(RETAINED_WAL_SQL, [self.slot]).fetchone())
+        except psycopg.Error as exc:
+            log.debug("reading the slot's retained WAL failed: %s", exc)
+            self.retained_wal_bytes = None
+
+    def _retained(self, row: tuple[object, ...] | None) -> None:
+        # NULL: no slot by that name, or an invalidated one (restart_lsn NULL)
         self.retained_wal_bytes = None if row is None or row[0] is None else int(str(row[0]))
 
     def release(self) -> None:

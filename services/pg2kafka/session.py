@@ -25,10 +25,12 @@ Kafka; the restart redelivers the unconfirmed tail (same LSNs, detectable duplic
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from abc import ABC, abstractmethod
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -58,6 +60,10 @@ class Liveness:
     last_loop: float = field(default_factory=time.monotonic)
     streaming: bool = False
     progressed: bool = False
+    # Holds the slot's leader lock (snapshotting, starting a session, or streaming).
+    leading: bool = False
+    # The leader reads the initial snapshot (before streaming).
+    snapshotting: bool = False
     # When a round last found another process leading (monotonic; 0: never).
     standby_at: float = 0.0
 
@@ -69,7 +75,7 @@ class Liveness:
 
     def standby(self, within_s: float) -> bool:
         """A standby whose last round was within ``within_s``: connected and waiting."""
-        return not self.streaming and time.monotonic() - self.standby_at < within_s
+        return not self.leading and time.monotonic() - self.standby_at < within_s
 
     def take_progress(self) -> bool:
         made, self.progressed = self.progressed, False
@@ -312,8 +318,8 @@ class ReplicationSession:
                 "text", "%d values were not UTF-8: decoded as %s", taken, text.codec
             )
         m.inflight.set(self.sink.inflight_bytes)
-        if self.leader.retained_wal_bytes is not None:
-            m.retained_wal.set(self.leader.retained_wal_bytes)
+        retained = self.leader.retained_wal_bytes
+        m.retained_wal.set(math.nan if retained is None else retained)
         m.confirmed.set(source.confirmed_lsn)
         m.lag.set(max(0, source.server_wal_end - source.confirmed_lsn))
 
@@ -354,6 +360,37 @@ class SlotStream(ABC):
         return ReplicationSession(
             self.settings, self.target, self.metrics, self.stop, self.live, leader
         )
+
+    def lead(self) -> LeaderLock | None:
+        """Stand by until this process leads the slot; the lock (``live.leading`` set), or
+        None when stopped. Pair with :meth:`step_down`."""
+        lock = LeaderLock(self.settings.postgres.conninfo(), self.target.slot)
+        poll = self.settings.replication.standby_poll_s
+        if lock.acquire(self.stop, poll, self.live.tick, self.live.standing_by):
+            self.live.leading = True
+            return lock
+        lock.release()
+        return None
+
+    def step_down(self, lock: LeaderLock) -> None:
+        """Leadership over (stopped or failed): the lock released, and nothing exported as
+        this process's view of the slot any more."""
+        self.live.leading = False
+        self.metrics.retained_wal.set(math.nan)
+        lock.release()
+
+    def leader_tick(self, lock: LeaderLock) -> Callable[[], None]:
+        """``live.tick`` for work outside a session (the initial snapshot), also keeping
+        the slot's retained WAL current."""
+        every = self.settings.replication.standby_poll_s * 5
+
+        def tick() -> None:
+            self.live.tick()
+            lock.read_retained(every)
+            retained = lock.retained_wal_bytes
+            self.metrics.retained_wal.set(math.nan if retained is None else retained)
+
+        return tick
 
     @abstractmethod
     def run_once(self) -> None:

@@ -307,14 +307,7 @@ class SubscriptionStream(SlotStream):
             self._steps()
         finally:
             self.leader = None
-            lock.release()
-
-    def lead(self) -> LeaderLock | None:
-        """Stand by until this process leads the slot; the lock, or None when stopped."""
-        lock = LeaderLock(self.settings.postgres.conninfo(), self.target.slot)
-        if lock.acquire(self.stop, self.settings.replication.standby_poll_s, self.live.tick):
-            return lock
-        return None
+            self.step_down(lock)
 
     def _steps(self) -> None:
         state = self.where()

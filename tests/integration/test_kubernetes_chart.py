@@ -21,6 +21,7 @@ import json
 import os
 import subprocess
 import sys
+import tomllib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -91,10 +92,19 @@ def kubeconform(text: str) -> dict[str, Any]:
     return report
 
 
+def executor_templates(objs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """kafka2spark's executor pod templates: Pods inside a ConfigMap, which Spark fills in
+    (image, resources, environment) and creates."""
+    return [yaml.safe_load(o["data"]["executor.yaml"]) for o in objs
+            if o["kind"] == "ConfigMap" and "executor.yaml" in o.get("data", {})]  # fmt: skip
+
+
 def pod_specs(objs: list[dict[str, Any]]) -> Iterator[tuple[str, dict[str, Any]]]:
     for o in objs:
         if o["kind"] in ("Deployment", "Job"):
             yield f"{o['kind']}/{o['metadata']['name']}", o["spec"]["template"]["spec"]
+    for i, pod in enumerate(executor_templates(objs)):
+        yield f"executor-template/{i}", pod["spec"]
 
 
 def service_of(container: dict[str, Any]) -> str | None:
@@ -117,6 +127,11 @@ def test_chart_lints_and_every_object_validates_strictly(
     assert report["returncode"] == 0, report["resources"]
     assert summary["invalid"] == summary["errors"] == summary["skipped"] == 0, report
     assert summary["valid"] == len(objects(text)) > 0
+    # the executor pod template, once Spark has given it an image, is a valid Pod
+    for pod in executor_templates(objects(text)):
+        pod["spec"]["containers"][0]["image"] = "walcast/kafka2spark:test"
+        one = kubeconform(yaml.safe_dump(pod))
+        assert one["summary"]["valid"] == 1, one
 
 
 def test_the_validation_refuses_what_a_cluster_would(bins: dict[str, Path]) -> None:
@@ -142,6 +157,13 @@ def test_manifests_settings_and_commands_are_the_services_own(
     for where, spec in pod_specs(objs):
         volumes = {v["name"]: v for v in spec.get("volumes", [])}
         for container in spec["containers"]:
+            if where.startswith("executor-template"):
+                scripts = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+                assert container["command"] == ["walcast-spark-executor"]
+                assert container["command"][0] in scripts["scripts"]
+                mounts = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
+                assert "emptyDir" in volumes[mounts[container["workingDir"]]], where
+                continue
             service = service_of(container)
             assert service is not None, f"{where}: {container.get('command')} is no walcast CLI"
             parser = importlib.import_module(PARSERS[service]).build_parser()
@@ -199,16 +221,20 @@ def test_pods_are_locked_down_and_configmaps_hold_no_secret(
                     f"{o['metadata']['name']}: {key}"
                 )
         assert o["kind"] != "Secret" or (overlay is not None and overlay.stem == "minimal")
+    pull = (yaml.safe_load(overlay.read_text()) if overlay else {}).get("image", {})
     for where, spec in pod_specs(objs):
         assert spec["securityContext"]["runAsNonRoot"] is True, where
+        if pull.get("pullSecrets"):
+            assert spec["imagePullSecrets"] == pull["pullSecrets"], where
         for c in spec["containers"]:
             assert c.get("env", []) is not None, f"{where}: env: null"
             sc = c["securityContext"]
             assert sc["readOnlyRootFilesystem"] is True, where
             assert sc["allowPrivilegeEscalation"] is False, where
             assert sc["capabilities"]["drop"] == ["ALL"], where
-            assert "limits" in c["resources"], where
-            assert "requests" in c["resources"], where
+            if not where.startswith("executor-template"):  # Spark sizes its executors
+                assert "limits" in c["resources"], where
+                assert "requests" in c["resources"], where
             if where.startswith("Deployment"):
                 assert c["livenessProbe"]["httpGet"]["path"] == "/health", where
                 assert c["readinessProbe"]["httpGet"]["path"] == "/ready", where
@@ -231,12 +257,45 @@ def test_memory_guard_follows_the_container_limit(bins: dict[str, Path]) -> None
     assert "raise the limit" in small.stderr
 
 
-def test_a_credential_in_a_configmap_is_refused(bins: dict[str, Path]) -> None:
+@pytest.mark.parametrize(
+    "setting",
+    [
+        "pg2kafka.config.postgres.password=hunter2",
+        "pg2kafka.config.kafka.extra.sasl\\.password=hunter2",
+        "kafka2spark.config.spark.conf.spark\\.hadoop\\.fs\\.s3a\\.secret\\.key=hunter2",
+        "kafka2search.config.engine.urls[0]=https://walcast:hunter2@search:9200",
+    ],
+)
+def test_a_credential_in_a_configmap_is_refused(bins: dict[str, Path], setting: str) -> None:
     result = helm(bins, "template", "wc", str(CHART), "--kube-version", tools.KUBE_VERSION,
-                  "--set", "pg2kafka.config.postgres.password=hunter2")  # fmt: skip
+                  "--set", setting)  # fmt: skip
     assert result.returncode != 0
     assert "secretEnv" in result.stderr
     assert "hunter2" not in result.stderr
+
+
+def test_settings_that_only_mention_secrets_are_not_refused(bins: dict[str, Path]) -> None:
+    url_key = "sasl\\.oauthbearer\\.token\\.endpoint\\.url"
+    objs = objects(render(bins, None, "pg2kafka.config.ddl.scrub_secrets=false",
+                          f"common.config.kafka.extra.{url_key}=https://idp/t"))  # fmt: skip
+    cm = next(o for o in objs if o["kind"] == "ConfigMap"
+              and o["metadata"]["name"] == "wc-walcast-pg2kafka")  # fmt: skip
+    config = yaml.safe_load(cm["data"]["config.yaml"])
+    assert config["ddl"]["scrub_secrets"] is False
+    assert config["kafka"]["extra"]["sasl.oauthbearer.token.endpoint.url"] == "https://idp/t"
+
+
+def test_keda_needs_an_authentication_for_a_secured_kafka(bins: dict[str, Path]) -> None:
+    refused = helm(bins, "template", "wc", str(CHART), "--kube-version", tools.KUBE_VERSION,
+                   "--set", "common.config.kafka.security_protocol=SASL_SSL")  # fmt: skip
+    assert refused.returncode != 0
+    assert "authenticationRef" in refused.stderr
+    objs = objects(render(bins, None, "common.config.kafka.security_protocol=SASL_SSL",
+                          "kafka2search.autoscaling.authenticationRef=kafka-auth",
+                          "kafka2search.config.consumer.topics={a,b}"))  # fmt: skip
+    (trigger,) = next(o for o in objs if o["kind"] == "ScaledObject")["spec"]["triggers"]
+    assert trigger["authenticationRef"] == {"name": "kafka-auth"}
+    assert "topic" not in trigger["metadata"]  # two topics: the group's lag over both
 
 
 def test_kafka2search_grace_outlasts_a_bulk_write(bins: dict[str, Path]) -> None:

@@ -3,6 +3,7 @@ from __future__ import annotations
 import io
 import json
 import logging
+import time
 import urllib.error
 import urllib.request
 
@@ -79,7 +80,41 @@ def test_ops_server_endpoints() -> None:
         assert code == 503
         assert "boom" in json.loads(body)["checks"]["broken"]["detail"]
         assert _get(base + "/nope")[0] == 404
+        # the checks as metrics: what the endpoints answer, per readiness check too
+        metrics = _get(base + "/metrics")[1].decode()
+        assert "walcast_ready 1.0" in metrics
+        assert "walcast_healthy 0.0" in metrics  # the broken check
+        assert 'walcast_ready_check{check="kafka"} 1.0' in metrics
+        ready["ok"] = False
+        assert 'walcast_ready_check{check="kafka"} 0.0' in _get(base + "/metrics")[1].decode()
     finally:
+        server.stop()
+
+
+def test_a_slow_check_never_makes_a_scrape_slow() -> None:
+    """A readiness check that asks a dependency (kafka2search pings its engine) may take
+    its request timeout: a scrape reports the last finished evaluation instead of
+    waiting (Prometheus would time out and call the service down)."""
+    registry = CollectorRegistry()
+    server = OpsServer(registry, port=0)
+    slow = {"s": 0.0}
+
+    def engine() -> tuple[bool, str]:
+        time.sleep(slow["s"])
+        return True, "answers"
+
+    server.add_ready_check("engine", engine)
+    server.start()
+    try:
+        base = f"http://127.0.0.1:{server.port}"
+        assert "walcast_ready 1.0" in _get(base + "/metrics")[1].decode()
+        slow["s"] = 4.0
+        started = time.monotonic()
+        body = _get(base + "/metrics")[1].decode()
+        assert time.monotonic() - started < 3.0
+        assert "walcast_ready 1.0" in body  # the last finished evaluation
+    finally:
+        slow["s"] = 0.0
         server.stop()
 
 

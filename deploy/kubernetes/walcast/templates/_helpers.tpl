@@ -64,8 +64,19 @@ it: those belong in secretEnv.
 {{- $_ := set $cfg $k (mergeOverwrite (deepCopy (get $cfg $k | default dict)) $v) -}}
 {{- end -}}
 {{- $text := toYaml $cfg -}}
-{{- if regexMatch "(?im)^\\s*[a-z0-9_.-]*(password|passwd|secret|api_key|token)[a-z0-9_.-]*:\\s*[^\\s{]" $text -}}
-{{- fail (printf "%s.config holds a credential: move it to %s.secretEnv (a Secret), never a ConfigMap" .name .name) -}}
+{{- $name := .name -}}
+{{- if regexMatch "[a-zA-Z][a-zA-Z0-9+.-]*://[^\\s/@:]*:[^\\s/@]+@" $text -}}
+{{- fail (printf "%s.config holds a URL with a password: move the credential to %s.secretEnv (a Secret), never a ConfigMap" $name $name) -}}
+{{- end -}}
+{{- range $line := splitList "\n" $text -}}
+{{- if regexMatch "^\\s*(- )?[^\\s:]+:\\s*\\S" $line -}}
+{{- $key := regexReplaceAll "^\\s*(- )?([^\\s:]+):.*$" $line "${2}" | trimAll "\"'" -}}
+{{- $val := regexReplaceAll "^\\s*(- )?[^\\s:]+:\\s*(.*)$" $line "${2}" -}}
+{{- /* shared/secrets.py is_secret_key: a key naming a secret, not a switch or a place */ -}}
+{{- if and (regexMatch "(?i)secret|passw(or)?d|pwd|token|credential|jaas|oauthbearer[._-]?config|(api|access|account|private|encryption)[._-]?key([^a-z]|$)|key[._-]?pem" $key) (not (regexMatch "(?i)[._-](enabled|provider|mechanism|url|location|type|method|class|file|path)$" $key)) (not (has $val (list "true" "false" "null" "''" "\"\"" "{}" "[]"))) -}}
+{{- fail (printf "%s.config holds a credential (%s): move it to %s.secretEnv (a Secret), never a ConfigMap" $name $key $name) -}}
+{{- end -}}
+{{- end -}}
 {{- end -}}
 {{- $text -}}
 {{- end -}}
