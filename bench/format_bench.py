@@ -24,9 +24,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import signal
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -37,8 +35,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.pg2kafka_bench import (
     RESULTS,
     Bench,
-    cpu_s,
     create_table,
+    drain,
     per_event_us,
     read_env,
     write_backlog,
@@ -67,8 +65,7 @@ def topic_bytes(b: Bench, topic: str) -> tuple[int, int]:
 
 def run_format(b: Bench, fmt: str, name: str, table: str, target: int,
                events: int) -> dict[str, Any]:  # fmt: skip
-    extra = {"PG2KAFKA_REPLICATION__STATUS_INTERVAL_S": "0.2",
-             "PG2KAFKA_SNAPSHOT__AUTOMATIC": "false"}  # fmt: skip
+    extra: dict[str, str] = {}
     topic = name
     if fmt.startswith("debezium"):
         extra |= {"PG2KAFKA_PRODUCER__FORMAT": "debezium",
@@ -80,16 +77,7 @@ def run_format(b: Bench, fmt: str, name: str, table: str, target: int,
                   "PG2KAFKA_SCHEMA_REGISTRY__URL": f"mock://{name}",
                   "PG2KAFKA_SCHEMA_REGISTRY__SUBJECT_NAME_STRATEGY": "topic_record"}  # fmt: skip
     b.topic(topic)
-    log = RESULTS / f"formats-{name}.log"
-    started = time.monotonic()
-    proc = b.pg2kafka(name, log, **extra)
-    try:
-        ended = b.wait_confirmed(name, target, proc)
-        cpu = cpu_s(proc.pid)
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(60)
-    seconds = ended - started
+    seconds, cpu = drain(b, name, target, RESULTS / f"formats-{name}.log", **extra)
     return {"format": fmt, "topic": topic, "seconds": round(seconds, 3),
             "events_per_s": round(events / seconds),
             "cpu_us": per_event_us(cpu, events)}  # fmt: skip

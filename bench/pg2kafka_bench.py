@@ -228,6 +228,21 @@ class CpuMeter:
         return self._result
 
 
+def drain(b: Bench, name: str, target: int, log: Path, **extra: str) -> tuple[float, float | None]:
+    """pg2kafka (a process, its slot and topic ``name``) from start until the slot confirms
+    ``target``: (seconds, pg2kafka's CPU seconds), then stopped."""
+    started = time.monotonic()
+    proc = b.pg2kafka(name, log, PG2KAFKA_REPLICATION__STATUS_INTERVAL_S="0.2",
+                      PG2KAFKA_SNAPSHOT__AUTOMATIC="false", **extra)  # fmt: skip
+    try:
+        ended = b.wait_confirmed(name, target, proc)
+        cpu = cpu_s(proc.pid)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(60)
+    return ended - started, cpu
+
+
 def per_event_us(cpu: float | None, events: int) -> float | None:
     return None if cpu is None else round(cpu / events * 1e6, 2)
 

@@ -16,6 +16,7 @@ import logging
 import signal
 import sys
 from collections.abc import Callable
+from datetime import datetime
 from pathlib import Path
 from types import FrameType
 from typing import TypeVar
@@ -60,6 +61,18 @@ def base_parser(prog: str, description: str) -> argparse.ArgumentParser:
     parser.add_argument("--config", type=Path, help="YAML settings file")
     parser.add_argument("--env-file", type=Path, help="dotenv file (the local stack writes one)")
     return parser
+
+
+def add_replay_range(parser: argparse.ArgumentParser) -> None:
+    """A replay's start (``--from-offset`` or ``--from-timestamp``) and ``--partition``."""
+    start = parser.add_mutually_exclusive_group(required=True)
+    start.add_argument("--from-offset", type=int, help="offset to start at, in every partition")
+    start.add_argument(
+        "--from-timestamp",
+        type=datetime.fromisoformat,
+        help="ISO-8601 time (with offset, e.g. 2026-11-22T10:00:00+00:00)",
+    )
+    parser.add_argument("--partition", type=int, action="append", help="only these partitions")
 
 
 def run_command(

@@ -41,7 +41,7 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import wait as wait_for
 from dataclasses import dataclass
-from typing import Any, Generic
+from typing import Any, Generic, Protocol
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -59,29 +59,66 @@ from shared.settings import BatchSettings, ConsumerSettings, KafkaSettings
 log = logging.getLogger(__name__)
 
 
-class ConsumerMetrics:
-    """The loop's own metrics, under the service's prefix."""
+class _Labelled(Protocol):
+    def labels(self, *values: str) -> Any: ...
 
-    def __init__(self, registry: CollectorRegistry, prefix: str) -> None:
-        self.records = Counter(f"{prefix}_records", "Kafka records consumed", registry=registry)
+
+class _Member:
+    """A labelled metric with its first label (the member's) already given."""
+
+    def __init__(self, metric: Any, value: str) -> None:
+        self.metric = metric
+        self.value = value
+
+    def labels(self, *values: str) -> Any:
+        return self.metric.labels(self.value, *values)
+
+
+class ConsumerMetrics:
+    """The loop's own metrics, under the service's prefix. A service running several
+    loops side by side (one per webhook endpoint) gives ``member_label`` and hands each
+    loop its :meth:`member` view."""
+
+    records: Any  # a Counter (or its child)
+    record_age: Any  # a Histogram (or its child)
+    dlq: _Labelled
+    lag: _Labelled
+
+    def __init__(
+        self, registry: CollectorRegistry, prefix: str, member_label: str | None = None
+    ) -> None:
+        first = [member_label] if member_label else []
+        self.records = Counter(
+            f"{prefix}_records", "Kafka records consumed", first, registry=registry
+        )
         self.dlq = Counter(
             f"{prefix}_dead_letters",
             "records sent to the dead-letter topic, by reason: poison (not an event) or"
             " rejected (the sink refused it)",
-            ["reason"],
+            [*first, "reason"],
             registry=registry,
         )  # fmt: skip
         self.lag = Gauge(
-            f"{prefix}_lag_records", "high watermark minus position", ["topic", "partition"],
-            registry=registry,
+            f"{prefix}_lag_records", "high watermark minus position",
+            [*first, "topic", "partition"], registry=registry,
         )  # fmt: skip
         self.record_age = Histogram(
             f"{prefix}_record_age_seconds",
             "Kafka to the sink: age of a batch's first record (its Kafka timestamp) when the"
             " write covering it succeeded",
+            first,
             buckets=(0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900),
             registry=registry,
         )
+
+    def member(self, value: str) -> ConsumerMetrics:
+        """The metrics of one loop, labelled ``value`` (needs ``member_label``)."""
+        view = object.__new__(ConsumerMetrics)
+        view.records = self.records.labels(value)
+        view.record_age = self.record_age.labels(value)
+        view.dlq = _Member(self.dlq, value)
+        view.lag = _Member(self.lag, value)
+        return view
 
 
 @dataclass
@@ -102,9 +139,16 @@ def _reason_kind(reason: str) -> str:
 class DeadLetters:
     """The original bytes, the reason and the source position, to the dead-letter topic."""
 
-    def __init__(self, sink: KafkaSink, topic: str, metrics: ConsumerMetrics) -> None:
+    def __init__(
+        self,
+        sink: KafkaSink,
+        topic: str,
+        metrics: ConsumerMetrics,
+        headers: list[tuple[str, bytes]] | None = None,
+    ) -> None:
         self.sink = sink
         self.topic = topic
+        self.headers = headers or []  # on every dead letter (kafka2webhook: the endpoint)
         self.metrics = metrics
         # counted per record (walcast_..._dead_letters), logged as a sample and a rate
         self.log = SampledLog(log, "dead letters")
@@ -116,6 +160,7 @@ class DeadLetters:
             ("walcast-source-topic", origin.topic.encode()),
             ("walcast-source-partition", str(origin.partition).encode()),
             ("walcast-source-offset", str(origin.offset).encode()),
+            *self.headers,
         ]
         self.sink.write(Outgoing(self.topic, origin.key, origin.value, headers), 0)
         self.metrics.dlq.labels(kind).inc()
@@ -166,8 +211,14 @@ class ConsumerLoop(Generic[B]):
         make_consumer: ConsumerFactory = Consumer,
         dead_letters: DeadLetters | None = None,
         avro: RegistryDecoder | None = None,
+        decode_record: Callable[[Message], list[EventView]] | None = None,
+        dead_letter_headers: list[tuple[str, bytes]] | None = None,
     ) -> None:
         self.name = name
+        # A sink that reads records other than change events (the subscription events
+        # topic) or needs more of them than the contract's view (headers, the whole
+        # event) decodes them itself; EventDecodeError makes the record poison.
+        self.decode_record = decode_record
         self.kafka = kafka
         self.c = consumer
         # What the topics hold (shared.contract.debezium_input): walcast events are
@@ -193,6 +244,7 @@ class ConsumerLoop(Generic[B]):
             ),
             consumer.dlq_topic,
             metrics,
+            dead_letter_headers,
         )
         self.sink = make_sink(self.wait)
         self.batch: B = self.sink.new_batch()
@@ -335,7 +387,9 @@ class ConsumerLoop(Generic[B]):
             self.batch_first_ms = msg.timestamp()[1]
         origin = Origin(topic, partition, offset, msg.key(), value or b"")
         try:
-            if value and value[0] == 0:  # Avro's wire format (no JSON starts so)
+            if self.decode_record is not None:
+                views = self.decode_record(msg)
+            elif value and value[0] == 0:  # Avro's wire format (no JSON starts so)
                 if self.avro is None:
                     raise PermanentError(
                         f"{topic}[{partition}]@{offset} is an Avro record (Confluent wire"
@@ -343,15 +397,9 @@ class ConsumerLoop(Generic[B]):
                         hint="set schema_registry.url to the registry its producer uses",
                     )
                 value = self.avro.decode(value)
-            if self.input_format == "walcast" or (
-                self.input_format == "auto" and not is_debezium(value)
-            ):
-                views = [decode(value)]
+                views = self._views(msg, value)
             else:
-                key = msg.key()
-                if key and key[0] == 0 and self.avro is not None:  # an Avro Debezium key
-                    key = self.avro.decode(key)
-                views = [decode(v) for v in translate(key, value)]
+                views = self._views(msg, value)
         except EventDecodeError as exc:
             self.dead_letters.send(origin, str(exc), "poison")
             self._mark(topic, partition, offset)
@@ -360,6 +408,17 @@ class ConsumerLoop(Generic[B]):
             self._mark(topic, partition, offset)
         for ev in views:
             self.apply(ev, origin)
+
+    def _views(self, msg: Message, value: bytes | None) -> list[EventView]:
+        """The record's events: a walcast event as it is, Debezium records translated."""
+        if self.input_format == "walcast" or (
+            self.input_format == "auto" and not is_debezium(value)
+        ):
+            return [decode(value)]
+        key = msg.key()
+        if key and key[0] == 0 and self.avro is not None:  # an Avro Debezium key
+            key = self.avro.decode(key)
+        return [decode(v) for v in translate(key, value)]
 
     def apply(self, ev: EventView, origin: Origin) -> None:
         """One decoded event of the record at ``origin``: a control event is a barrier

@@ -139,9 +139,10 @@ def _pg_connection_verdict(exc: BaseException) -> Verdict | None:
 
 
 def http_status_verdict(status: int) -> Verdict:
-    """An HTTP answer from a search engine, for a whole request or one bulk item: too many
-    requests and server-side failures pass; any other 4xx will not change by waiting."""
-    if status == 429 or status >= 500:
+    """An HTTP answer from a search engine or a webhook receiver, for a whole request or
+    one bulk item: request timeouts (408), too early (425), too many requests (429) and
+    server-side failures pass; any other 4xx will not change by waiting."""
+    if status in (408, 425, 429) or status >= 500:
         return Verdict.RETRIABLE
     return Verdict.PERMANENT
 

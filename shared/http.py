@@ -6,6 +6,8 @@
   would help (a wedged main loop), never because a dependency is down.
 * ``/ready``:   readiness. 200 once every readiness check passes (connected, streaming);
   503 with the failing checks' reasons otherwise.
+* ``/status``:  a service's own live state as JSON, when it registered one (kafka2webhook:
+  per endpoint delivered, failing, last error); 404 otherwise.
 
 Checks are callables returning ``(ok, detail)``; they run on the server thread, so they
 must be cheap (read a flag or a timestamp, never do I/O).
@@ -37,6 +39,7 @@ class OpsServer:
         self.registry = registry
         self._health: dict[str, Check] = {}
         self._ready: dict[str, Check] = {}
+        self.status: Callable[[], object] | None = None
         self._server = ThreadingHTTPServer((host, port), self._handler())
         self._server.daemon_threads = True
         self._thread: threading.Thread | None = None
@@ -89,6 +92,8 @@ class OpsServer:
                     )
                     body = orjson.dumps({"status": "ok" if ok else "failing", "checks": results})
                     self._send(200 if ok else 503, body, "application/json")
+                elif path == "/status" and server.status is not None:
+                    self._send(200, orjson.dumps(server.status()), "application/json")
                 else:
                     self._send(404, b'{"error":"not found"}', "application/json")
 

@@ -20,6 +20,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
@@ -145,8 +146,8 @@ class KafkaSink(Sink[Outgoing, int]):
         """Seconds messages have been waiting without any acknowledgement (0 if none)."""
         return time.monotonic() - self.last_ack_at if self.outstanding else 0.0
 
-    def partitions(self, topic: str) -> int:
-        return partition_count(self.producer, topic)
+    def partitions(self, topic: str, wait_s: float = 0.0) -> int:
+        return partition_count(self.producer, topic, wait_s)
 
     def _raise_failure(self) -> None:
         if self._failure is not None:
@@ -154,10 +155,19 @@ class KafkaSink(Sink[Outgoing, int]):
             raise _classified(err)
 
 
-def partition_count(producer: Producer, topic: str) -> int:
-    """``topic``'s partition count, or a permanent error naming the missing topic."""
-    md = producer.list_topics(topic, timeout=10)
-    meta = md.topics.get(topic)
+def partition_count(producer: Producer, topic: str, wait_s: float = 0.0) -> int:
+    """``topic``'s partition count, or a permanent error naming the missing topic. A topic
+    just created may be missing from the brokers' metadata for a moment (seen on a loaded
+    machine): ``wait_s`` asks again that long before calling it missing."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        md = producer.list_topics(topic, timeout=10)
+        meta = md.topics.get(topic)
+        if meta is not None and meta.error is None and meta.partitions:
+            return len(meta.partitions)
+        if time.monotonic() >= deadline:
+            break
+        time.sleep(0.2)
     if meta is None or meta.error is not None:
         raise PermanentError(
             f"Kafka topic {topic!r} does not exist",
@@ -255,8 +265,8 @@ class BulkKafkaSink:
         if self.failure is not None:
             raise _classified(self.failure)
 
-    def partitions(self, topic: str) -> int:
-        return partition_count(self.producer, topic)
+    def partitions(self, topic: str, wait_s: float = 0.0) -> int:
+        return partition_count(self.producer, topic, wait_s)
 
     def close(self) -> None:
         self.producer.flush(5)
@@ -419,3 +429,42 @@ def topic_records(consumer: Consumer, topic: str) -> int:
         low, high = consumer.get_watermark_offsets(tp, timeout=10)
         total += high - low
     return total
+
+
+def replay_range(
+    client_config: dict[str, Any],
+    topics: list[str],
+    from_offset: int | None,
+    from_timestamp: datetime | None,
+    partitions: list[int] | None,
+) -> tuple[list[TopicPartition], dict[tuple[str, int], int]]:
+    """Where a replay of ``topics`` starts in each partition (an offset, or the first
+    record at or after a time; ``partitions``: only these), and where it ends (the end
+    now)."""
+    probe = Consumer({**client_config, "group.id": "walcast-replay-probe"})
+    try:
+        start: list[TopicPartition] = []
+        until: dict[tuple[str, int], int] = {}
+        for topic in topics:
+            parts = topic_partitions(probe, topic)
+            if not parts:
+                raise PermanentError(
+                    f"Kafka topic {topic!r} does not exist", hint="check consumer.topics"
+                )
+            if partitions is not None:
+                parts = [tp for tp in parts if tp.partition in partitions]
+            if from_timestamp is not None:
+                ms = int(from_timestamp.timestamp() * 1000)
+                parts = probe.offsets_for_times(
+                    [TopicPartition(tp.topic, tp.partition, ms) for tp in parts], timeout=10
+                )
+            for tp in parts:
+                low, high = probe.get_watermark_offsets(tp, timeout=10)
+                offset = from_offset if from_offset is not None else tp.offset
+                if offset is None or offset < 0:
+                    offset = high  # nothing at or after the time
+                start.append(TopicPartition(tp.topic, tp.partition, max(low, min(offset, high))))
+                until[(tp.topic, tp.partition)] = high
+    finally:
+        probe.close()
+    return start, until

@@ -83,3 +83,9 @@ def table_name(template: str, rules: NameRules, db: str, schema: str, table: str
     room = rules.max_length - HASH_HEX - 1
     head = name.encode()[:room].decode(errors="ignore")  # cut at a character boundary
     return f"{head}-{digest}"
+
+
+def wildcard(pattern: str) -> re.Pattern[str]:
+    """A name pattern in which ``*`` matches any text (nothing else is special): the one
+    rule of every ``schema.table`` filter, transform rule and webhook subscription."""
+    return re.compile("^" + ".*".join(re.escape(p) for p in pattern.split("*")) + "$", re.DOTALL)

@@ -43,6 +43,11 @@ class Runner:
         if self.ops is not None:
             self.ops.add_ready_check(name, check)
 
+    def status(self, report: Callable[[], object]) -> None:
+        """The service's live state at ``/status`` (JSON; cheap, no I/O)."""
+        if self.ops is not None:
+            self.ops.status = report
+
     def run(
         self,
         main: Callable[[], None],

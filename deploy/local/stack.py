@@ -878,6 +878,7 @@ def kafka_env(bootstrap: str) -> dict[str, str]:
         "PG2KAFKA_KAFKA__BOOTSTRAP_SERVERS": bootstrap,
         "KAFKA2SEARCH_KAFKA__BOOTSTRAP_SERVERS": bootstrap,
         "KAFKA2SPARK_KAFKA__BOOTSTRAP_SERVERS": bootstrap,
+        "KAFKA2WEBHOOK_KAFKA__BOOTSTRAP_SERVERS": bootstrap,
     }
 
 

@@ -5,13 +5,12 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from datetime import datetime
 
 from services.kafka2search import admin
 from services.kafka2search.app import build, forget
 from services.kafka2search.engines import engine_for
 from services.kafka2search.settings import Kafka2SearchSettings
-from shared.cli import base_parser, run_command
+from shared.cli import add_replay_range, base_parser, run_command
 from shared.service import serve
 
 
@@ -22,18 +21,11 @@ def build_parser() -> argparse.ArgumentParser:
     st = sub.add_parser("status", help="lag per partition, documents per index, dead letters")
     st.add_argument("--json", action="store_true")
     rp = sub.add_parser("replay", help="re-read from an offset or a time into the same indices")
-    start = rp.add_mutually_exclusive_group(required=True)
-    start.add_argument("--from-offset", type=int, help="offset to start at, in every partition")
-    start.add_argument(
-        "--from-timestamp",
-        type=datetime.fromisoformat,
-        help="ISO-8601 time (with offset, e.g. 2026-11-22T10:00:00+00:00)",
-    )
+    add_replay_range(rp)
     fg = sub.add_parser(
         "forget", help="let an alias whose index was deleted be created again, empty"
     )
     fg.add_argument("--alias", required=True)
-    rp.add_argument("--partition", type=int, action="append", help="only these partitions")
     rp.add_argument(
         "--allow-deleted-to-return",
         action="store_true",

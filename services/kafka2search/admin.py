@@ -16,7 +16,7 @@ from services.kafka2search.app import consumer_loop
 from services.kafka2search.engines import SearchEngine, engine_for
 from services.kafka2search.settings import Kafka2SearchSettings
 from shared.errors import ConfigError, PermanentError
-from shared.kafka import group_lag, topic_partitions, topic_records
+from shared.kafka import group_lag, replay_range, topic_records
 from shared.retry import call_with_retry
 
 log = logging.getLogger(__name__)
@@ -88,7 +88,13 @@ def replay(
     if (from_offset is None) == (from_timestamp is None):
         raise ConfigError("give exactly one of --from-offset and --from-timestamp")
     start, until = call_with_retry(
-        lambda: _replay_range(settings, from_offset, from_timestamp, partitions),
+        lambda: replay_range(
+            settings.kafka.client_config(),
+            settings.consumer.topics,
+            from_offset,
+            from_timestamp,
+            partitions,
+        ),
         policy=settings.retry,
         what="find the replay's offsets",
     )
@@ -173,39 +179,3 @@ def _check_delete_memory(
             hint="replay into emptied indices (delete them first; the replay recreates"
             " them), replay from a later offset or time, or pass --allow-deleted-to-return",
         )
-
-
-def _replay_range(
-    settings: Kafka2SearchSettings,
-    from_offset: int | None,
-    from_timestamp: datetime | None,
-    partitions: list[int] | None,
-) -> tuple[list[TopicPartition], dict[tuple[str, int], int]]:
-    """Where the replay starts in each partition, and where it ends (the end now)."""
-    probe = Consumer({**settings.kafka.client_config(), "group.id": "walcast-replay-probe"})
-    try:
-        start: list[TopicPartition] = []
-        until: dict[tuple[str, int], int] = {}
-        for topic in settings.consumer.topics:
-            parts = topic_partitions(probe, topic)
-            if not parts:
-                raise PermanentError(
-                    f"Kafka topic {topic!r} does not exist", hint="check consumer.topics"
-                )
-            if partitions is not None:
-                parts = [tp for tp in parts if tp.partition in partitions]
-            if from_timestamp is not None:
-                ms = int(from_timestamp.timestamp() * 1000)
-                parts = probe.offsets_for_times(
-                    [TopicPartition(tp.topic, tp.partition, ms) for tp in parts], timeout=10
-                )
-            for tp in parts:
-                low, high = probe.get_watermark_offsets(tp, timeout=10)
-                offset = from_offset if from_offset is not None else tp.offset
-                if offset is None or offset < 0:
-                    offset = high  # nothing at or after the time
-                start.append(TopicPartition(tp.topic, tp.partition, max(low, min(offset, high))))
-                until[(tp.topic, tp.partition)] = high
-    finally:
-        probe.close()
-    return start, until

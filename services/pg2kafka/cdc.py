@@ -30,6 +30,7 @@ from services.pg2kafka.session import ReplicationSession, SlotStream
 from services.pg2kafka.settings import Pg2KafkaSettings
 from services.pg2kafka.source import SourceLedger
 from services.pg2kafka.topics import StreamTarget
+from services.pg2kafka.transforms import check_database, from_settings
 from shared.contract.event import ChangeEvent, JsonEventSerializer
 from shared.errors import PermanentError
 from shared.interfaces import Serializer
@@ -132,6 +133,7 @@ class CdcHandler:
                     session.catalog.not_null,
                     session.catalog.primary_key,
                     avro=connect_encoder(self.settings),
+                    transforms=from_settings(self.settings.transforms),
                 )
             for r in records.change(rel, msg, b.txn, lsn):
                 limit = self._limits.get(r.topic)
@@ -267,6 +269,7 @@ class CdcStream(SlotStream):
         self.incremental = (
             Incremental(settings, stop, metrics) if settings.producer.format != "debezium" else None
         )
+        self.transforms_checked = False
 
     def run_once(self) -> None:
         """As leader: the initial snapshot when one is owed (``snapshot.mode``), then one
@@ -274,6 +277,13 @@ class CdcStream(SlotStream):
         from services.pg2kafka.snapshot import drop_slot, initial_snapshot
 
         s = self.settings
+        transforms = from_settings(s.transforms)
+        if transforms is not None and not self.transforms_checked:
+            # Once per process, before it leads or stands by (a reconnect does not check
+            # again: a rule a DDL made void is logged then, and refused at the next start).
+            check_database(transforms, s.postgres.conninfo(), TableFilter(
+                s.filters.include, s.filters.exclude))  # fmt: skip
+            self.transforms_checked = True
         leader = self.lead()
         if leader is None:
             return  # stopped while standing by

@@ -21,6 +21,7 @@ import orjson
 from services.pg2kafka import pgoutput as pg
 from services.pg2kafka._native import RowEncoder
 from services.pg2kafka.ddl_secrets import scrub_statement
+from services.pg2kafka.transforms import Transforms, unique_key
 from services.pg2kafka.types import TypeRegistry
 from shared.contract.event import EVENT_VERSION, SnapshotInfo
 from shared.contract.event import ChangeEvent as Event
@@ -65,9 +66,12 @@ def _ddl_shape(payload: Any) -> tuple[list[dict[str, Any]], list[dict[str, Any]]
 @dataclass(frozen=True, slots=True)
 class _RelInfo:
     encoder: RowEncoder
-    columns: int
+    columns: int  # the relation's, before any transform rule drops some
     has_key: bool
     types: orjson.Fragment  # the event's "types", encoded once
+    # The transform rules' rewrite of a row's values (services/pg2kafka/transforms.py);
+    # None when no rule touches the relation.
+    apply: Callable[[tuple[pg.Value, ...]], tuple[pg.Value, ...]] | None = None
 
 
 Row = tuple[bytes, bytes, list[str] | None]
@@ -96,6 +100,10 @@ class EventBuilder:
 
     ``scrub_secrets``: DDL events carry their statement with the literals of PASSWORD
     clauses and secret options replaced (:func:`~services.pg2kafka.ddl_secrets.scrub_statement`).
+
+    ``transforms``: column rules applied to every row (new, old, key, snapshot rows) and
+    to DDL events' column lists; a relation a rule may not apply to (a non-hash rule on a
+    key column) raises PermanentError when its first row or DDL event is built.
     """
 
     def __init__(
@@ -106,8 +114,10 @@ class EventBuilder:
         no_identity: str = "emit",
         primary_key: Callable[[int], list[str]] | None = None,
         scrub_secrets: bool = True,
+        transforms: Transforms | None = None,
     ) -> None:
         self.database = database
+        self.transforms = transforms
         self.scrub_secrets = scrub_secrets
         self.primary_key = primary_key
         self.types = types
@@ -153,18 +163,22 @@ class EventBuilder:
         conversions, key columns) and the types."""
         info = self._info.get(rel.oid)
         if info is None:
-            cols = rel.columns
+            plan = None
+            if self.transforms is not None:
+                plan = self.transforms.plan(rel, unique_key(rel, self.primary_key))
+            cols = plan.relation.columns if plan is not None else rel.columns
             info = _RelInfo(
                 encoder=RowEncoder(
                     [c.name for c in cols],
                     [self.types.spec(c.type_oid) for c in cols],
                     [c.is_key for c in cols],
                 ),
-                columns=len(cols),
+                columns=len(rel.columns),
                 has_key=any(c.is_key for c in cols),
                 types=orjson.Fragment(
                     orjson.dumps({c.name: self.types.name(c.type_oid) for c in cols})
                 ),
+                apply=plan.apply if plan is not None else None,
             )
             self._info[rel.oid] = info
         return info
@@ -188,6 +202,8 @@ class EventBuilder:
                 f"pgoutput protocol: {len(values)} values for {info.columns} columns"
                 f" of {rel.schema}.{rel.table}"
             )
+        if info.apply is not None:
+            values = info.apply(values)
         row, key, toast, kept = info.encoder.encode(values)
         if kept:
             # Bad input never stops the stream and never vanishes: the value travels as
@@ -331,10 +347,13 @@ class EventBuilder:
         events: list[Event] = []
         for table in tables:
             ev = self._ddl_envelope(lsn, table["schema"], table["table"])
+            columns = table["columns"]
+            if self.transforms is not None:
+                columns = self.transforms.ddl_columns(table["schema"], table["table"], columns)
             ev["ddl"] = {
                 "tag": payload.get("tag"),
                 "statement": statement,
-                "columns": table["columns"],
+                "columns": columns,
                 "primary_key": table["primary_key"],
             }
             events.append(ev)

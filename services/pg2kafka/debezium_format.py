@@ -26,6 +26,7 @@ from services.pg2kafka import pgoutput as pg
 from services.pg2kafka._native import convert_value
 from services.pg2kafka.changes import Transaction
 from services.pg2kafka.settings import DebeziumSettings, Pg2KafkaSettings
+from services.pg2kafka.transforms import Transforms, unique_key
 from services.pg2kafka.types import TypeRegistry
 from shared.avro import ConnectRegistryEncoder, RegistryEncoder
 from shared.contract import debezium
@@ -55,6 +56,9 @@ class _Table:
     absent: dict[int, Any]
     key_schema: dict[str, Any] | None
     value_schema: dict[str, Any] | None
+    # The transform rules' rewrite of a row's values; ``relation`` is then the one the
+    # stream sent and ``columns`` what the rules leave of it.
+    apply: Callable[[tuple[pg.Value, ...]], tuple[pg.Value, ...]] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,7 +86,8 @@ class SnapshotRead:
 class DebeziumRecords:
     """Builds the records of one session's row changes. ``not_null(relation_oid)``: the
     columns declared NOT NULL; ``primary_key(relation_oid)``: its columns (the catalog,
-    asked once per relation)."""
+    asked once per relation). ``transforms``: column rules, applied to every row before
+    it is shaped (rewritten columns become strings in the schemas, NULLed ones optional)."""
 
     def __init__(
         self,
@@ -93,8 +98,10 @@ class DebeziumRecords:
         primary_key: Callable[[int], list[str]],
         clock: Callable[[], int] = time.time_ns,
         avro: ConnectRegistryEncoder | None = None,
+        transforms: Transforms | None = None,
     ) -> None:
         self.settings = settings
+        self.transforms = transforms
         # producer.encoding=avro: keys and values as Confluent's AvroConverter writes
         # them (the schemas always built: the registry holds them).
         self.avro = avro
@@ -111,13 +118,20 @@ class DebeziumRecords:
         if found is not None and found.relation is rel:
             return found
         required = self.not_null(rel.oid)
+        plan = None
+        if self.transforms is not None:
+            plan = self.transforms.plan(rel, unique_key(rel, self.primary_key))
+        shaped = rel
+        if plan is not None:
+            shaped = plan.relation
+            required = required - plan.nulled
         columns = []
-        for c in rel.columns:
+        for c in shaped.columns:
             name = self.types.name(c.type_oid)
             spec = self.types.spec(c.type_oid)
             split = spec[:2] + "s" if name.startswith("_") and spec.startswith("a") else None
             columns.append(_Column(c.name, name, c.type_modifier, split))
-        keys = tuple(i for i, c in enumerate(rel.columns) if c.is_key)
+        keys = tuple(i for i, c in enumerate(shaped.columns) if c.is_key)
         if rel.replica_identity == "f" and not self.primary_key(rel.oid):
             # REPLICA IDENTITY FULL flags every column as key; without a primary key the
             # connector's records have no key (and an update stays an update).
@@ -138,7 +152,10 @@ class DebeziumRecords:
             for i, c in enumerate(columns)
             if c.name in required and i not in keys
         }
-        table = _Table(rel, topic, tuple(columns), keys, absent, key_schema, value_schema)
+        table = _Table(
+            rel, topic, tuple(columns), keys, absent, key_schema, value_schema,
+            plan.apply if plan is not None else None,
+        )  # fmt: skip
         self._tables[rel.oid] = table
         return table
 
@@ -147,6 +164,8 @@ class DebeziumRecords:
     ) -> dict[str, Any]:
         row: dict[str, Any] = {}
         keys = set(t.keys) if only_key else None
+        if t.apply is not None:
+            values = t.apply(values)
         for i, (col, text) in enumerate(zip(t.columns, values, strict=True)):
             if keys is not None and i not in keys:
                 # A key-only image (a delete, a key change): the connector fills a

@@ -16,6 +16,7 @@ from confluent_kafka.admin import AdminClient
 
 from services.pg2kafka.metrics import Metrics
 from services.pg2kafka.settings import Pg2KafkaSettings
+from services.pg2kafka.transforms import Transforms
 from shared.errors import RetriableError
 from shared.kafka import Outgoing
 
@@ -27,12 +28,19 @@ class KafkaUnavailableError(RetriableError):
 
 
 def event_message(
-    topic: str, row: dict[str, Any], key_field: str | None, lsn: int | None
+    topic: str,
+    row: dict[str, Any],
+    key_field: str | None,
+    lsn: int | None,
+    transforms: Transforms | None = None,
 ) -> Outgoing | None:
-    """The Kafka record for one events row: value = payload, key, metadata headers."""
+    """The Kafka record for one events row: value = payload (rewritten by the transform
+    rules of its table), key, metadata headers."""
     payload = row.get("payload")
     if not isinstance(payload, str):
         return None
+    if transforms is not None:
+        payload = transformed_payload(payload, transforms)
     headers: list[tuple[str, bytes]] = [
         ("walcast-event-id", str(row.get("id")).encode()),
         ("walcast-stream-id", str(row.get("stream_id")).encode()),
@@ -43,6 +51,15 @@ def event_message(
     metadata = row.get("metadata")
     headers.extend(metadata_headers(metadata if isinstance(metadata, str) else None))
     return Outgoing(topic, event_key(payload, key_field), payload.encode(), headers)
+
+
+def transformed_payload(payload: str, transforms: Transforms) -> str:
+    """The payload with its ``new`` / ``old`` images rewritten by the rules of the table
+    it came from (:meth:`Transforms.payload`); the same text when no rule applies."""
+    doc = _loads(payload)
+    if isinstance(doc, dict) and transforms.payload(doc):
+        return _dumps(doc).decode()
+    return payload
 
 
 def metadata_headers(metadata: str | None) -> list[tuple[str, bytes]]:

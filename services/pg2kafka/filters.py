@@ -8,15 +8,12 @@ is ``FOR ALL TABLES`` or a DDL message mentions it. pg2kafka's own schema is alw
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 from functools import lru_cache
 
+from shared.naming import wildcard
+
 INTERNAL_SCHEMA = "_walcast"
-
-
-def _compile(part: str) -> re.Pattern[str]:
-    return re.compile("^" + ".*".join(re.escape(p) for p in part.split("*")) + "$", re.DOTALL)
 
 
 def split_pattern(pattern: str) -> tuple[str, str]:
@@ -28,8 +25,8 @@ def split_pattern(pattern: str) -> tuple[str, str]:
 
 class TableFilter:
     def __init__(self, include: Sequence[str], exclude: Sequence[str]) -> None:
-        self.include = [tuple(map(_compile, split_pattern(p))) for p in include]
-        self.exclude = [tuple(map(_compile, split_pattern(p))) for p in exclude]
+        self.include = [tuple(map(wildcard, split_pattern(p))) for p in include]
+        self.exclude = [tuple(map(wildcard, split_pattern(p))) for p in exclude]
         self._cached = lru_cache(maxsize=4096)(self._match)
 
     def matches(self, schema: str, table: str) -> bool:

@@ -60,6 +60,7 @@ from services.pg2kafka.snapshot import (
     plan_chunks,
     start_markers,
 )
+from services.pg2kafka.transforms import from_settings
 from services.pg2kafka.types import TypeRegistry
 from shared.contract.event import ChangeEvent, SnapshotInfo
 
@@ -406,7 +407,12 @@ class Incremental:
         s = self.settings
         store = SnapshotStore(self.conninfo)
         catalog = Catalog(self.conninfo)
-        builder = EventBuilder(s.postgres.database, TypeRegistry(catalog.type_info))
+        builder = EventBuilder(
+            s.postgres.database,
+            TypeRegistry(catalog.type_info),
+            primary_key=catalog.primary_key,
+            transforms=from_settings(s.transforms),
+        )
         chunk: Chunk | None = None
         try:
             with psycopg.connect(self.conninfo, autocommit=True, options=SESSION_OPTIONS,

@@ -36,12 +36,14 @@ from services.pg2kafka.event_records import (
     event_key,
     metadata_headers,
     too_large,
+    transformed_payload,
 )
 from services.pg2kafka.metrics import Metrics
 from services.pg2kafka.postgres import LeaderLock
 from services.pg2kafka.replication import created_slot_snapshot
 from services.pg2kafka.settings import Pg2KafkaSettings
 from services.pg2kafka.topics import RECORD_OVERHEAD, StreamTarget
+from services.pg2kafka.transforms import from_settings
 from shared.errors import RetriableError
 from shared.kafka import BulkKafkaSink, Outgoing, topic_max_message_bytes
 
@@ -78,6 +80,9 @@ def replay_queue(
     query = replay_query(sub.stream_id, sub.replay_batch, sub.key_field)
     key_path = sub.key_field.split(".") if sub.key_field else []
     produce = sink.producer.produce
+    # Payloads are rewritten by the transform rules; the key SQL computed from the
+    # original is then computed again from the rewritten one.
+    transforms = from_settings(s.transforms)
     headers_of = _MetadataHeaders()
     stream_header = ("walcast-stream-id", str(sub.stream_id).encode())
     total = 0
@@ -93,6 +98,10 @@ def replay_queue(
                 if eid is None:
                     missing.append(seq)
                 continue
+            if transforms is not None:
+                rewritten = transformed_payload(payload, transforms)
+                key_in_python = key_in_python or rewritten is not payload
+                payload = rewritten
             value = payload.encode()
             if key_in_python:
                 key = event_key(payload, sub.key_field)

@@ -41,6 +41,7 @@ from services.pg2kafka.postgres import Catalog, Heartbeat, LeaderLock, wait_for_
 from services.pg2kafka.replication import DEBEZIUM_SESSION_OPTIONS, PostgresReplicationSource
 from services.pg2kafka.settings import Pg2KafkaSettings
 from services.pg2kafka.topics import StreamTarget, Topics, producer_config
+from services.pg2kafka.transforms import from_settings
 from services.pg2kafka.types import TypeRegistry
 from shared.kafka import KafkaSink, Outgoing
 from shared.logs import SampledLog
@@ -152,6 +153,7 @@ class ReplicationSession:
             no_identity=s.replication.no_identity,
             primary_key=self.catalog.primary_key,
             scrub_secrets=s.ddl.scrub_secrets,
+            transforms=from_settings(s.transforms),
         )
         self.topics = Topics(s, self.sink)
         self.seq = 0  # the open transaction's tracker sequence

@@ -7,7 +7,7 @@ import re
 import string
 from typing import Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import SettingsConfigDict
 
 from services.pg2kafka.filters import split_pattern
@@ -262,6 +262,91 @@ class SubscriptionSettings(Section):
     _names = field_validator("slot", "publication")(lambda v: plain_name(v))
 
 
+class TransformRule(Section):
+    """One column rule (docs/pg2kafka.md, "Transformers"): ``column`` is
+    ``schema.table.column`` with ``*`` wildcards in any part; the first rule that matches
+    a column is the one applied to it. ``action`` and its parameters:
+
+    * ``drop``: the column is left out of rows, ``old`` images, ``types`` and DDL events;
+    * ``mask``: ``keep`` characters stay (at the ``keep_from`` end, never more than half
+      the value), every other one becomes ``mask_char``;
+    * ``hash``: keyed HMAC-SHA256 (``transforms.hash_key``) as 64 hex digits: equal
+      inputs give equal outputs, so joins still work; the one action allowed on key columns;
+    * ``redact``: the constant ``value``;
+    * ``truncate``: the first ``length`` characters;
+    * ``null``: NULL;
+    * ``fake``: a value of the same ``kind`` (``email``, ``phone``) derived from the input
+      through the hash key: the same input always gives the same fake.
+
+    Rewritten values (all but ``drop`` and ``null``) are text; the event's ``types`` says
+    so. NULL stays NULL, an unchanged TOAST value stays unchanged.
+    """
+
+    column: str
+    action: Literal["drop", "mask", "hash", "redact", "truncate", "null", "fake"]
+    keep: int = Field(default=0, ge=0)
+    keep_from: Literal["start", "end"] = "end"
+    mask_char: str = Field(default="*", min_length=1, max_length=1)
+    value: str = "REDACTED"
+    length: int | None = Field(default=None, ge=0)
+    kind: Literal["email", "phone"] | None = None
+
+    @field_validator("column")
+    @classmethod
+    def _column(cls, v: str) -> str:
+        parts = v.split(".")
+        if len(parts) != 3 or not all(parts):
+            raise ValueError(
+                f"{v!r}: a rule's column is schema.table.column (with * wildcards), such as"
+                " public.users.email or *.*.ssn"
+            )
+        return v
+
+    @model_validator(mode="after")
+    def _parameters(self) -> TransformRule:
+        given = self.model_fields_set
+        allowed = {
+            "mask": {"keep", "keep_from", "mask_char"},
+            "redact": {"value"},
+            "truncate": {"length"},
+            "fake": {"kind"},
+        }.get(self.action, set())
+        stray = given - allowed - {"column", "action"}
+        if stray:
+            raise ValueError(
+                f"rule for {self.column}: {sorted(stray)} do(es) not apply to action"
+                f" {self.action!r}" + (f" (it takes {sorted(allowed)})" if allowed else "")
+            )
+        if self.action == "truncate" and self.length is None:
+            raise ValueError(f"rule for {self.column}: action truncate needs length")
+        if self.action == "fake" and self.kind is None:
+            raise ValueError(f"rule for {self.column}: action fake needs kind (email, phone)")
+        return self
+
+
+class TransformSettings(Section):
+    """Column rules applied in pg2kafka, before anything reaches Kafka: to change events,
+    snapshot rows, ``old`` images, keys, DDL events' column lists and subscription
+    payloads' ``new`` / ``old`` (docs/pg2kafka.md, "Transformers")."""
+
+    rules: list[TransformRule] = Field(default_factory=list)
+    # The HMAC key of ``hash`` and ``fake`` (at least 16 characters). Changing it changes
+    # every hashed value: sinks then hold two spellings of one input.
+    hash_key: SecretStr | None = None
+
+    @model_validator(mode="after")
+    def _key(self) -> TransformSettings:
+        keyed = [r.column for r in self.rules if r.action in ("hash", "fake")]
+        if keyed and self.hash_key is None:
+            raise ValueError(
+                f"transforms.hash_key is needed by the hash / fake rules for {keyed}: set"
+                " PG2KAFKA_TRANSFORMS__HASH_KEY (at least 16 characters, kept secret)"
+            )
+        if self.hash_key is not None and len(self.hash_key.get_secret_value()) < 16:
+            raise ValueError("transforms.hash_key must be at least 16 characters")
+        return self
+
+
 class Pg2KafkaSettings(ServiceSettings):
     model_config = SettingsConfigDict(env_prefix="PG2KAFKA_")
 
@@ -275,6 +360,7 @@ class Pg2KafkaSettings(ServiceSettings):
     ddl: DdlSettings = DdlSettings()
     snapshot: SnapshotSettings = SnapshotSettings()
     subscriptions: SubscriptionSettings = SubscriptionSettings()
+    transforms: TransformSettings = TransformSettings()
     http: HttpSettings = HttpSettings(port=9187)
 
     @model_validator(mode="after")

@@ -77,6 +77,7 @@ from services.pg2kafka.replication import (
 from services.pg2kafka.routing import Routing, row_key, table_key
 from services.pg2kafka.settings import Pg2KafkaSettings
 from services.pg2kafka.topics import StreamTarget, Topics, producer_config
+from services.pg2kafka.transforms import from_settings, unique_key
 from services.pg2kafka.types import TypeRegistry
 from shared.avro import Shape
 from shared.contract.event import EVENT_VERSION, ChangeEvent, SnapshotInfo
@@ -635,6 +636,8 @@ class Reader:
             settings.postgres.database,
             TypeRegistry(self.catalog.type_info),
             scrub_secrets=settings.ddl.scrub_secrets,
+            primary_key=self.catalog.primary_key,
+            transforms=from_settings(settings.transforms),
         )
         self.names: dict[int, sql.Composable] = {}
         # producer.format=debezium: rows become the connector's `r` records.
@@ -646,6 +649,7 @@ class Reader:
                 self.catalog.not_null,
                 self.catalog.primary_key,
                 avro=connect_encoder(settings),
+                transforms=self.builder.transforms,
             )
             if settings.producer.format == "debezium"
             else None
@@ -686,7 +690,12 @@ class Reader:
         rel = spec.relation
         dbz = self.debezium
         encode = self.producer.encode
-        fast = dbz is None and self.producer.avro is None and pg_json_table(rel, self.builder.types)
+        # Postgres writes the JSON itself on the fast path: never for a table a transform
+        # rule touches (its values must pass through the rules).
+        transforms = self.builder.transforms
+        fast = (dbz is None and self.producer.avro is None
+                and (transforms is None or not transforms.touches(rel.schema, rel.table))
+                and pg_json_table(rel, self.builder.types))  # fmt: skip
         assert chunk.relation is not None  # the initial snapshot reads page ranges
         query = chunk_query(self._name(conn, chunk.relation), rel, chunk_where(conn, rel, chunk),
                             fast)  # fmt: skip
@@ -1218,12 +1227,18 @@ def start_markers(
     """Each table's start marker, with the source the rows are read from."""
     producer = SnapshotProducer(settings, settings.producer.max_inflight_bytes, job.epoch)
     catalog = Catalog(settings.postgres.conninfo()) if producer.avro is not None else None
+    transforms = from_settings(settings.transforms)
     try:
         for t in tables:
             shape: Shape | None = None
             if catalog is not None:  # Avro: the marker is written with the table's schema
                 types = TypeRegistry(catalog.type_info)
-                cols = t.relation.columns
+                plan = (
+                    transforms.plan(t.relation, unique_key(t.relation, catalog.primary_key))
+                    if transforms is not None
+                    else None
+                )  # the schema the rules leave
+                cols = (plan.relation if plan is not None else t.relation).columns
                 shape = ({c.name: types.name(c.type_oid) for c in cols},
                          [c.name for c in cols if c.is_key])  # fmt: skip
             producer.marker(

@@ -59,6 +59,7 @@ from services.pg2kafka.replication import SlotInvalidatedError
 from services.pg2kafka.session import ReplicationSession, SlotStream
 from services.pg2kafka.settings import Pg2KafkaSettings
 from services.pg2kafka.topics import StreamTarget
+from services.pg2kafka.transforms import from_settings
 from shared.errors import RetriableError
 
 log = logging.getLogger(__name__)
@@ -123,6 +124,7 @@ class _EventsHandler:
 
     def __init__(self, settings: Pg2KafkaSettings) -> None:
         self.settings = settings
+        self.transforms = from_settings(settings.transforms)
         self.watermark = SnapshotWatermark()
         self.next_snapshot = 0.0
 
@@ -159,7 +161,7 @@ class LiveEventsHandler(_EventsHandler):
         if row is None:
             return
         sub = self.settings.subscriptions
-        out = event_message(session.target.topic, row, sub.key_field, lsn)
+        out = event_message(session.target.topic, row, sub.key_field, lsn, self.transforms)
         if out is None:
             log.warning("event %s has no payload; skipped", row.get("id"))
             return

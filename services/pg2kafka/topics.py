@@ -43,7 +43,9 @@ class Topics:
                     prod.topic_replication_factor,
                     {"max.message.bytes": str(prod.max_message_bytes)},
                 )
-            count = self.partitions[topic] = self.sink.partitions(topic)
+            # Just created: the brokers' metadata may lag behind for a moment.
+            wait = 10.0 if prod.create_topic else 0.0
+            count = self.partitions[topic] = self.sink.partitions(topic, wait)
             topic_limit = topic_max_message_bytes(config, topic)
             limit = min(prod.max_message_bytes, topic_limit or prod.max_message_bytes)
             # Room for the key, headers and the record's framing.

@@ -134,6 +134,11 @@ def test_no_secret_reaches_any_log(world: Any, procs: list[Proc], tmp_path: Path
         "PG2KAFKA_POSTGRES__USER": world["role"],
         "PG2KAFKA_POSTGRES__PASSWORD": secrets["postgres.password"],
         "PG2KAFKA_LOG__FORMAT": "text",
+        # The transform rules' HMAC key: loaded and checked (the rule matches no column).
+        "PG2KAFKA_TRANSFORMS__HASH_KEY": secrets.setdefault(
+            "transforms.hash_key", _secret("hashkey-0123456789")
+        ),
+        "PG2KAFKA_TRANSFORMS__RULES": '[{"column": "*.*.no_such_column", "action": "hash"}]',
     }
     pg2kafka = Proc("pg2kafka", ["--env-file", env_file, "run"], pg_env, tmp_path / "pg2kafka.log")
     procs.append(pg2kafka)

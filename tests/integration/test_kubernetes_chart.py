@@ -31,6 +31,7 @@ import yaml
 
 from services.kafka2search.settings import Kafka2SearchSettings
 from services.kafka2spark.settings import Kafka2SparkSettings
+from services.kafka2webhook.settings import Kafka2WebhookSettings
 from services.pg2kafka.settings import Pg2KafkaSettings
 from shared.secrets import is_secret_key
 from shared.settings import ServiceSettings, load_settings
@@ -46,11 +47,13 @@ SETTINGS: dict[str, type[ServiceSettings]] = {
     "pg2kafka": Pg2KafkaSettings,
     "kafka2search": Kafka2SearchSettings,
     "kafka2spark": Kafka2SparkSettings,
+    "kafka2webhook": Kafka2WebhookSettings,
 }
 PARSERS = {
     "pg2kafka": "services.pg2kafka.__main__",
     "kafka2search": "services.kafka2search.__main__",
     "kafka2spark": "services.kafka2spark.__main__",
+    "kafka2webhook": "services.kafka2webhook.__main__",
 }
 VARIANTS = [pytest.param(None, id="default")] + [pytest.param(p, id=p.stem) for p in OVERLAYS]
 

@@ -1,0 +1,1 @@
+"""kafka2webhook: change events and subscription events from Kafka to HTTP endpoints."""
