@@ -167,7 +167,7 @@ def replay(
     registry = CollectorRegistry()
     e = endpoint_loop(
         settings, endpoint,
-        ConsumerMetrics(registry, PREFIX, member_label="endpoint"),
+        ConsumerMetrics(registry, PREFIX, member_label="webhook"),
         DeliveryMetrics(registry, PREFIX), threading.Event(),
         group_id=f"{group_of(settings, endpoint)}-replay",
         start=lambda consumer, _parts: consumer.assign(start), until=until,

@@ -374,7 +374,7 @@ def build(settings: Kafka2WebhookSettings) -> Service:
             hint="set endpoints (YAML, or KAFKA2WEBHOOK_ENDPOINTS as a JSON list)",
         )
     runner = Runner(settings.http)
-    consumer_metrics = ConsumerMetrics(runner.registry, PREFIX, member_label="endpoint")
+    consumer_metrics = ConsumerMetrics(runner.registry, PREFIX, member_label="webhook")
     delivery_metrics = DeliveryMetrics(runner.registry, PREFIX)
     endpoints = [
         endpoint_loop(settings, e, consumer_metrics, delivery_metrics, runner.stop_event)

@@ -76,25 +76,27 @@ class EndpointState:
 
 
 class DeliveryMetrics:
-    """Per-endpoint delivery metrics (``walcast_kafka2webhook_*``)."""
+    """Per-endpoint delivery metrics (``walcast_kafka2webhook_*``), labelled ``webhook``
+    with the endpoint's name (not ``endpoint``: the Prometheus Operator sets that label on
+    every scraped series)."""
 
     def __init__(self, registry: object, prefix: str = "walcast_kafka2webhook") -> None:
         kw = {"registry": registry}
         self.deliveries = Counter(
             f"{prefix}_deliveries", "events by outcome: delivered (2xx) or dead_lettered",
-            ["endpoint", "outcome"], **kw,  # type: ignore[arg-type]
+            ["webhook", "outcome"], **kw,  # type: ignore[arg-type]
         )  # fmt: skip
         self.attempts = Counter(
             f"{prefix}_attempts", "HTTP attempts by result: ok, retry (will be tried again),"
-            " refused (given up on)", ["endpoint", "result"], **kw,  # type: ignore[arg-type]
+            " refused (given up on)", ["webhook", "result"], **kw,  # type: ignore[arg-type]
         )  # fmt: skip
         self.seconds = Histogram(
-            f"{prefix}_request_seconds", "one HTTP attempt, request to answer", ["endpoint"],
+            f"{prefix}_request_seconds", "one HTTP attempt, request to answer", ["webhook"],
             buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30), **kw,  # type: ignore[arg-type]
         )  # fmt: skip
         self.failing = Gauge(
             f"{prefix}_failing", "1 while the endpoint's last attempt failed",
-            ["endpoint"], **kw,  # type: ignore[arg-type]
+            ["webhook"], **kw,  # type: ignore[arg-type]
         )  # fmt: skip
 
 

@@ -1,11 +1,11 @@
 """The dashboard and the alert rules against what running services export.
 
-pg2kafka (a leader and its standby), kafka2search and kafka2spark run as processes on a
-real workload; their ``/metrics`` are scraped over HTTP and parsed with Prometheus' text
-parser. Every metric the Grafana dashboard and the alert rules use must be exported by
-one of them, metric names follow one convention, and the values that the alerts rely on
-say what they should (one leader, one ready standby, the slot's retained WAL, Kafka →
-sink ages observed)."""
+pg2kafka (a leader and its standby), kafka2search, kafka2spark and kafka2webhook (to a
+receiver in the test process) run as processes on a real workload; their ``/metrics``
+are scraped over HTTP and parsed with Prometheus' text parser. Every metric the Grafana
+dashboard and the alert rules use must be exported by one of them, metric names follow
+one convention, and the values that the alerts rely on say what they should (one leader,
+one ready standby, the slot's retained WAL, Kafka → sink ages observed)."""
 
 from __future__ import annotations
 
@@ -22,11 +22,13 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from services.pg2kafka import admin
 from tests.e2e.conftest import Proc, free_port, pg2kafka_env, pg2kafka_settings, wait_until
+from tests.webhook_receiver import Receiver
 
 REPO = Path(__file__).resolve().parents[2]
 FILES = REPO / "deploy" / "kubernetes" / "walcast" / "files"
 SUFFIXES = {"counter": ("_total", "_created"), "histogram": ("_bucket", "_sum", "_count",
             "_created"), "gauge": ("",), "summary": ("", "_sum", "_count", "_created")}  # fmt: skip
+SECRET = "observability-signing-secret"
 UNITS = ("_seconds", "_bytes", "_records", "_messages", "_lsn", "_rows", "_id")
 
 
@@ -69,7 +71,8 @@ def test_dashboard_and_rules_use_only_exported_metrics(
         c.execute(f"CREATE TABLE {table} (id int PRIMARY KEY, v int NOT NULL)")
     admin.init(pg)
     ports = {"leader": free_port(), "standby": free_port(), "search": free_port(),
-             "spark": free_port()}  # fmt: skip
+             "spark": free_port(), "webhook": free_port()}  # fmt: skip
+    receiver = Receiver(SECRET.encode()).start()
     procs: list[Proc] = []
     args = ["--env-file", str(env_file), "run"]
 
@@ -112,6 +115,15 @@ def test_dashboard_and_rules_use_only_exported_metrics(
             "KAFKA2SPARK_HTTP__PORT": str(ports["spark"]),
             "KAFKA2SPARK_LOG__FORMAT": "text",
         }, tmp_path / "kafka2spark.log"))  # fmt: skip
+        procs.append(Proc("kafka2webhook", args, {
+            "KAFKA2WEBHOOK_CONSUMER__TOPICS": json.dumps([topic]),
+            "KAFKA2WEBHOOK_CONSUMER__GROUP_ID": f"{unique_name}-webhook",
+            "KAFKA2WEBHOOK_CONSUMER__DLQ_TOPIC": f"{unique_name}.webhook-dlq",
+            "KAFKA2WEBHOOK_ENDPOINTS": json.dumps([{"name": "e2e", "url": receiver.url()}]),
+            "KAFKA2WEBHOOK_SECRETS__E2E": SECRET,
+            "KAFKA2WEBHOOK_HTTP__PORT": str(ports["webhook"]),
+            "KAFKA2WEBHOOK_LOG__FORMAT": "text",
+        }, tmp_path / "kafka2webhook.log"))  # fmt: skip
         with psycopg.connect(dsn, autocommit=True) as c:
             c.execute(f"INSERT INTO {table} SELECT g, g FROM generate_series(1, 300) g")
             c.execute(f"UPDATE {table} SET v = v + 1 WHERE id % 2 = 0")
@@ -122,6 +134,8 @@ def test_dashboard_and_rules_use_only_exported_metrics(
              "kafka2spark to commit a batch", 300),
             (ports["leader"], "walcast_pg2kafka_slot_retained_wal_bytes",
              "the leader to read its slot's retained WAL", 120),
+            (ports["webhook"], "walcast_kafka2webhook_record_age_seconds_count",
+             "kafka2webhook to deliver a batch", 180),
         ]:  # fmt: skip
             wait_until(lambda p=port, m=metric: value(p, m) > 0, what, limit, interval=1)
         wait_until(lambda: value(ports["standby"], "walcast_pg2kafka_role", role="standby") == 1,
@@ -130,12 +144,15 @@ def test_dashboard_and_rules_use_only_exported_metrics(
     finally:
         for p in procs:
             p.stop()
+        receiver.stop()
         admin.tear_down(pg)
         with psycopg.connect(dsn, autocommit=True) as c:
             c.execute(f"DROP TABLE IF EXISTS {table}")
         client = AdminClient(pg.kafka.client_config())
         gone = [
-            t for t in (topic, f"{unique_name}.dlq") if t in client.list_topics(timeout=10).topics
+            t
+            for t in (topic, f"{unique_name}.dlq", f"{unique_name}.webhook-dlq")
+            if t in client.list_topics(timeout=10).topics
         ]
         for fut in client.delete_topics(gone).values() if gone else []:
             fut.result(30)
@@ -163,7 +180,8 @@ def test_dashboard_and_rules_use_only_exported_metrics(
 
     # One naming convention across the services.
     for name, kind in families.items():
-        assert re.fullmatch(r"walcast_((pg2kafka|kafka2search|kafka2spark)_[a-z0-9_]+|ready"
-                            r"|ready_check|healthy)", name), name  # fmt: skip
+        services = "pg2kafka|kafka2search|kafka2spark|kafka2webhook"
+        assert re.fullmatch(rf"walcast_(({services})_[a-z0-9_]+|ready|ready_check|healthy)",
+                            name), name  # fmt: skip
         if kind == "histogram":
             assert name.endswith(UNITS), f"{name}: a histogram names its unit"

@@ -16,6 +16,7 @@ from prometheus_client import CollectorRegistry
 
 from services.kafka2search.app import Metrics as SearchMetrics
 from services.kafka2spark.app import Metrics as SparkMetrics
+from services.kafka2webhook.delivery import DeliveryMetrics
 from services.pg2kafka.app import build as build_pg2kafka
 from services.pg2kafka.settings import Pg2KafkaSettings
 from shared.consumer import ConsumerMetrics
@@ -46,12 +47,15 @@ def defined_labels() -> dict[str, set[str]]:
 
     pg = build_pg2kafka(Pg2KafkaSettings(http={"enabled": False}))  # connects to nothing
     add(pg.runner.registry)  # type: ignore[attr-defined]
-    search, spark = CollectorRegistry(), CollectorRegistry()
+    search, spark, webhook = CollectorRegistry(), CollectorRegistry(), CollectorRegistry()
     SearchMetrics(search)
     ConsumerMetrics(search, "walcast_kafka2search")
     SparkMetrics(spark)
+    ConsumerMetrics(webhook, "walcast_kafka2webhook", member_label="webhook")
+    DeliveryMetrics(webhook)
     add(search)
     add(spark)
+    add(webhook)
     ops = CollectorRegistry()
     server = OpsServer(ops, port=0)  # bound, never served
     try:

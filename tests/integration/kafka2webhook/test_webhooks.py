@@ -12,6 +12,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,6 +26,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from services.kafka2webhook import admin
 from services.kafka2webhook.app import Service, build
 from services.kafka2webhook.settings import Kafka2WebhookSettings
+from shared.errors import ConfigError
 from shared.settings import load_settings
 from tests.webhook_receiver import Receiver
 
@@ -245,7 +247,7 @@ def test_an_endpoint_down_60s_loses_nothing_holds_memory_and_blocks_no_other(
 
     def consumed() -> float:
         value = service.registry.get_sample_value(
-            "walcast_kafka2webhook_records_total", {"endpoint": "down"}
+            "walcast_kafka2webhook_records_total", {"webhook": "down"}
         )
         assert value is not None
         return value
@@ -341,3 +343,30 @@ def test_kill_9_mid_delivery_delivers_at_least_once_with_stable_ids(
             if x.json["key"]["id"] == key and lsn not in firsts:
                 firsts.append(lsn)
         assert firsts == sorted(firsts), (key, firsts)
+
+
+def test_replay_delivers_again_with_the_same_ids_and_leaves_the_offsets(world: World) -> None:
+    r = world.receiver()
+    settings = world.settings([{"name": "again", "url": r.url()}])
+    world.produce([(str(i % 3).encode(), event("t", "insert", 100 + i, i % 3)) for i in range(9)])
+    service = world.start(settings)
+    r.wait_for(lambda: len(r.delivered()) >= 9, "the first deliveries")
+    assert service.runner.ops is not None
+    ready = urllib.request.urlopen(f"http://127.0.0.1:{service.runner.ops.port}/ready", timeout=5)
+    assert ready.status == 200
+    first = ids(r.delivered())
+    r.wait_for(lambda: admin.status(settings)["endpoints"][0]["lag"] == 0, "the commit")
+    before = {p["partition"]: p["committed"] for e in admin.status(settings)["endpoints"]
+              for p in e["partitions"]}  # fmt: skip
+    assert admin.replay(settings, "again", from_offset=0) == 9
+    r.wait_for(lambda: len(r.delivered()) >= 18, "the replayed deliveries")
+    again = ids(r.delivered())[9:]
+    assert sorted(again) == sorted(first)  # the same events, the same ids
+    for key in range(3):
+        lsns = [x.json["lsn"] for x in r.delivered()[9:] if x.json["key"]["id"] == key]
+        assert lsns == sorted(lsns)
+    after = {p["partition"]: p["committed"] for e in admin.status(settings)["endpoints"]
+             for p in e["partitions"]}  # fmt: skip
+    assert after == before  # the endpoint's own group is untouched
+    with pytest.raises(ConfigError, match="no endpoint 'nobody'"):
+        admin.replay(settings, "nobody", from_offset=0)
