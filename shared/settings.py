@@ -52,6 +52,10 @@ class Section(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
 
+# libpq options every walcast Postgres session starts with (see PostgresSettings.conninfo).
+SAFE_SEARCH_PATH = "-c search_path=pg_catalog,pg_temp"
+
+
 class PostgresSettings(Section):
     """Where the source database is. ``conninfo()`` contains the password: never log it."""
 
@@ -61,11 +65,23 @@ class PostgresSettings(Section):
     user: str = "postgres"
     password: SecretStr = SecretStr("")
     sslmode: Literal["disable", "allow", "prefer", "require", "verify-ca", "verify-full"] = "prefer"
+    # The CA certificate file (PEM) that verify-ca / verify-full check the server against
+    # (libpq's sslrootcert; "system": the system's trusted CAs). None: libpq's default.
+    sslrootcert: str | None = None
     connect_timeout_s: int = Field(default=10, ge=1)
     application_name: str = "walcast"
 
     def conninfo(self, **extra: str) -> str:
-        """libpq key=value string (values quoted), for psycopg; contains the secret."""
+        """libpq key=value string (values quoted), for psycopg; contains the secret.
+
+        Every session walcast opens searches only ``pg_catalog`` then ``pg_temp``
+        (:data:`SAFE_SEARCH_PATH`): an unqualified call can never resolve to a function a
+        database user created in ``public`` or a ``$user`` schema, which would then run with
+        walcast's privileges. ``extra["options"]`` is appended after it; a caller passing
+        libpq ``options`` to ``psycopg.connect`` directly must start them with
+        :data:`SAFE_SEARCH_PATH` (a keyword argument replaces the string's).
+        """
+        options = SAFE_SEARCH_PATH + (" " + extra.pop("options") if "options" in extra else "")
         params: dict[str, str] = {
             "host": self.host,
             "port": str(self.port),
@@ -77,8 +93,11 @@ class PostgresSettings(Section):
             # Results in UTF-8 whatever the database's encoding (a LATIN1 server converts;
             # a SQL_ASCII one sends bytes as they are, which Python reads as UTF-8).
             "client_encoding": "UTF8",
+            "options": options,
             **extra,
         }
+        if self.sslrootcert is not None:
+            params["sslrootcert"] = self.sslrootcert
         password = self.password.get_secret_value()
         if password:
             params["password"] = password

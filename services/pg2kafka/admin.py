@@ -90,6 +90,18 @@ def ddl_capture_installed(conn: psycopg.Connection[tuple[Any, ...]]) -> bool:
     return row is not None and row[0] == 2
 
 
+def public_message_writers(conn: psycopg.Connection[tuple[Any, ...]]) -> list[str]:
+    """The signatures of ``pg_logical_emit_message`` that PUBLIC may still execute (V004
+    revokes them where the migrating role may: a superuser)."""
+    rows = conn.execute(
+        "SELECT p.oid::pg_catalog.regprocedure::text FROM pg_catalog.pg_proc p"
+        " WHERE p.proname = 'pg_logical_emit_message'"
+        " AND p.pronamespace = 'pg_catalog'::pg_catalog.regnamespace"
+        " AND pg_catalog.has_function_privilege('public', p.oid, 'EXECUTE') ORDER BY 1"
+    ).fetchall()
+    return [str(r[0]) for r in rows]
+
+
 def init(settings: Pg2KafkaSettings, *, migrations_only: bool = False) -> InitReport:
     """Apply the SQL migrations, then (unless ``migrations_only``) make sure the
     publication matches the filters, the slot exists and, if configured, the topic."""
@@ -107,6 +119,22 @@ def init(settings: Pg2KafkaSettings, *, migrations_only: bool = False) -> InitRe
                 "(docs/security.md); schema changes reach consumers with the next row only"
             )
             report.warnings.append("DDL capture off (the owner is not a superuser)")
+        open_to_public = public_message_writers(conn)
+        if open_to_public:
+            log.warning(
+                "%s executable by PUBLIC: any role can write logical messages into the"
+                " WAL. pg2kafka ignores those walcast did not sign, but other readers of this"
+                " database's WAL may not; a superuser closes it with: REVOKE EXECUTE ON"
+                " FUNCTION %s FROM PUBLIC; GRANT EXECUTE ON FUNCTION %s TO %s",
+                " and ".join(open_to_public),
+                ", ".join(open_to_public),
+                ", ".join(open_to_public),
+                settings.postgres.user,
+            )
+            report.warnings.append(
+                "pg_logical_emit_message is executable by PUBLIC (forged messages are ignored;"
+                " a superuser can revoke it: docs/security.md)"
+            )
         if migrations_only:
             return report
         sync_publication(conn, settings, report)

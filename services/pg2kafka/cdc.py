@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from dataclasses import replace
 
 import orjson
 import psycopg
@@ -23,6 +24,7 @@ from services.pg2kafka.debezium_format import (
 )
 from services.pg2kafka.filters import TableFilter
 from services.pg2kafka.incremental import WATERMARK, Incremental
+from services.pg2kafka.messages import MessageKey
 from services.pg2kafka.metrics import Metrics
 from services.pg2kafka.replication import identify_system
 from services.pg2kafka.routing import Routing, table_key
@@ -40,6 +42,7 @@ from shared.logs import SampledLog
 log = logging.getLogger(__name__)
 
 DDL_PREFIX = "walcast.ddl"
+_AUTHORED = frozenset({DDL_PREFIX, WATERMARK})  # acted on only when walcast signed them
 _ROWS = frozenset({"new", "old", "unchanged_toast"})
 
 
@@ -53,10 +56,14 @@ class CdcHandler:
         target: StreamTarget,
         incremental: Incremental | None = None,
         ledger: SourceLedger | None = None,
+        messages: MessageKey | None = None,
     ) -> None:
         self.settings = settings
         self.incremental = incremental
         self.ledger = ledger
+        # Only messages walcast signed move snapshot windows or become DDL events
+        # (services/pg2kafka/messages.py); without a key, none does.
+        self.messages = messages if messages is not None else MessageKey(None)
         # The source's epoch (services/pg2kafka/source.py): on every event from 1 on.
         self.epoch = ledger.current.epoch if ledger is not None and ledger.current else 0
         self.target = target
@@ -79,6 +86,12 @@ class CdcHandler:
     def handle(self, session: ReplicationSession, lsn: int, msg: pg.Decoded) -> None:
         b = session.builder
         inc = self.incremental
+        if isinstance(msg, pg.Message) and msg.prefix in _AUTHORED:
+            body = self.messages.open(msg, lsn)
+            if body is None:
+                session.metrics.unauthenticated_messages.inc()
+                return
+            msg = replace(msg, content=body)
         if self.settings.producer.format == "debezium":
             self.handle_debezium(session, lsn, msg)
             return
@@ -313,8 +326,10 @@ class CdcStream(SlotStream):
                         )
                     self.stop.set()
                     return
+            with psycopg.connect(s.postgres.conninfo(), autocommit=True) as conn:
+                messages = MessageKey.load(conn)
             session = self.session(leader)
-            handler = CdcHandler(self.settings, self.target, self.incremental, ledger)
+            handler = CdcHandler(self.settings, self.target, self.incremental, ledger, messages)
             handler.check_keyless(session)
             session.run(handler)
         finally:

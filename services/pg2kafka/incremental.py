@@ -134,6 +134,9 @@ class Incremental:
         self.filter = TableFilter(settings.filters.include, settings.filters.exclude)
         self.lock = threading.Lock()
         self.reads: dict[ChunkId, ChunkRead] = {}
+        # Chunks this process's readers are between their watermarks: only their low
+        # watermark opens a window (one from an earlier process or run never closes).
+        self.reading: set[ChunkId] = set()
         self.windows: dict[ChunkId, set[bytes]] = {}
         self.window_tables: dict[tuple[str, str], list[ChunkId]] = {}
         self.floors: dict[tuple[str, str], int] = {}
@@ -186,6 +189,10 @@ class Incremental:
             log.warning("ignoring a malformed snapshot watermark at %s", format_lsn(lsn))
             return
         if kind == "low":
+            with self.lock:
+                ours = cid in self.reading
+            if not ours:
+                return  # not a chunk a reader of this process is reading now
             self.windows[cid] = set()
             self.window_tables.setdefault(cid[1:3], []).append(cid)
             return
@@ -454,9 +461,28 @@ class Incremental:
             store.chunk_done(chunk, 0, 0)
             return True
         rel = specs[0].relation
+        cid = chunk_id(chunk)
+        with self.lock:
+            self.reading.add(cid)
+        try:
+            return self._read_between_marks(conn, store, builder, chunk, rel, cid)
+        finally:
+            with self.lock:
+                self.reading.discard(cid)
+
+    def _read_between_marks(
+        self,
+        conn: psycopg.Connection[Any],
+        store: SnapshotStore,
+        builder: EventBuilder,
+        chunk: Chunk,
+        rel: pg.Relation,
+        cid: ChunkId,
+    ) -> bool:
+        s = self.settings
         mark = {"run": chunk.snapshot_id, "schema": chunk.schema, "table": chunk.table,
                 "chunk": chunk.chunk}  # fmt: skip
-        emit = "SELECT pg_catalog.pg_logical_emit_message(true, %s, %s)"
+        emit = "SELECT _walcast.emit_message(%s, %s)"  # signed: services/pg2kafka/messages.py
         conn.execute(emit, [WATERMARK, orjson.dumps({**mark, "mark": "low"}).decode()])
         version = store.restart_lsn(s.replication.slot) - 1
         table: sql.Composable = sql.Identifier(chunk.schema, chunk.table)
@@ -480,7 +506,6 @@ class Incremental:
             for n, values in enumerate(_text_rows(cur, query, len(rel.columns))):
                 events.append(builder.read(rel, values, version, n, read_at, info))
         read = ChunkRead(chunk, version, events)
-        cid = chunk_id(chunk)
         with self.lock:
             self.reads[cid] = read
         conn.execute(emit, [WATERMARK, orjson.dumps({**mark, "mark": "high"}).decode()])

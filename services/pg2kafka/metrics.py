@@ -64,6 +64,11 @@ class Metrics:
             "logical messages with the DDL prefix that were not valid DDL messages (skipped)",
             registry=registry,
         )
+        self.unauthenticated_messages = Counter(
+            f"{prefix}_unauthenticated_messages",
+            "logical messages with a walcast prefix that walcast did not sign (ignored)",
+            registry=registry,
+        )
         self.inflight = Gauge(
             f"{prefix}_inflight_bytes",
             "bytes handed to Kafka, not yet acknowledged",

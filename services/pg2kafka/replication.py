@@ -34,6 +34,7 @@ from services.pg2kafka import pgoutput
 from services.pg2kafka.pgoutput import format_lsn
 from shared.errors import PermanentError, RetriableError
 from shared.interfaces import Source
+from shared.settings import SAFE_SEARCH_PATH
 
 log = logging.getLogger(__name__)
 
@@ -46,8 +47,8 @@ _STATUS = struct.Struct("!cQQQqB")
 DEBEZIUM_SESSION_OPTIONS = "-c lc_monetary=C"
 
 # Pin the text output of every type, so the converters in types.py see one format.
-SESSION_OPTIONS = (
-    "-c DateStyle=ISO,YMD -c TimeZone=UTC -c IntervalStyle=iso_8601 "
+SESSION_OPTIONS = SAFE_SEARCH_PATH + (
+    " -c DateStyle=ISO,YMD -c TimeZone=UTC -c IntervalStyle=iso_8601 "
     "-c extra_float_digits=3 -c bytea_output=hex"
 )
 

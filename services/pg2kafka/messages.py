@@ -1,0 +1,106 @@
+"""Which logical messages in the WAL are walcast's own.
+
+pgoutput passes on every logical message of the database, and does not say who wrote it;
+``pg_logical_emit_message`` is executable by PUBLIC unless a superuser revoked it. pg2kafka
+acts on two kinds of message — DDL capture (``walcast.ddl``) and incremental-snapshot
+watermarks (``walcast.snapshot``) — so it acts only on those signed with the database's
+message key (migration V013: ``_walcast.message_key``, readable by the owner only, written
+by ``_walcast.emit_message``, the owner's alone). Any other message with one of those
+prefixes is ignored, counted and logged: it never changes what reaches Kafka.
+
+The signed form, decided here and in V013 only::
+
+    'walcast-sig-v1:' || hex(sha256(key || sha256(body))) || ':' || body
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import logging
+from typing import Any
+
+import psycopg
+
+from services.pg2kafka import pgoutput as pg
+from shared.errors import PermanentError
+from shared.logs import SampledLog
+
+log = logging.getLogger(__name__)
+
+SIGNED = b"walcast-sig-v1:"
+_DIGEST_HEX = 64
+
+
+def sign(key: bytes, body: bytes) -> bytes:
+    """The signed content of ``body`` (what ``_walcast.emit_message`` writes); for tests
+    and tools — pg2kafka itself writes through the SQL function."""
+    digest = hashlib.sha256(key + hashlib.sha256(body).digest()).hexdigest().encode()
+    return SIGNED + digest + b":" + body
+
+
+class MessageKey:
+    """The database's message key, or none (the database has no walcast objects, so
+    nothing of walcast's writes messages there: every message is ignored).
+
+    :meth:`open` is called for every message with a walcast prefix, on the stream's
+    thread; it never raises.
+    """
+
+    def __init__(self, key: bytes | None) -> None:
+        self._key = key
+        self.rejected = 0  # read and reset by the session (a metric)
+        self._log = SampledLog(log, "unauthenticated logical messages")
+
+    @classmethod
+    def load(cls, conn: psycopg.Connection[Any]) -> MessageKey:
+        """Read the key as the owner. A database whose walcast schema predates V013 is
+        refused: its DDL triggers write unsigned messages, which would all be ignored."""
+        row = conn.execute(
+            "SELECT pg_catalog.to_regclass('_walcast.message_key') IS NOT NULL,"
+            " pg_catalog.to_regclass('_walcast.schema_migrations') IS NOT NULL"
+        ).fetchone()
+        has_key, has_schema = (bool(row[0]), bool(row[1])) if row else (False, False)
+        if not has_key:
+            if has_schema:
+                raise PermanentError(
+                    "this database's walcast objects are older than this pg2kafka (migration"
+                    " V013, signed logical messages, is missing)",
+                    hint="run `pg2kafka init` once with this version: it applies the missing"
+                    " migrations",
+                )
+            return cls(None)
+        try:
+            key = conn.execute("SELECT key FROM _walcast.message_key").fetchone()
+        except psycopg.errors.InsufficientPrivilege as exc:
+            raise PermanentError(
+                "pg2kafka's role may not read _walcast.message_key, the key that tells"
+                " walcast's logical messages from forged ones",
+                hint="connect as the role that ran `pg2kafka init` (the owner of schema"
+                " _walcast)",
+            ) from exc
+        return cls(bytes(key[0]) if key else None)
+
+    def open(self, msg: pg.Message, lsn: int) -> bytes | None:
+        """The body of a message walcast signed; None (counted, logged) for any other."""
+        content = msg.content
+        if self._key is not None and content.startswith(SIGNED):
+            digest = content[len(SIGNED) : len(SIGNED) + _DIGEST_HEX]
+            body = content[len(SIGNED) + _DIGEST_HEX + 1 :]
+            if content[len(SIGNED) + _DIGEST_HEX : len(SIGNED) + _DIGEST_HEX + 1] == b":":
+                want = hashlib.sha256(self._key + hashlib.sha256(body).digest()).hexdigest()
+                if hmac.compare_digest(digest, want.encode()):
+                    return body
+        self.rejected += 1
+        self._log.warning(
+            msg.prefix,
+            "ignoring a %r logical message at %s that walcast did not write (no valid"
+            " signature): some role called pg_logical_emit_message with walcast's prefix;"
+            " revoke EXECUTE on it from PUBLIC (docs/security.md)",
+            msg.prefix,
+            pg.format_lsn(lsn),
+        )
+        return None
+
+
+__all__ = ["SIGNED", "MessageKey", "sign"]
