@@ -8,11 +8,18 @@ stale, silently. So a version is ``(epoch, lsn)`` (:func:`shared.contract.event.
 and a new source starts a new epoch.
 
 The epoch lives in Kafka, next to the sinks' data, not in the database, which is the
-thing that gets replaced: per stream (keyed by ``producer.topic``) a record in the
-compacted ``producer.source_topic`` holds the epoch, the server it was seen on (system
-identifier, timeline) and how far the stream is known to have got (the LSN last
-confirmed to the slot). At start-up, as leader, before anything is sent, pg2kafka asks
-the server who it is (``IDENTIFY_SYSTEM``) and :func:`judge` compares:
+thing that gets replaced. A stream's *destination* is where its events go (the topic, the
+topic template, or the Debezium format's topic prefix): sinks compare the versions of
+everything written there, so epochs are ordered per destination. Each pipeline writing
+it — one (server, database, slot) — keeps its own record in the compacted
+``producer.source_topic`` (key :func:`record_key`): the epoch, the server it was seen on
+(system identifier, timeline) and how far it is known to have got (the LSN last
+confirmed to the slot). No pipeline ever overwrites another's record, and a start-up
+never takes an epoch below the highest one recorded for its destination (two clusters
+left writing one topic name each start a new epoch rather than sink below the other,
+which would make every later change look stale). At start-up, as leader, before
+anything is sent, pg2kafka asks the server who it is (``IDENTIFY_SYSTEM``) and
+:func:`judge` compares it with the destination's records:
 
 * another system identifier: another cluster (restored from a dump, or a new server);
 * another timeline: a promoted standby, or a point-in-time recovery;
@@ -107,17 +114,67 @@ def check_lsn_range(now: Identity) -> None:
         )
 
 
+def decide(
+    records: dict[bytes, SourceRecord], key: bytes, now: Identity, slot: str, dest: str
+) -> tuple[SourceRecord, str | None]:
+    """The record a pipeline (``key``) streams under, given every record of its
+    destination, and why it is a new epoch (None: it is not).
+
+    The epoch never goes below the destination's highest: a pipeline whose server's
+    history holds that epoch (same system and timeline, WAL not behind any position
+    recorded on it) adopts it; any other starts the next one.
+    """
+    if not records:
+        return SourceRecord(0, now.system, now.timeline, 0, slot), None
+    top = max(records.values(), key=lambda r: r.epoch)
+    own = records.get(key)
+    history = [r for r in records.values()
+               if r.system == now.system and r.timeline == now.timeline]  # fmt: skip
+    behind = [r for r in history if judge(r, now) is not None]
+    if history and not behind and max(r.epoch for r in history) == top.epoch:
+        lsn = own.lsn if own is not None and own.epoch == top.epoch else 0
+        return SourceRecord(top.epoch, now.system, now.timeline, lsn, slot), None
+    reason = judge(behind[0] if behind else own if own is not None else top, now) or (
+        f"another source (system {top.system}, timeline {top.timeline}) wrote stream"
+        f" {dest} at epoch {top.epoch}, after this server's epoch"
+        f" {own.epoch if own is not None else '-'}: two sources write one destination,"
+        " or the stream came back to this server"
+    )
+    if top.epoch >= MAX_EPOCH:
+        raise PermanentError(
+            f"the stream {dest} changed source {MAX_EPOCH} times: no epoch left",
+            hint="start a new stream (another producer.topic) and re-snapshot into it",
+        )
+    return SourceRecord(top.epoch + 1, now.system, now.timeline, 0, slot), reason
+
+
+def destination(settings: Pg2KafkaSettings) -> str:
+    """Where a stream's events go, as sinks see it: what its epochs are ordered within."""
+    p = settings.producer
+    if p.format == "debezium":
+        return f"debezium:{settings.debezium.topic_prefix}"
+    return p.topic_template or p.topic
+
+
+def record_key(dest: str, database: str, slot: str, system: str) -> bytes:
+    """The key of one pipeline's record: a JSON array (a topic name cannot start with
+    ``[``, so the records of walcast before 0.x — keyed by the bare destination — are told
+    apart and still read)."""
+    return orjson.dumps([dest, database, slot, system])
+
+
 class SourceLedger:
     """The stream's :class:`SourceRecord` in Kafka. Used by the leader only: one writer
-    per stream. :meth:`start` decides the epoch; :meth:`commit` records a new one (acked
+    per record. :meth:`start` decides the epoch; :meth:`commit` records a new one (acked
     before any event of it is sent); :meth:`advance` records progress, asynchronously."""
 
     def __init__(self, settings: Pg2KafkaSettings) -> None:
         self.settings = settings
         self.topic = settings.producer.source_topic
-        # The stream is where its events go: the topic template when tables are routed
-        # one by one (two pipelines writing the same topics are one stream to the sinks).
-        self.key = (settings.producer.topic_template or settings.producer.topic).encode()
+        self.destination = destination(settings)
+        self._legacy_key = self.destination.encode()
+        # This pipeline's record; its system identifier is known from start().
+        self.key = self._legacy_key
         self.config = settings.kafka.client_config()
         self.current: SourceRecord | None = None
         self._producer: Producer | None = None
@@ -132,30 +189,29 @@ class SourceLedger:
         changed again, and asks again."""
         check_lsn_range(now)
         slot = self.settings.replication.slot
-        before = self.read()
-        reason = judge(before, now)
-        if before is None:
+        self.key = record_key(self.destination, self.settings.postgres.database, slot,
+                              now.system)  # fmt: skip
+        records = self.read_all()
+        record, reason = decide(records, self.key, now, slot, self.destination)
+        if not records:
             log.info(
                 "no record of stream %s in %s: a new stream, at epoch 0 (a record deleted"
                 " by hand would hide a change of source from the next start)",
-                self.key.decode(), self.topic,
+                self.destination, self.topic,
             )  # fmt: skip
-            record = SourceRecord(0, now.system, now.timeline, 0, slot)
-            self.commit(record)
-            return record, None
         if reason is None:
-            self.current = before
-            return before, None
-        if before.epoch >= MAX_EPOCH:
-            raise PermanentError(
-                f"the stream of {self.settings.producer.topic} changed source {MAX_EPOCH}"
-                " times: no epoch left",
-                hint="start a new stream (another producer.topic) and re-snapshot into it",
-            )
-        return SourceRecord(before.epoch + 1, now.system, now.timeline, 0, slot), reason
+            if records.get(self.key) != record:
+                self.commit(record)
+            self.current = record
+        return record, reason
 
     def read(self) -> SourceRecord | None:
-        """The stream's last record: the compacted topic read to its end."""
+        """The destination's newest record (highest epoch), or None."""
+        records = self.read_all()
+        return max(records.values(), key=lambda r: r.epoch) if records else None
+
+    def read_all(self) -> dict[bytes, SourceRecord]:
+        """Every record of the destination by key: the compacted topic read to its end."""
         created = ensure_topic(
             self.config,
             self.topic,
@@ -191,7 +247,7 @@ class SourceLedger:
                 if high > low:
                     ends[p] = high
                     start.append(TopicPartition(self.topic, p, low))
-            found: bytes | None = None
+            found: dict[bytes, bytes] = {}
             if start:
                 consumer.assign(start)
             while ends:
@@ -210,8 +266,13 @@ class SourceLedger:
                         ends.pop(partition, None)
                         continue
                     raise RetriableError(f"reading {self.topic}: {err}")
-                if msg.key() == self.key:
-                    found = msg.value()
+                key = msg.key()
+                if key is not None and self._ours(key):
+                    value = msg.value()
+                    if value is None:
+                        found.pop(key, None)  # a tombstone
+                    else:
+                        found[key] = value
                 offset = msg.offset()
                 if offset is not None and offset + 1 >= ends.get(partition, 0):
                     ends.pop(partition, None)
@@ -219,16 +280,29 @@ class SourceLedger:
             raise RetriableError(f"reading {self.topic}: {exc}") from exc
         finally:
             consumer.close()
-        if found is None:
-            return None
+        records = {}
+        for key, value in found.items():
+            try:
+                records[key] = SourceRecord.from_json(value)
+            except (orjson.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
+                raise PermanentError(
+                    f"a record of stream {self.destination} in {self.topic} is not walcast's"
+                    f" ({type(exc).__name__}: {exc!r:.200})",
+                    hint=f"nothing but pg2kafka writes to {self.topic}",
+                ) from exc
+        return records
+
+    def _ours(self, key: bytes) -> bool:
+        """A record of this destination: one pipeline's, or the older per-destination one."""
+        if key == self._legacy_key:
+            return True
+        if not key.startswith(b"["):
+            return False
         try:
-            return SourceRecord.from_json(found)
-        except (orjson.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
-            raise PermanentError(
-                f"the record of stream {self.settings.producer.topic} in {self.topic} is not"
-                f" walcast's: {exc}",
-                hint=f"nothing but pg2kafka writes to {self.topic}",
-            ) from exc
+            parts = orjson.loads(key)
+        except orjson.JSONDecodeError:
+            return False
+        return isinstance(parts, list) and len(parts) == 4 and parts[0] == self.destination
 
     def commit(self, record: SourceRecord) -> None:
         """Record ``record`` and wait until Kafka acknowledged it."""
@@ -285,4 +359,12 @@ class SourceLedger:
         return self._producer
 
 
-__all__ = ["SourceLedger", "SourceRecord", "check_lsn_range", "judge"]
+__all__ = [
+    "SourceLedger",
+    "SourceRecord",
+    "check_lsn_range",
+    "decide",
+    "destination",
+    "judge",
+    "record_key",
+]

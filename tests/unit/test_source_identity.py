@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from services.pg2kafka.replication import Identity
-from services.pg2kafka.source import SourceRecord, check_lsn_range, judge
+from services.pg2kafka.source import SourceRecord, check_lsn_range, decide, judge, record_key
 from shared.errors import PermanentError
 
 RECORD = SourceRecord(epoch=2, system="7300000000000000001", timeline=1, lsn=0x3_0000_0000)
@@ -51,3 +51,65 @@ def test_a_server_beyond_what_a_version_holds_is_refused() -> None:
 
 def test_the_record_survives_its_round_trip() -> None:
     assert SourceRecord.from_json(RECORD.to_json()) == RECORD
+
+
+# -- one record per pipeline; epochs ordered per destination ------------------------------
+
+SYS_A, SYS_B = "7300000000000000001", "7300000000000000002"
+
+
+def key(system: str, slot: str = "s") -> bytes:
+    return record_key("walcast.cdc", "db", slot, system)
+
+
+def test_a_restart_on_an_unchanged_server_never_drops_to_a_lower_epoch() -> None:
+    """Two clusters left writing one topic name (or every Debezium deployment on the
+    default producer.topic, before): each keeps its own record; the one whose epoch is
+    not the destination's newest starts the next epoch instead of streaming under a
+    lower one, whose every change sinks would refuse as stale."""
+    records = {
+        key(SYS_A): SourceRecord(5, SYS_A, 1, 0x100, "s"),
+        key(SYS_B): SourceRecord(3, SYS_B, 1, 0x100, "s"),
+    }
+    record, reason = decide(records, key(SYS_A), Identity(SYS_A, 1, 0x200), "s", "walcast.cdc")
+    assert (record.epoch, reason) == (5, None)
+    record, reason = decide(records, key(SYS_B), Identity(SYS_B, 1, 0x200), "s", "walcast.cdc")
+    assert record.epoch == 6
+    assert reason is not None
+    assert "another source" in reason
+
+
+def test_a_new_database_or_slot_on_the_same_server_joins_the_epoch() -> None:
+    records = {key(SYS_A, "a"): SourceRecord(2, SYS_A, 1, 0x100, "a")}
+    record, reason = decide(records, key(SYS_A, "b"), Identity(SYS_A, 1, 0x200), "b", "x")
+    assert (record.epoch, record.lsn, reason) == (2, 0, None)
+
+
+def test_a_restored_cluster_starts_the_next_epoch_with_the_reason() -> None:
+    records = {key(SYS_A): SourceRecord(2, SYS_A, 1, 0x100, "s")}
+    record, reason = decide(records, key(SYS_B), Identity(SYS_B, 1, 0x200), "s", "x")
+    assert record.epoch == 3
+    assert reason is not None
+    assert "another cluster" in reason
+
+
+def test_a_copy_behind_any_pipeline_of_its_server_is_a_change_of_source() -> None:
+    """Restored from a backup: behind slot a's record, though not behind slot b's."""
+    records = {
+        key(SYS_A, "a"): SourceRecord(1, SYS_A, 1, 0x900, "a"),
+        key(SYS_A, "b"): SourceRecord(1, SYS_A, 1, 0x100, "b"),
+    }
+    record, reason = decide(records, key(SYS_A, "b"), Identity(SYS_A, 1, 0x500), "b", "x")
+    assert record.epoch == 2
+    assert reason is not None
+    assert "restored from a backup" in reason
+
+
+def test_a_stream_with_no_record_starts_at_epoch_zero() -> None:
+    record, reason = decide({}, key(SYS_A), Identity(SYS_A, 1, 0x200), "s", "x")
+    assert (record.epoch, reason) == (0, None)
+
+
+def test_record_keys_tell_pipelines_and_destinations_apart() -> None:
+    assert len({key(SYS_A), key(SYS_B), key(SYS_A, "b"), record_key("t", "db", "s", SYS_A)}) == 4
+    assert not record_key("t", "db", "s", SYS_A).startswith(b"t")  # never a bare topic name
