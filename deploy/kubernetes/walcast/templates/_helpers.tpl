@@ -63,6 +63,7 @@ it: those belong in secretEnv.
 {{- range $k, $v := (.extra | default dict) -}}
 {{- $_ := set $cfg $k (mergeOverwrite (deepCopy (get $cfg $k | default dict)) $v) -}}
 {{- end -}}
+{{- include "walcast.tlsConfig" (dict "root" .root "name" .name "cfg" $cfg) -}}
 {{- $text := toYaml $cfg -}}
 {{- $name := .name -}}
 {{- if regexMatch "[a-zA-Z][a-zA-Z0-9+.-]*://[^\\s/@:]*:[^\\s/@]+@" $text -}}
@@ -138,4 +139,116 @@ tolerations:
 affinity:
 {{ toYaml . | indent 2 }}
 {{- end }}
+{{- end -}}
+
+
+{{/*
+TLS: where the chart mounts the CA certificates (a directory each, outside the config
+volume) and what it sets in a service's settings (docs/deploy.md, "Security").
+*/}}
+{{- define "walcast.kafkaCAPath" -}}
+{{- printf "/etc/walcast-tls/kafka/%s" .Values.common.kafkaTLS.ca.key -}}
+{{- end -}}
+
+{{- define "walcast.postgresCAPath" -}}
+{{- printf "/etc/walcast-tls/postgres/%s" .Values.pg2kafka.postgresTLS.ca.key -}}
+{{- end -}}
+
+{{/*
+Sets into .cfg (a service's merged config, changed in place):
+* with common.kafkaTLS.ca, kafka.ssl_ca_location = the mounted CA, unless config names one;
+* pg2kafka: postgres.sslmode verify-full unless config sets it; a verifying mode
+  (verify-ca, verify-full) gets postgres.sslrootcert = the mounted postgresTLS.ca unless
+  config names its own; a mode that does not check the server's certificate (disable,
+  allow, prefer, require) is refused unless pg2kafka.postgresTLS.insecure acknowledges it
+  (NOTES.txt then warns at every install and upgrade).
+*/}}
+{{- define "walcast.tlsConfig" -}}
+{{- $kca := .root.Values.common.kafkaTLS.ca -}}
+{{- if and $kca.secretName $kca.configMapName -}}
+{{- fail "common.kafkaTLS.ca: give secretName or configMapName, not both" -}}
+{{- end -}}
+{{- if or $kca.secretName $kca.configMapName -}}
+{{- $k := get .cfg "kafka" | default dict -}}
+{{- if not (get $k "ssl_ca_location") -}}
+{{- $_ := set $k "ssl_ca_location" (include "walcast.kafkaCAPath" .root) -}}
+{{- end -}}
+{{- $_ := set .cfg "kafka" $k -}}
+{{- end -}}
+{{- if eq .name "pg2kafka" -}}
+{{- $t := .root.Values.pg2kafka.postgresTLS -}}
+{{- if and $t.ca.secretName $t.ca.configMapName -}}
+{{- fail "pg2kafka.postgresTLS.ca: give secretName or configMapName, not both" -}}
+{{- end -}}
+{{- $pg := get .cfg "postgres" | default dict -}}
+{{- $mode := get $pg "sslmode" | default "verify-full" -}}
+{{- if has $mode (list "disable" "allow" "prefer" "require") -}}
+{{- if not $t.insecure -}}
+{{- fail (printf "pg2kafka.config.postgres.sslmode is %s: pg2kafka would not verify PostgreSQL's certificate, so whoever sits on the path reads every change and can impersonate the database. Give the server's CA (pg2kafka.postgresTLS.ca; sslmode then defaults to verify-full) or, knowingly, acknowledge with pg2kafka.postgresTLS.insecure: true" $mode) -}}
+{{- end -}}
+{{- else if not (get $pg "sslrootcert") -}}
+{{- $_ := set $pg "sslrootcert" (include "walcast.postgresCAPath" .root) -}}
+{{- end -}}
+{{- $_ := set $pg "sslmode" $mode -}}
+{{- $_ := set .cfg "postgres" $pg -}}
+{{- end -}}
+{{- end -}}
+
+{{/* A CA volume's source: .ca (secretName | configMapName, key); .secretName: the default Secret. */}}
+{{- define "walcast.caSource" -}}
+{{- if .ca.configMapName -}}
+configMap:
+  name: {{ .ca.configMapName }}
+  items: [{key: {{ .ca.key | quote }}, path: {{ .ca.key | quote }}}]
+{{- else -}}
+secret:
+  secretName: {{ .ca.secretName | default .secretName }}
+  items: [{key: {{ .ca.key | quote }}, path: {{ .ca.key | quote }}}]
+{{- end -}}
+{{- end -}}
+
+{{/* The CA volumes (and mounts) a service's parsed config (.cfg) refers to. */}}
+{{- define "walcast.tlsVolumes" -}}
+{{- if eq (toString ((.cfg.kafka).ssl_ca_location)) (include "walcast.kafkaCAPath" .root) }}
+- name: kafka-ca
+  {{- include "walcast.caSource" (dict "ca" .root.Values.common.kafkaTLS.ca "secretName" "") | nindent 2 }}
+{{- end }}
+{{- if eq (toString ((.cfg.postgres).sslrootcert)) (include "walcast.postgresCAPath" .root) }}
+- name: postgres-ca
+  {{- include "walcast.caSource" (dict "ca" .root.Values.pg2kafka.postgresTLS.ca "secretName" (.root.Values.pg2kafka.secretName | default .root.Values.secrets.name)) | nindent 2 }}
+{{- end }}
+{{- end -}}
+
+{{- define "walcast.tlsMounts" -}}
+{{- if eq (toString ((.cfg.kafka).ssl_ca_location)) (include "walcast.kafkaCAPath" .root) }}
+- {name: kafka-ca, mountPath: /etc/walcast-tls/kafka, readOnly: true}
+{{- end }}
+{{- if eq (toString ((.cfg.postgres).sslrootcert)) (include "walcast.postgresCAPath" .root) }}
+- {name: postgres-ca, mountPath: /etc/walcast-tls/postgres, readOnly: true}
+{{- end }}
+{{- end -}}
+
+{{/*
+kafka2spark's namespace. With a k8s:// master its driver creates pods (and ConfigMaps,
+Services) through a Role, and a pod can mount any Secret of its namespace: so the driver,
+its executors, its volume and its Role live in a namespace of their own
+(kafka2spark.namespace.name, default <release namespace>-spark), which holds only
+kafka2spark's Secret. The release namespace is refused while another service runs there.
+Local mode (no pods created, no Role): the release namespace.
+*/}}
+{{- define "walcast.sparkNamespace" -}}
+{{- $v := .Values.kafka2spark -}}
+{{- if hasPrefix "k8s://" $v.spark.master -}}
+{{- $ns := $v.namespace.name | default (printf "%s-spark" .Release.Namespace | trunc 63 | trimSuffix "-") -}}
+{{- if eq $ns .Release.Namespace -}}
+{{- range $s := list "pg2kafka" "kafka2search" "kafka2webhook" -}}
+{{- if (index $.Values $s).enabled -}}
+{{- fail (printf "kafka2spark.namespace.name is the release namespace (%s), where %s runs: kafka2spark's driver creates pods in its namespace, and a pod can mount any Secret there (%s's credentials too). Give kafka2spark a namespace of its own, or install it alone in a release of its own" $ns $s $s) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- $ns -}}
+{{- else -}}
+{{- .Release.Namespace -}}
+{{- end -}}
 {{- end -}}
