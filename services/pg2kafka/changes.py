@@ -21,7 +21,7 @@ import orjson
 from services.pg2kafka import pgoutput as pg
 from services.pg2kafka._native import RowEncoder
 from services.pg2kafka.ddl_secrets import scrub_statement
-from services.pg2kafka.transforms import Transforms, unique_key
+from services.pg2kafka.transforms import WITHHELD, Transforms, unique_key
 from services.pg2kafka.types import TypeRegistry
 from shared.contract.event import EVENT_VERSION, SnapshotInfo
 from shared.contract.event import ChangeEvent as Event
@@ -103,7 +103,10 @@ class EventBuilder:
 
     ``transforms``: column rules applied to every row (new, old, key, snapshot rows) and
     to DDL events' column lists; a relation a rule may not apply to (a non-hash rule on a
-    key column) raises PermanentError when its first row or DDL event is built.
+    key column) raises PermanentError when its first row or DDL event is built, and so
+    does a Relation message or DDL event that shows a covered column renamed or moved
+    out from under its rule (services/pg2kafka/transform_shapes.py), before anything of
+    it is sent. With rules, DDL events carry no statement text (``WITHHELD``).
     """
 
     def __init__(
@@ -118,6 +121,7 @@ class EventBuilder:
     ) -> None:
         self.database = database
         self.transforms = transforms
+        self._session = transforms.shapes.session() if transforms is not None else 0
         self.scrub_secrets = scrub_secrets
         self.primary_key = primary_key
         self.types = types
@@ -149,7 +153,16 @@ class EventBuilder:
 
     def relation(self, msg: pg.Relation) -> None:
         """Cache the relation. Under REPLICA IDENTITY FULL the server flags every column
-        as key; the event's ``key`` should still be the primary key where there is one."""
+        as key; the event's ``key`` should still be the primary key where there is one.
+        PermanentError (nothing cached) when the transform rules no longer cover a column
+        they covered in the relation's last shape: it comes before the relation's rows."""
+        if self.transforms is not None:
+            self.transforms.shapes.check(
+                msg.oid, msg.schema, msg.table, [c.name for c in msg.columns],
+                session=self._session,
+                lsn=self.txn.commit_lsn if self.txn is not None else None,
+                where="the stream's Relation message",
+            )  # fmt: skip
         if msg.replica_identity == "f" and self.primary_key is not None:
             pk = set(self.primary_key(msg.oid))
             if pk:
@@ -344,6 +357,10 @@ class EventBuilder:
             # current_query() is every statement the client sent at once: an ALTER TABLE
             # may travel with an ALTER ROLE ... PASSWORD.
             statement = scrub_statement(statement)
+        if self.transforms is not None:
+            # ... or with an UPDATE whose literals a rule protects, on any table.
+            statement = WITHHELD
+            self._check_ddl(tables, dropped, lsn)
         events: list[Event] = []
         for table in tables:
             ev = self._ddl_envelope(lsn, table["schema"], table["table"])
@@ -366,6 +383,26 @@ class EventBuilder:
             }
             events.append(ev)
         return events
+
+    def _check_ddl(
+        self, tables: list[dict[str, Any]], dropped: list[dict[str, Any]], lsn: int
+    ) -> None:
+        """Every table of a DDL message against the shapes the rules knew, before any of
+        its events is built (PermanentError: nothing of it is sent)."""
+        assert self.transforms is not None
+        for table in dropped:
+            self.transforms.shapes.forget(table["schema"], table["table"])
+        for table in tables:
+            oid = table.get("oid")
+            self.transforms.shapes.check(
+                oid if type(oid) is int else None,
+                table["schema"],
+                table["table"],
+                [str(c.get("name")) for c in table["columns"] if isinstance(c, dict)],
+                session=self._session,
+                lsn=self.txn.commit_lsn if self.txn is not None else None,
+                where=f"the DDL event at LSN {pg.format_lsn(lsn)}",
+            )
 
     def _ddl_envelope(self, lsn: int, schema: str, table: str) -> Event:
         ev = self._envelope("ddl", lsn, None)

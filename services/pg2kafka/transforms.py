@@ -16,6 +16,14 @@ refused at start-up (:func:`check_catalog`), when a DDL event shows the table's 
 stops with what to change rather than sending rows whose keys collide. Under REPLICA
 IDENTITY FULL without a primary key the whole row is the key and not unique to begin
 with: rules apply there as to any column.
+
+Rules name columns, and a rename must not carry a column out from under its rule: every
+shape a table reaches the stream in (a Relation message, a DDL event) is held against the
+last one known, and a covered column that lost its rule stops the stream before anything
+of that shape is sent (services/pg2kafka/transform_shapes.py). At start-up
+:func:`check_catalog` refuses rules that name what the catalog does not have. DDL events
+carry no statement text while rules are configured (:data:`WITHHELD`): the text is all
+the client sent at once, literals of protected columns included.
 """
 
 from __future__ import annotations
@@ -24,6 +32,7 @@ import hashlib
 import hmac
 import logging
 import re
+import threading
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 from functools import lru_cache
@@ -35,6 +44,7 @@ import psycopg
 from services.pg2kafka import pgoutput as pg
 from services.pg2kafka.filters import INTERNAL_SCHEMA, TableFilter
 from services.pg2kafka.settings import TransformRule, TransformSettings
+from services.pg2kafka.transform_shapes import Shapes
 from shared.errors import ConfigError, PermanentError
 from shared.naming import wildcard
 
@@ -44,6 +54,11 @@ TEXT_OID = 25
 """pg_type ``text``: what a rewritten column is typed as."""
 
 Rewrite = Callable[[str], str | None]
+
+WITHHELD = "<withheld: pg2kafka transform rules are configured>"
+"""A DDL event's ``statement`` while transform rules are configured: ``current_query()``
+is the client's whole query string, which may hold literals of protected columns (an
+``UPDATE`` sent with the ``ALTER TABLE``) whatever table the DDL itself touched."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -208,6 +223,9 @@ class Transforms:
         key = settings.hash_key.get_secret_value().encode() if settings.hash_key else None
         self.rules = [_compile(r, key) for r in settings.rules]
         self._for_table = lru_cache(maxsize=4096)(self._table_rules)
+        # The shapes tables were last seen in, against renames; shared by the process's
+        # sessions (from_settings gives them one instance).
+        self.shapes = Shapes(self.covered)
 
     def _table_rules(self, schema: str, table: str) -> tuple[_Compiled, ...]:
         if schema == INTERNAL_SCHEMA:
@@ -264,11 +282,11 @@ class Transforms:
 
     def ddl_columns(self, schema: str, table: str, columns: list[Any]) -> list[Any]:
         """A DDL event's column list as the rules leave the table (dropped columns gone,
-        rewritten ones ``text``, NULLed ones nullable). A rule naming this table and a
-        column it no longer has is logged: at the next start it is an error. (Whether
-        the table's key is still one the rules may touch is decided by :meth:`plan` when
-        its first row after the change is built: the key of events is the replica
-        identity, which the DDL message does not carry.)"""
+        rewritten ones ``text``, NULLed ones nullable). (That no covered column lost its
+        rule is :meth:`Shapes.check`'s, called first. Whether the table's key is still one
+        the rules may touch is decided by :meth:`plan` when its first row after the change
+        is built: the key of events is the replica identity, which the DDL message does
+        not carry.)"""
         if not self.touches(schema, table):
             return columns
         names = {c.get("name") for c in columns if isinstance(c, dict)}
@@ -276,7 +294,7 @@ class Transforms:
             exact = r.rule.column.split(".")[2]
             if "*" not in r.rule.column and exact not in names:
                 log.warning(
-                    "transform rule %r names a column %s.%s no longer has: pg2kafka will"
+                    "transform rule %r names a column %s.%s does not have: pg2kafka will"
                     " refuse to start until the rule is changed",
                     r.rule.column,
                     schema,
@@ -293,6 +311,15 @@ class Transforms:
                 out.append({**c, "nullable": True})
             elif found.rule.action != "drop":
                 out.append({**c, "type": "text", "sql_type": "text"})
+        return out
+
+    def covered(self, schema: str, table: str, names: Iterable[str]) -> dict[str, str]:
+        """The columns of ``names`` a rule applies to, each with its rule's pattern."""
+        out = {}
+        for name in names:
+            found = self.rule_for(schema, table, name)
+            if found is not None:
+                out[name] = found.rule.column
         return out
 
     def payload(self, doc: dict[str, Any]) -> bool:
@@ -343,9 +370,25 @@ def unique_key(rel: pg.Relation, primary_key: Callable[[int], list[str]] | None)
     return bool(primary_key(rel.oid)) if primary_key is not None else False
 
 
+_SHARED: dict[int, tuple[TransformSettings, Transforms]] = {}
+_SHARED_LOCK = threading.Lock()
+
+
 def from_settings(settings: TransformSettings) -> Transforms | None:
-    """The rules, or None when there are none (the encoders then do no per-row work)."""
-    return Transforms(settings) if settings.rules else None
+    """The rules, or None when there are none (the encoders then do no per-row work).
+    The same instance for the same settings object: the start-up check's catalog and the
+    shapes one session saw serve the next (:meth:`Shapes.check`)."""
+    if not settings.rules:
+        return None
+    with _SHARED_LOCK:
+        hit = _SHARED.get(id(settings))
+        if hit is not None and hit[0] is settings:
+            return hit[1]
+        made = Transforms(settings)
+        if len(_SHARED) >= 64:
+            del _SHARED[next(iter(_SHARED))]
+        _SHARED[id(settings)] = (settings, made)
+        return made
 
 
 # -- at start-up ------------------------------------------------------------------------
@@ -353,7 +396,8 @@ def from_settings(settings: TransformSettings) -> Transforms | None:
 _COLUMNS_SQL = """
 SELECT n.nspname, c.relname, a.attname,
        coalesce(a.attnum = ANY (k.indkey::int2[]), false) AS is_key,
-       c.relreplident = 'f' AND k.indkey IS NULL AS whole_row_key
+       c.relreplident = 'f' AND k.indkey IS NULL AS whole_row_key,
+       c.oid::int8
   FROM pg_catalog.pg_class c
   JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
   JOIN pg_catalog.pg_attribute a ON a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped
@@ -376,11 +420,15 @@ class CatalogColumn:
     table: str
     column: str
     is_key: bool  # a column of the key events carry (primary key or identity index)
+    oid: int = 0  # the table's
 
 
 def catalog_columns(conn: psycopg.Connection[Any]) -> list[CatalogColumn]:
     rows = conn.execute(_COLUMNS_SQL).fetchall()
-    return [CatalogColumn(str(s), str(t), str(c), bool(k) and not w) for s, t, c, k, w in rows]
+    return [
+        CatalogColumn(str(s), str(t), str(c), bool(k) and not w, int(o))
+        for s, t, c, k, w, o in rows
+    ]
 
 
 def check_catalog(
@@ -408,7 +456,7 @@ def check_catalog(
         if counts[r.rule.column]:
             continue
         schema, table, column = r.rule.column.split(".")
-        if "*" in r.rule.column:
+        if "*" in schema or "*" in table or ("*" in column and (schema, table) not in by_table):
             log.warning("transform rule %r matches no column of a streamed table", r.rule.column)
             continue
         if (schema, table) not in by_table:
@@ -417,24 +465,42 @@ def check_catalog(
                 " (it does not exist, or filters leave it out)"
             )
         names = ", ".join(c.column for c in by_table[(schema, table)])
-        if column in {c.column for c in by_table[(schema, table)]}:
-            earlier = transforms.rule_for(schema, table, column)
+        # A wildcard for one table's columns that matches none of them is refused like an
+        # exact name: after a rename took its column away, a restart must not stream on.
+        hit = [c.column for c in by_table[(schema, table)] if r.column.match(c.column)]
+        if hit:
+            earlier = transforms.rule_for(schema, table, hit[0])
             shadow = earlier.rule.column if earlier is not None else "?"
             raise ConfigError(
                 f"transform rule {r.rule.column!r} never applies: the earlier rule"
-                f" {shadow!r} matches {schema}.{table}.{column} first",
+                f" {shadow!r} matches {schema}.{table}.{hit[0]} first",
                 hint="put the more specific rule first (the first matching rule applies)",
             )
         raise ConfigError(
             f"transform rule {r.rule.column!r}: table {schema}.{table} has no column"
             f" {column!r} (its columns: {names})"
+            if "*" not in column
+            else f"transform rule {r.rule.column!r} matches no column of table"
+            f" {schema}.{table} (its columns: {names})",
+            hint="a column it was written for may have been renamed: name the new column"
+            " (or remove the rule)",
         )
     return counts
 
 
 def check_database(transforms: Transforms, conninfo: str, streamed: TableFilter) -> None:
     """:func:`check_catalog` against the database at ``conninfo``: run before a process
-    leads or stands by, so a rule that names nothing stops it at start-up."""
+    leads or stands by, so a rule that names nothing stops it at start-up. The catalog
+    read becomes the first known shape of each table (:meth:`Shapes.remember_catalog`)."""
     with psycopg.connect(conninfo, autocommit=True) as conn:
-        counts = check_catalog(transforms, catalog_columns(conn), streamed)
+        columns = catalog_columns(conn)
+        counts = check_catalog(transforms, columns, streamed)
+        # Read after the catalog: a transaction committed at or after this position is
+        # not in what was read (see Shapes.check).
+        row = conn.execute("SELECT pg_catalog.pg_current_wal_lsn()::text").fetchone()
+    transforms.shapes.remember_catalog(
+        [(c.oid, c.schema, c.table, c.column) for c in columns],
+        streamed,
+        pg.parse_lsn(str(row[0])) if row else 0,
+    )
     log.info("transform rules checked against the catalog", extra={"columns": counts})

@@ -1,0 +1,196 @@
+"""Transform rules against renames: the shapes tables reach the stream in.
+
+Rules (services/pg2kafka/transforms.py) name columns, and a rename carries a column out
+from under its rule: with ``public.users.email: redact``, ``RENAME COLUMN email TO
+contact_email`` would send the address in the clear. So every shape a table reaches the
+stream in — a pgoutput Relation message (every install: it precedes the relation's first
+row after any change) and a DDL event's table (where DDL capture is installed: it comes
+before the change's rows) — is held against the last shape the process knows of that
+table, and a column a rule covered that is not covered any more stops the stream there
+(:meth:`Shapes.check`): before a row of the new shape is converted, before the DDL event
+is sent, inside the transaction, so the slot is not confirmed past it and a restart with
+changed rules resumes there. Stopping, not following the column by its number: pgoutput's
+Relation messages carry names only, and an operator reads "rule X no longer covers
+anything, name the new column" more easily than a rule that silently follows a column.
+
+The first known shape of a table is the catalog read at start-up (after the rules were
+checked against it), else the first one the stream shows. Shapes have an order: a
+session's stream is ordered; across sessions (a reconnect, a restart) by commit LSN — a
+replay may show a table *older* than the catalog or the last session saw it, which is
+held against that later shape the other way round.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+
+from services.pg2kafka.filters import INTERNAL_SCHEMA, TableFilter
+from shared.errors import PermanentError
+
+Covered = Callable[[str, str, Iterable[str]], dict[str, str]]
+"""``covered(schema, table, names)``: the names a rule applies to -> the rule's pattern."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Seen:
+    """A shape of a table as last seen: its name, its columns and those rules covered in
+    it (column -> the rule's pattern). ``lsn``: the commit LSN of the transaction it was
+    seen in (for the catalog at start-up: the WAL position after reading it);
+    ``session``: the event builder that saw it (None: the catalog at start-up)."""
+
+    schema: str
+    table: str
+    names: frozenset[str]
+    covered: dict[str, str]
+    lsn: int | None
+    session: int | None
+
+
+class Shapes:
+    """The last known shape of each table with a covered column, by relation oid (or by
+    name, from a DDL event without one). Thread-safe: the sessions of a process share
+    it."""
+
+    def __init__(self, covered: Covered) -> None:
+        self._covered = covered
+        self._seen: dict[int | tuple[str, str], _Seen] = {}
+        self._lock = threading.Lock()
+        self._sessions = itertools.count(1)
+        self.streamed: TableFilter | None = None  # set by remember_catalog
+
+    def session(self) -> int:
+        """A token for one event builder's stream (see :meth:`check`)."""
+        return next(self._sessions)
+
+    def check(
+        self,
+        oid: int | None,
+        schema: str,
+        table: str,
+        names: Sequence[str],
+        *,
+        session: int,
+        lsn: int | None,
+        where: str,
+    ) -> None:
+        """Called with each shape of a table before anything of it is converted or sent:
+        a pgoutput Relation message (``oid``), a DDL event's table (its ``oid`` when the
+        message has one; else found by name). ``session``: the builder's token
+        (:meth:`session`); ``lsn``: the commit LSN of the transaction it came in (None:
+        unknown); ``where``: the message, for the error. Compared with the last shape
+        known of the table (only for a table the filters stream), it raises
+        PermanentError, remembering nothing, when data a rule covered may go out
+        uncovered:
+
+        * that shape is earlier in the stream (this session's, or older than ``lsn``):
+          a column a rule covered there is not a covered column here — renamed, or the
+          table renamed or moved to another schema (or the column dropped: names alone
+          cannot tell a drop from a rename);
+        * it is later (the start-up catalog, or a previous session, ahead of a replay):
+          a column it covers is here without a rule (the table had another name), or is
+          missing while this shape has a column it lacks (renamed since).
+
+        Otherwise this shape is remembered as the table's latest."""
+        if schema == INTERNAL_SCHEMA:
+            return
+        with self._lock:
+            key, prev = self._previous(oid, schema, table)
+            covered = self._covered(schema, table, names)
+            streamed = self.streamed is None or self.streamed.matches(schema, table)
+            if prev is not None and streamed:
+                lost = _lost_columns(prev, covered, names, session, lsn)
+                if lost:
+                    raise _lost(prev, lost, schema, table, names, where)
+            if key is not None:
+                self._seen.pop(key, None)
+            if covered:
+                self._seen[oid if oid is not None else (schema, table)] = _Seen(
+                    schema, table, frozenset(names), covered, lsn, session
+                )
+
+    def _previous(
+        self, oid: int | None, schema: str, table: str
+    ) -> tuple[int | tuple[str, str] | None, _Seen | None]:
+        if oid is not None and oid in self._seen:
+            return oid, self._seen[oid]
+        for key, seen in self._seen.items():
+            # By name: for a DDL event without an oid any shape under that name; for a
+            # Relation message only what such a DDL event left (a table of the same name
+            # under another oid is another table).
+            if (seen.schema, seen.table) == (schema, table) and (
+                oid is None or isinstance(key, tuple)
+            ):
+                return key, seen
+        return None, None
+
+    def forget(self, schema: str, table: str) -> None:
+        """The table was dropped (a DDL event): a new one may take its name."""
+        with self._lock:
+            gone = [k for k, v in self._seen.items() if (v.schema, v.table) == (schema, table)]
+            for key in gone:
+                del self._seen[key]
+
+    def remember_catalog(
+        self, columns: Iterable[tuple[int, str, str, str]], streamed: TableFilter, lsn: int
+    ) -> None:
+        """The catalog read at start-up — ``(table oid, schema, table, column)`` rows — as
+        the first known shape of every streamed table with a covered column (``lsn``: the
+        WAL position after it was read), so a table whose first change after start comes
+        after a rename is compared too. ``streamed``: the filters (a table they leave out
+        sends nothing, and is not held to its shape)."""
+        by_table: dict[tuple[int, str, str], list[str]] = {}
+        for oid, schema, table, column in columns:
+            if streamed.matches(schema, table):
+                by_table.setdefault((oid, schema, table), []).append(column)
+        with self._lock:
+            self.streamed = streamed
+            for (oid, schema, table), names in by_table.items():
+                covered = self._covered(schema, table, names)
+                if covered and oid not in self._seen:
+                    self._seen[oid] = _Seen(schema, table, frozenset(names), covered, lsn, None)
+
+
+def _lost_columns(
+    prev: _Seen, covered: dict[str, str], names: Sequence[str], session: int, lsn: int | None
+) -> list[str]:
+    """The columns of ``prev`` whose data may go out uncovered in the new shape."""
+    if prev.session == session:
+        earlier = True
+    elif lsn is None or prev.lsn is None:
+        return []  # no order between them is known
+    else:
+        # The catalog read does not hold a transaction committed at or after its lsn; a
+        # session's shape was seen in the transaction committed at its lsn.
+        earlier = lsn >= prev.lsn if prev.session is None else lsn > prev.lsn
+    # A covered column missing by name became one of the columns new to this shape, or
+    # (earlier shape) was dropped — names cannot tell which, so a drop counts as a loss;
+    # (later shape) was added since, when this shape has no column the later one lacks.
+    extra = set(names) - prev.names
+    extra_uncovered = any(n not in covered for n in extra)
+    missing_lost = extra_uncovered or (earlier and not extra)
+    return sorted(
+        c
+        for c in prev.covered
+        # present: lost when the table's new name leaves it without a rule
+        if (c not in covered if c in names else missing_lost)
+    )
+
+
+def _lost(
+    prev: _Seen, lost: list[str], schema: str, table: str, names: Sequence[str], where: str
+) -> PermanentError:
+    was = ", ".join(f"{prev.schema}.{prev.table}.{c} (rule {prev.covered[c]!r})" for c in lost)
+    shown = ", ".join(names[:50]) + (" ..." if len(names) > 50 else "")
+    return PermanentError(
+        f"transform rules covered {was}; {where} shows the table as {schema}.{table} with"
+        f" columns ({shown}), where no rule covers that data: the column or the table was"
+        " renamed or moved to another schema, or the column dropped. Stopped before"
+        " anything of the table in this shape was sent",
+        hint="change transforms.rules to the new names (or remove the rule of a dropped"
+        " column), then restart: pg2kafka resumes at this change. If it has to send"
+        " changes from before the rename again, a rule must cover both names until it is"
+        " past them (a wildcard, e.g. schema.table.*email)",
+    )
