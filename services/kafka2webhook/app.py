@@ -39,6 +39,7 @@ from services.kafka2webhook.settings import (
     EndpointSettings,
     Kafka2WebhookSettings,
 )
+from services.kafka2webhook.untrusted import clean, id_part
 from shared.consumer import ConsumerLoop, ConsumerMetrics
 from shared.contract.event import EventDecodeError, EventView, decode
 from shared.errors import ConfigError
@@ -89,7 +90,15 @@ def record_headers(msg: Message) -> dict[str, bytes]:
 
 def events_record(msg: Message) -> list[EventView]:
     """A subscription event: its payload is posted; its id is the events row's id (the
-    ``walcast-event-id`` header pg2kafka sets), the same on every redelivery."""
+    ``walcast-event-id`` header pg2kafka sets), the same on every redelivery.
+
+    The ids go into the ``webhook-id`` header as they are, so they must be what pg2kafka
+    writes (:func:`~services.kafka2webhook.untrusted.id_part`: decimal ids pass). A
+    record whose id headers are anything else (non-ASCII, CR / LF, spaces...) was not
+    written by pg2kafka: EventDecodeError, so it goes to the dead-letter topic with the
+    reason. An id made up for it (a hash of the bytes) would differ from the one the
+    real event gets when pg2kafka sends it again, so a receiver could not de-duplicate
+    the two. No id header at all: the id is a hash of the payload, as before."""
     value = msg.value() or b""
     try:
         doc = orjson.loads(value)
@@ -97,12 +106,7 @@ def events_record(msg: Message) -> list[EventView]:
         raise EventDecodeError(f"not JSON: {exc}") from None
     if not isinstance(doc, dict):
         raise EventDecodeError("a subscription event's payload is not a JSON object")
-    headers = record_headers(msg)
-    event_id = headers.get("walcast-event-id", b"").decode("ascii", "replace")
-    stream = headers.get("walcast-stream-id", b"").decode("ascii", "replace")
-    ident = (
-        f"evt_{stream}_{event_id}" if event_id else "evt_" + hashlib.sha256(value).hexdigest()[:40]
-    )
+    ident = event_ident(record_headers(msg), value)
     return [
         Item(
             v=1, op="event", schema=doc.get("tg_table_schema"), table=doc.get("tg_table_name"),
@@ -110,6 +114,34 @@ def events_record(msg: Message) -> list[EventView]:
             origin=_origin(msg, value),
         )
     ]  # fmt: skip
+
+
+def event_ident(headers: dict[str, bytes], value: bytes) -> str:
+    """A subscription event's ``webhook-id`` (see :func:`events_record`): always a safe
+    header value, the same for the same record; EventDecodeError for id headers pg2kafka
+    does not write."""
+    raw_id = headers.get("walcast-event-id", b"")
+    if not raw_id:
+        return "evt_" + hashlib.sha256(value).hexdigest()[:40]
+    raw_stream = headers.get("walcast-stream-id", b"")
+    event_id = id_part(raw_id)
+    stream = id_part(raw_stream) if raw_stream else ""
+    if event_id is None or stream is None:
+        shown = clean(repr((raw_stream, raw_id)), 200)
+        raise EventDecodeError(
+            "its walcast-stream-id / walcast-event-id headers are not ids pg2kafka writes"
+            f" (1-128 of A-Z a-z 0-9 . _ -): {shown}"
+        )
+    return f"evt_{stream}_{event_id}"
+
+
+def json_text(value: Any, limit: int = 1000) -> str:
+    """``value`` as JSON for a reason or a log, whatever it holds (integers beyond 64
+    bits, nesting deeper than the encoder goes: a placeholder)."""
+    try:
+        return clean(orjson.dumps(value).decode(), limit)
+    except (orjson.JSONEncodeError, TypeError, RecursionError):
+        return "(not printable as JSON)"
 
 
 _MISSING = object()
@@ -192,7 +224,7 @@ class WebhookSink(BatchSink[Batch]):
             return False
         if self.endpoint.filter:
             if item.doc is None:
-                item.doc = orjson.loads(item.body)
+                item.doc = parse_body(item.body)
             return all(holds(c, item.doc) for c in self.endpoint.filter)
         return True
 
@@ -205,9 +237,13 @@ class WebhookSink(BatchSink[Batch]):
             # subscription it belongs to is unknown here, so it is not lost silently.
             return (
                 "a reference to an oversized subscription event (fetch it from"
-                f" _walcast.events by id): {orjson.dumps(event.doc['walcast_oversized']).decode()}"
+                f" _walcast.events by id): {json_text(event.doc['walcast_oversized'])}"
             )
-        if self.wants(event):
+        try:
+            wanted = self.wants(event)
+        except EventDecodeError as exc:
+            return f"its body could not be tested against the endpoint's filter: {exc}"
+        if wanted:
             batch.items.append(event)
         return None
 
@@ -233,17 +269,39 @@ class WebhookSink(BatchSink[Batch]):
 
     def control(self, event: EventView) -> None:
         assert isinstance(event, Item)
-        if not self.wants(event):
+        try:
+            if not self.wants(event):
+                return
+        except EventDecodeError as exc:
+            self.dead_letter(
+                event.origin, f"its body could not be tested against the filter: {exc}"
+            )
             return
         reason = self.deliverer.post(as_delivery([event], self.endpoint.batch_size > 1), self.wait)
         if reason is not None:
             self.dead_letter(event.origin, reason)
 
 
+def parse_body(body: bytes) -> Any:
+    """An event's body parsed for a filter; EventDecodeError when it cannot be (JSON
+    nested deeper than the parser goes, which the contract's decoder may accept)."""
+    try:
+        return orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        raise EventDecodeError(f"not JSON to the filter's parser: {exc}") from None
+
+
 def lane_key(item: Item) -> bytes:
+    """The key that chooses an item's lane: the same for every event of one row (or one
+    subscription event's Kafka key). A row key JSON cannot encode (an integer beyond 64
+    bits, deep nesting) falls back to the record's Kafka key, the same for that row."""
     if item.op == "event":
         return item.origin.key or b""
-    return f"{item.schema}.{item.table}".encode() + orjson.dumps(item.key)
+    try:
+        key = orjson.dumps(item.key)
+    except (orjson.JSONEncodeError, TypeError, RecursionError):
+        key = b"\x00" + (item.origin.key or b"")
+    return f"{item.schema}.{item.table}".encode("utf-8", "surrogatepass") + key
 
 
 def as_delivery(items: Sequence[Item], batched: bool = False) -> Delivery:

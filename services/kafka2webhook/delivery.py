@@ -16,10 +16,8 @@ by ``webhook-id``).
 
 from __future__ import annotations
 
-import email.utils
 import logging
 import random
-import re
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -30,14 +28,13 @@ import urllib3
 from prometheus_client import Counter, Gauge, Histogram
 
 from services.kafka2webhook import signing
+from services.kafka2webhook.client import Answer, Watchdog, deadline_pool, exchange
 from services.kafka2webhook.settings import DeliverySettings, EndpointSettings
+from services.kafka2webhook.untrusted import clean, excerpt, header_value_ok, retry_after_s
 from shared.errors import RetriableError, Verdict, http_status_verdict
 from shared.interfaces import Origin, Rejection
 
 log = logging.getLogger(__name__)
-
-EXCERPT = 500
-"""Characters of a refusing answer's body kept in the dead letter's reason."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,28 +97,41 @@ class DeliveryMetrics:
         )  # fmt: skip
 
 
-def retry_after_s(value: str | None, now: float) -> float | None:
-    """``Retry-After`` as seconds from now: delta-seconds or an HTTP date; None when
-    absent or unreadable."""
-    if not value:
-        return None
-    value = value.strip()
-    if re.fullmatch(r"[0-9]{1,9}", value):  # ASCII digits only ("²".isdigit() is true)
-        return float(value)
-    try:
-        when = email.utils.parsedate_to_datetime(value)
-    except (TypeError, ValueError):
-        return None
-    return max(0.0, when.timestamp() - now)
-
-
 def verdict(status: int) -> Verdict:
     """An endpoint's answer: 2xx delivered (never asked); 408 and 425 are retried as the
     engines' 429 and 5xx are (:func:`shared.errors.http_status_verdict`); the rest of
-    4xx, and 3xx (redirects are not followed: the URL should be updated), are final."""
+    4xx, and 3xx (redirects are not followed: the URL should be updated), are final. A
+    status no final answer has (1xx, 600 and above) is retried as a broken answer is."""
+    if status < 200 or status > 599:
+        return Verdict.RETRIABLE
     if 300 <= status < 400:
         return Verdict.PERMANENT
     return http_status_verdict(status)
+
+
+def judge(answer: Answer | str, now: float) -> tuple[float | None, str | None]:
+    """What one attempt's result means (never raises, whatever the receiver sent):
+    (None, None) delivered; (seconds to wait, 0 for the backoff; reason) to retry;
+    (None, reason) refused for good. ``answer`` is the receiver's answer, or why none
+    came (:func:`services.kafka2webhook.client.exchange`). A 2xx counts once its answer
+    ended within the deadline; the reason carries the status and a cleaned excerpt of
+    the body (:func:`services.kafka2webhook.untrusted.excerpt`)."""
+    if isinstance(answer, str):
+        return 0.0, answer
+    status = answer.status
+    if 200 <= status < 300:
+        if answer.ended:
+            return None, None
+        return 0.0, f"HTTP {status}, but the answer did not end within delivery.timeout_s"
+    text = excerpt(answer.body)
+    reason = f"HTTP {status}: {text}" if text else f"HTTP {status}"
+    if verdict(status) is Verdict.PERMANENT:
+        if 300 <= status < 400:
+            where = clean(answer.location or "nowhere", 200)
+            reason += f" (redirect to {where}: update the endpoint's url)"
+        return None, reason
+    after = retry_after_s(answer.retry_after, now)
+    return (after if after is not None else 0.0), reason
 
 
 class Deliverer:
@@ -147,9 +157,10 @@ class Deliverer:
         self.d = delivery
         self.state = state
         self.clock = clock
-        self.pool = pool or urllib3.PoolManager(
-            num_pools=4, maxsize=delivery.parallel_keys, block=True
-        )
+        self.pool = pool or deadline_pool(delivery.parallel_keys)
+        # Cuts an attempt at its deadline (delivery.timeout_s): a receiver trickling its
+        # answer holds a lane that long at most, and a stop waits that long at most.
+        self.watchdog = Watchdog(endpoint.name)
         self.lanes = ThreadPoolExecutor(delivery.parallel_keys, f"webhook-{endpoint.name}")
         name = endpoint.name
         self.m_ok = metrics.deliveries.labels(name, "delivered")
@@ -160,8 +171,10 @@ class Deliverer:
         self.headers = {"content-type": "application/json", **endpoint.headers}
 
     def close(self) -> None:
+        """After the loop ended: waits for the lanes (each within its attempt's deadline)."""
         self.lanes.shutdown(wait=True)
         self.pool.clear()
+        self.watchdog.close()
 
     def deliver(
         self, lanes: Sequence[Sequence[Delivery]], sleep: Callable[[float], object]
@@ -224,50 +237,27 @@ class Deliverer:
             delay = min(delay * 2, self.d.max_backoff_s)
 
     def _attempt(self, item: Delivery) -> tuple[float | None, str | None]:
-        """One POST: (None, None) delivered; (seconds to wait or 0 for the backoff,
-        reason) to retry; (None, reason) refused for good."""
+        """One POST within ``delivery.timeout_s``: (None, None) delivered; (seconds to
+        wait or 0 for the backoff, reason) to retry; (None, reason) refused for good."""
+        if not header_value_ok(item.msg_id):  # app.py never makes one: refused, not sent
+            self.m_attempt["refused"].inc()
+            return None, f"the webhook-id {clean(item.msg_id, 200)!r} is not a header value"
         headers = {**self.headers, **signing.headers(self.secret, item.msg_id, item.body)}
         began = time.monotonic()
-        try:
-            resp = self.pool.request(
-                "POST", self.endpoint.url, body=item.body, headers=headers,
-                timeout=urllib3.Timeout(total=self.d.timeout_s), retries=False,
-                redirect=False, preload_content=False,
-            )  # fmt: skip
-        except (urllib3.exceptions.HTTPError, OSError) as exc:
-            self.m_seconds.observe(time.monotonic() - began)
-            self._failed(f"{type(exc).__name__}: {exc}"[:EXCERPT])
-            self.m_attempt["retry"].inc()
-            return 0.0, f"no answer: {type(exc).__name__}: {exc}"[:EXCERPT]
-        try:
-            body = resp.read(EXCERPT * 4, decode_content=True) or b""
-            resp.drain_conn()  # the rest of the answer: the connection is reused clean
-        except (urllib3.exceptions.HTTPError, OSError):
-            body = b""
-        finally:
-            resp.release_conn()
+        answer = exchange(self.pool, self.watchdog, self.endpoint.url, item.body, headers,
+                          self.d.timeout_s)  # fmt: skip
         self.m_seconds.observe(time.monotonic() - began)
-        status = resp.status
-        if 200 <= status < 300:
+        wait, reason = judge(answer, self.clock())
+        if reason is None:
             self.m_attempt["ok"].inc()
             if self.state.failing_since is not None:
                 with self.state.lock:
                     self.state.failing_since = None
                 self.m_failing.set(0)
             return None, None
-        text = body.decode("utf-8", "replace")[:EXCERPT]
-        reason = f"HTTP {status}: {text}" if text else f"HTTP {status}"
         self._failed(reason)
-        if verdict(status) is Verdict.PERMANENT:
-            self.m_attempt["refused"].inc()
-            if 300 <= status < 400:
-                reason += (
-                    f" (redirect to {resp.headers.get('location')}: update the endpoint's url)"
-                )
-            return None, reason
-        self.m_attempt["retry"].inc()
-        after = retry_after_s(resp.headers.get("retry-after"), self.clock())
-        return (after if after is not None else 0.0), reason
+        self.m_attempt["refused" if wait is None else "retry"].inc()
+        return wait, reason
 
     def _failed(self, reason: str) -> None:
         now = self.clock()

@@ -13,7 +13,11 @@ from typing import Any, Literal
 
 from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import SettingsConfigDict
+from urllib3.exceptions import LocationParseError
+from urllib3.util import parse_url
 
+from services.kafka2webhook.signing import secret_problem
+from services.kafka2webhook.untrusted import header_name_ok, header_value_ok
 from shared.settings import (
     BatchSettings,
     ConsumerSettings,
@@ -53,8 +57,9 @@ class EndpointSettings(Section):
 
     name: str
     url: str
-    # The key events are signed with (Standard Webhooks: docs/kafka2webhook.md); at
-    # least 16 characters. Or in ``secrets`` under the endpoint's name.
+    # The key events are signed with (Standard Webhooks: docs/kafka2webhook.md): at
+    # least 16 bytes, or whsec_ + strict base64 of at least 24 bytes. Or in ``secrets``
+    # under the endpoint's name.
     secret: SecretStr | None = None
     # What it reads: change events ("cdc": consumer.topics) or the subscription events
     # topic ("events": events_topic), whose payloads the subscriptions shaped.
@@ -86,8 +91,12 @@ class EndpointSettings(Section):
     @field_validator("url")
     @classmethod
     def _url(cls, v: str) -> str:
-        if not re.match(r"^https?://[^/\s]+", v):
+        if not re.match(r"^https?://[^/\s]+", v) or not header_value_ok(v):
             raise ValueError(f"{v!r} is not an http(s) URL")
+        try:
+            parse_url(v)  # what the client will do with it: a bad port or host fails here
+        except LocationParseError:
+            raise ValueError(f"{v!r} is not an http(s) URL the client can reach") from None
         return v
 
     @field_validator("tables")
@@ -102,16 +111,26 @@ class EndpointSettings(Section):
     @classmethod
     def _headers(cls, v: dict[str, str]) -> dict[str, str]:
         reserved = {"content-type", "webhook-id", "webhook-timestamp", "webhook-signature"}
-        for name in v:
+        for name, value in v.items():
             if name.lower() in reserved or name.lower().startswith("walcast-"):
                 raise ValueError(f"header {name!r} is set by kafka2webhook itself")
+            if not header_name_ok(name):
+                raise ValueError(f"header name {name!r} is not an HTTP token (RFC 9110)")
+            if not header_value_ok(value):
+                raise ValueError(
+                    f"header {name!r}: its value may hold visible ASCII, spaces and tabs"
+                    " only (no CR, LF, other controls or non-ASCII characters)"
+                )
         return v
 
 
 class DeliverySettings(Section):
     """How each event is delivered: timeouts, the retry budget, parallelism, memory."""
 
-    timeout_s: float = Field(default=10.0, gt=0, le=300)
+    # The deadline of one attempt, all of it: connecting, TLS, sending, the answer's
+    # status, headers and body. Past it the attempt failed (retried); a stopping service
+    # waits this long at most for the requests in flight.
+    timeout_s: float = Field(default=10.0, ge=0.1, le=300)
     # Retries (connection errors, timeouts, 408, 425, 429, 5xx): exponential from
     # initial_s to max_s with jitter; a Retry-After answer is honoured (up to max_s).
     initial_backoff_s: float = Field(default=0.5, gt=0)
@@ -131,6 +150,11 @@ class DeliverySettings(Section):
     def _backoff(self) -> DeliverySettings:
         if self.max_backoff_s < self.initial_backoff_s:
             raise ValueError("delivery.max_backoff_s must be at least initial_backoff_s")
+        if self.timeout_s > self.give_up_after_s:
+            raise ValueError(
+                "delivery.timeout_s (one attempt's deadline) must not exceed"
+                " delivery.give_up_after_s (an event's whole retry budget)"
+            )
         return self
 
 
@@ -179,13 +203,15 @@ class Kafka2WebhookSettings(ServiceSettings):
         if unknown:
             raise ValueError(f"secrets for endpoints that do not exist: {unknown}")
         for e in self.endpoints:
+            where = (
+                f"endpoints[].secret, or secrets.{e.name}: KAFKA2WEBHOOK_SECRETS__{e.name.upper()}"
+            )
             secret = e.secret or self.secrets.get(e.name)
-            if secret is None or len(secret.get_secret_value()) < 16:
-                raise ValueError(
-                    f"endpoint {e.name}: a signing secret of at least 16 characters is"
-                    f" needed (endpoints[].secret, or secrets.{e.name}:"
-                    f" KAFKA2WEBHOOK_SECRETS__{e.name.upper()})"
-                )
+            if secret is None:
+                raise ValueError(f"endpoint {e.name}: a signing secret is needed ({where})")
+            problem = secret_problem(secret.get_secret_value().encode())
+            if problem is not None:
+                raise ValueError(f"endpoint {e.name}: its signing secret ({where}) {problem}")
         return self
 
     def secret_of(self, endpoint: EndpointSettings) -> bytes:

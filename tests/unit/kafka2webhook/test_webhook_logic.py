@@ -5,7 +5,7 @@ Kafka and a real receiver: tests/integration/kafka2webhook/test_webhooks.py."""
 from __future__ import annotations
 
 import base64
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import orjson
@@ -19,7 +19,6 @@ from services.kafka2webhook.delivery import (
     Delivery,
     DeliveryMetrics,
     EndpointState,
-    retry_after_s,
     verdict,
 )
 from services.kafka2webhook.settings import (
@@ -28,6 +27,7 @@ from services.kafka2webhook.settings import (
     EndpointSettings,
     Kafka2WebhookSettings,
 )
+from services.kafka2webhook.untrusted import retry_after_s
 from shared.errors import ConfigError, Verdict
 from shared.interfaces import Origin
 from shared.settings import load_settings
@@ -85,11 +85,14 @@ class FakeResponse:
     status: int
     headers: dict[str, str] = field(default_factory=dict)
     body: bytes = b""
+    _sent: int = 0
 
-    def read(self, *_: Any, **__: Any) -> bytes:
-        return self.body
+    def read(self, amt: int, **__: Any) -> bytes:
+        chunk = self.body[self._sent : self._sent + amt]
+        self._sent += len(chunk)
+        return chunk
 
-    def drain_conn(self) -> None:
+    def close(self) -> None:
         pass
 
     def release_conn(self) -> None:
@@ -108,7 +111,7 @@ class FakePool:
         answer = self.answers.pop(0) if self.answers else FakeResponse(200)
         if isinstance(answer, Exception):
             raise answer
-        return answer
+        return replace(answer, _sent=0)  # one answer may be listed many times
 
     def clear(self) -> None:
         pass
