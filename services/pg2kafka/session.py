@@ -43,6 +43,7 @@ from services.pg2kafka.settings import Pg2KafkaSettings
 from services.pg2kafka.topics import StreamTarget, Topics, producer_config
 from services.pg2kafka.transforms import from_settings
 from services.pg2kafka.types import TypeRegistry
+from shared.errors import PermanentError
 from shared.kafka import KafkaSink, Outgoing
 from shared.logs import SampledLog
 from shared.retry import call_with_retry
@@ -198,6 +199,18 @@ class ReplicationSession:
             self.housekeeping()
             self.source.send_status()
             return ended
+        except PermanentError:
+            # A deliberate stop (a rule a DDL made void, a record Kafka refuses): the
+            # transactions before the one that stopped are confirmed once acknowledged, so
+            # a restart begins at that transaction, not before (which could send rows
+            # again under the shape the stop protects). The open one is never confirmed.
+            try:
+                self.sink.flush(30)
+                self.housekeeping()
+                self.source.send_status()
+            except Exception:  # noqa: BLE001 - the stop's own reason is what is raised
+                log.warning("could not confirm the acknowledged position before stopping")
+            raise
         finally:
             self.live.streaming = False
             self.close()
