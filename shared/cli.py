@@ -97,6 +97,17 @@ def run_command(
         if classify(exc) is not Verdict.PERMANENT and not isinstance(exc, RetriesExhaustedError):
             raise
         hint = operator_hint(exc)
+        if not hint and not isinstance(exc, WalcastError):
+            # Not an error walcast knows (a KeyError's text is just the key): say what it
+            # is, keep its traceback, and what to do.
+            message = (
+                f"unexpected {type(exc).__name__}: {exc!r:.300} — a defect in {prog}; report"
+                " it with this log. Nothing unconfirmed was lost: a restart resumes from the"
+                " last confirmed position"
+            )
+            log.error("stopping: %s", message, exc_info=exc)
+            print(f"{prog}: {redact(message)}", file=sys.stderr)
+            return 1
         message = str(exc) if not hint or hint in str(exc) else f"{exc} — {hint}"
         log.error("stopping: %s", message)
         print(f"{prog}: {redact(message)}", file=sys.stderr)

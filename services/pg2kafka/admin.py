@@ -377,6 +377,10 @@ def tear_down(settings: Pg2KafkaSettings) -> list[str]:
             conn.execute(
                 "DELETE FROM _walcast.publications WHERE publication = %s", [rep.publication]
             )
+            if conn.execute("SELECT to_regclass('_walcast.table_floors')").fetchone() != (None,):
+                conn.execute("DELETE FROM _walcast.table_floors WHERE slot = %s", [rep.slot])
+            if conn.execute("SELECT to_regclass('_walcast.transform_stops')").fetchone() != (None,):
+                conn.execute("DELETE FROM _walcast.transform_stops WHERE slot = %s", [rep.slot])
             # The DDL capture serves every CDC stream of this database: it goes with the
             # last one. The schema also holds the subscription streams' subscriptions,
             # events and replay queues, which are not this stream's to remove: it goes

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import secrets
 import threading
 import time
 from dataclasses import dataclass, field
@@ -63,6 +64,7 @@ from services.pg2kafka.snapshot import (
 from services.pg2kafka.transforms import from_settings
 from services.pg2kafka.types import TypeRegistry
 from shared.contract.event import ChangeEvent, SnapshotInfo
+from shared.failpoints import failpoint
 
 if TYPE_CHECKING:
     from services.pg2kafka.cdc import CdcHandler
@@ -134,9 +136,11 @@ class Incremental:
         self.filter = TableFilter(settings.filters.include, settings.filters.exclude)
         self.lock = threading.Lock()
         self.reads: dict[ChunkId, ChunkRead] = {}
-        # Chunks this process's readers are between their watermarks: only their low
-        # watermark opens a window (one from an earlier process or run never closes).
-        self.reading: set[ChunkId] = set()
+        # The read attempt each chunk's reader is making now (a token in its watermarks):
+        # only that attempt's low watermark opens the chunk's window and only its high one
+        # closes it. The marks of an earlier attempt — streamed again after a reconnect,
+        # or written by an earlier process — open and close nothing.
+        self.reading: dict[ChunkId, str] = {}
         self.windows: dict[ChunkId, set[bytes]] = {}
         self.window_tables: dict[tuple[str, str], list[ChunkId]] = {}
         self.floors: dict[tuple[str, str], int] = {}
@@ -169,13 +173,7 @@ class Incremental:
             self.windows[cid].add(_VOID)
         if self.disabled:
             return
-        store = self._store()
-        store.conn.execute(
-            "UPDATE _walcast.snapshot_tables t SET floor_lsn = %s FROM _walcast.snapshots s"
-            " WHERE s.id = t.snapshot_id AND s.state = 'running' AND s.slot = %s"
-            " AND t.schema_name = %s AND t.table_name = %s",
-            [format_lsn(lsn), self.settings.replication.slot, schema, table],
-        )
+        self._store().record_floor(self.settings.replication.slot, schema, table, lsn)
 
     def watermark(
         self, session: ReplicationSession, handler: CdcHandler, lsn: int, msg: pg.Message
@@ -185,16 +183,19 @@ class Incremental:
             cid: ChunkId = (int(mark["run"]), str(mark["schema"]), str(mark["table"]),
                             int(mark["chunk"]))  # fmt: skip
             kind = mark["mark"]
-        except (orjson.JSONDecodeError, KeyError, TypeError, ValueError):
+            attempt = str(mark.get("attempt"))
+        except (orjson.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError):
             log.warning("ignoring a malformed snapshot watermark at %s", format_lsn(lsn))
             return
+        with self.lock:
+            ours = self.reading.get(cid) == attempt
+        if not ours:
+            return  # not the attempt a reader of this process is making now
         if kind == "low":
-            with self.lock:
-                ours = cid in self.reading
-            if not ours:
-                return  # not a chunk a reader of this process is reading now
             self.windows[cid] = set()
-            self.window_tables.setdefault(cid[1:3], []).append(cid)
+            ids = self.window_tables.setdefault(cid[1:3], [])
+            if cid not in ids:
+                ids.append(cid)
             return
         changed = self.windows.pop(cid, None)
         ids = self.window_tables.get(cid[1:3], [])
@@ -234,6 +235,7 @@ class Incremental:
         self.sent.append((session.seq, read, rows))
         read.outcome = "sent"
         read.taken.set()
+        failpoint("incremental.chunk_sent")  # sent, not yet acknowledged nor recorded
 
     def housekeeping(self, session: ReplicationSession, handler: CdcHandler) -> None:
         """Record the chunks Kafka acknowledged (their transaction is confirmable), take
@@ -277,6 +279,7 @@ class Incremental:
                     log.info("incremental snapshot of %s.%s done", c.schema, c.table)
                     if store.finish_if_complete(c.snapshot_id):
                         self.report(store, c.snapshot_id, final=True)
+                failpoint("incremental.chunk_done")
             self.sent = still
         now = time.monotonic()
         if now >= self.next_poll:
@@ -462,13 +465,15 @@ class Incremental:
             return True
         rel = specs[0].relation
         cid = chunk_id(chunk)
+        attempt = secrets.token_hex(8)
         with self.lock:
-            self.reading.add(cid)
+            self.reading[cid] = attempt
         try:
-            return self._read_between_marks(conn, store, builder, chunk, rel, cid)
+            return self._read_between_marks(conn, store, builder, chunk, rel, cid, attempt)
         finally:
             with self.lock:
-                self.reading.discard(cid)
+                if self.reading.get(cid) == attempt:
+                    del self.reading[cid]
 
     def _read_between_marks(
         self,
@@ -478,10 +483,11 @@ class Incremental:
         chunk: Chunk,
         rel: pg.Relation,
         cid: ChunkId,
+        attempt: str,
     ) -> bool:
         s = self.settings
         mark = {"run": chunk.snapshot_id, "schema": chunk.schema, "table": chunk.table,
-                "chunk": chunk.chunk}  # fmt: skip
+                "chunk": chunk.chunk, "attempt": attempt}  # fmt: skip
         emit = "SELECT _walcast.emit_message(%s, %s)"  # signed: services/pg2kafka/messages.py
         conn.execute(emit, [WATERMARK, orjson.dumps({**mark, "mark": "low"}).decode()])
         version = store.restart_lsn(s.replication.slot) - 1
@@ -508,6 +514,7 @@ class Incremental:
         read = ChunkRead(chunk, version, events)
         with self.lock:
             self.reads[cid] = read
+        failpoint("incremental.chunk_read")  # read, its high watermark not yet written
         conn.execute(emit, [WATERMARK, orjson.dumps({**mark, "mark": "high"}).decode()])
         while not read.taken.wait(0.5):
             if self.stop.is_set():

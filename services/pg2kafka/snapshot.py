@@ -82,6 +82,7 @@ from services.pg2kafka.types import TypeRegistry
 from shared.avro import Shape
 from shared.contract.event import EVENT_VERSION, ChangeEvent, SnapshotInfo
 from shared.errors import PermanentError, RetriableError, is_retriable, operator_hint
+from shared.failpoints import failpoint
 from shared.kafka import BulkKafkaSink
 from shared.logs import configure_logging
 
@@ -442,15 +443,35 @@ class SnapshotStore:
         return int(row[0]) if row else 0
 
     def floors(self, slot: str) -> dict[tuple[str, str], int]:
-        """Truncate / re-creation positions recorded for the tables of running runs."""
+        """Truncate / creation positions of the stream's tables: every one recorded since
+        V014 (``_walcast.table_floors``), and those recorded for running runs before."""
         rows = self.conn.execute(
-            "SELECT t.schema_name, t.table_name, max(t.floor_lsn) - '0/0'::pg_lsn"
+            "SELECT schema_name, table_name, max(lsn) - '0/0'::pg_lsn FROM ("
+            " SELECT t.schema_name, t.table_name, t.floor_lsn AS lsn"
             " FROM _walcast.snapshot_tables t JOIN _walcast.snapshots s ON s.id = t.snapshot_id"
             " WHERE s.slot = %s AND s.state = 'running' AND t.floor_lsn IS NOT NULL"
-            " GROUP BY 1, 2",
-            [slot],
+            " UNION ALL SELECT schema_name, table_name, floor_lsn FROM _walcast.table_floors"
+            " WHERE slot = %s) f GROUP BY 1, 2",
+            [slot, slot],
         ).fetchall()
         return {(str(r[0]), str(r[1])): int(r[2]) for r in rows}
+
+    def record_floor(self, slot: str, schema: str, table: str, lsn: int) -> None:
+        """The table was truncated or created at ``lsn`` (called before that position can
+        be confirmed to the slot: a restart then still knows it)."""
+        floor = format_lsn(lsn)
+        self.conn.execute(
+            "INSERT INTO _walcast.table_floors AS f (slot, schema_name, table_name, floor_lsn)"
+            " VALUES (%s, %s, %s, %s) ON CONFLICT (slot, schema_name, table_name) DO UPDATE"
+            " SET floor_lsn = GREATEST(f.floor_lsn, EXCLUDED.floor_lsn), recorded_at = now()",
+            [slot, schema, table, floor],
+        )
+        self.conn.execute(
+            "UPDATE _walcast.snapshot_tables t SET floor_lsn = %s FROM _walcast.snapshots s"
+            " WHERE s.id = t.snapshot_id AND s.state = 'running' AND s.slot = %s"
+            " AND t.schema_name = %s AND t.table_name = %s",
+            [floor, slot, schema, table],
+        )
 
     def finish_if_complete(self, job_id: int) -> bool:
         row = self.conn.execute(
@@ -674,8 +695,10 @@ class Reader:
                     if rows is None:
                         break  # halted mid-chunk: it stays claimed, and is read again
                     self.producer.flush()  # checkpoint last: acknowledged, then recorded
+                    failpoint("snapshot.chunk_sent")
                     if store.chunk_done(chunk, rows, version):
                         close_tables(self.settings, store, self.job, self.producer)
+                    failpoint("snapshot.chunk_done")
         except BaseException as exc:  # noqa: BLE001 - raised by run_job on its thread
             self.control.errors.append(exc)
             self.control.halt.set()

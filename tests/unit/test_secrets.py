@@ -249,6 +249,23 @@ def test_command_error_line_is_scrubbed(
     assert "url-secret-5" not in err
 
 
+def test_an_unexpected_error_says_what_it_is_and_what_to_do(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Not the bare text of a KeyError (its key: ``(2, 'public', 't', 39)``)."""
+    monkeypatch.setenv("WCSECRET_LOG__FORMAT", "text")
+    args = argparse.Namespace(config=None, env_file=None)
+
+    def command(settings: _Demo) -> None:
+        raise KeyError((2, "public", "t", 39))
+
+    assert run_command("demo", _Demo, args, command) == 1
+    err = capsys.readouterr().err
+    assert "unexpected KeyError" in err
+    assert "restart resumes" in err
+    assert "Traceback" in err  # kept in the log
+
+
 def test_configuration_errors_do_not_echo_secrets(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("KAFKA2SEARCH_ENGINE__URLS", '["ftp://bob:cfg-secret-6@h"]')
     with pytest.raises(ConfigError) as info:

@@ -62,11 +62,19 @@ def test_a_low_watermark_opens_a_window_only_for_a_chunk_this_process_reads() ->
     from services.pg2kafka.settings import Pg2KafkaSettings
 
     inc = Incremental(Pg2KafkaSettings(), threading.Event())
-    low = {"run": 3, "schema": "public", "table": "t", "chunk": 7, "mark": "low"}
+    low = {"run": 3, "schema": "public", "table": "t", "chunk": 7, "mark": "low", "attempt": "a2"}
     msg = pg.Message(True, 10, WATERMARK, orjson.dumps(low))
     inc.watermark(None, None, 10, msg)  # type: ignore[arg-type]
     assert inc.windows == {}
     assert inc.window_tables == {}
-    inc.reading.add((3, "public", "t", 7))
+    inc.reading[(3, "public", "t", 7)] = "a1"  # a later attempt at the same chunk
     inc.watermark(None, None, 11, msg)  # type: ignore[arg-type]
+    assert inc.windows == {}
+    inc.reading[(3, "public", "t", 7)] = "a2"
+    inc.watermark(None, None, 12, msg)  # type: ignore[arg-type]
+    inc.watermark(None, None, 13, msg)  # the same low mark streamed again
     assert inc.windows == {(3, "public", "t", 7): set()}
+    assert inc.window_tables == {("public", "t"): [(3, "public", "t", 7)]}
+    high = pg.Message(True, 14, WATERMARK, orjson.dumps({**low, "attempt": "a1", "mark": "high"}))
+    inc.watermark(None, None, 14, high)  # type: ignore[arg-type]  # an earlier attempt's
+    assert inc.windows == {(3, "public", "t", 7): set()}, "closed by another attempt's mark"
