@@ -45,6 +45,7 @@ import fastavro
 import msgspec
 import orjson
 
+from shared.contract import limits
 from shared.contract.debezium_avro import avro_schema, connect_schema, from_datum, to_datum
 from shared.contract.event import EventDecodeError
 from shared.contract.pgtypes import by_name
@@ -583,14 +584,36 @@ class RegistryDecoder:
             schema = orjson.loads(text or "")
             if not isinstance(schema, dict):
                 raise ValueError("not a record schema")
-            return fastavro.parse_schema(schema), schema
+            parsed = fastavro.parse_schema(schema)
         except Exception as exc:  # noqa: BLE001 - whatever the registry holds: unreadable
-            raise EventDecodeError(f"schema {schema_id} is no Avro record schema: {exc}") from None
+            raise EventDecodeError(
+                f"schema {schema_id} is no Avro record schema"
+                f" ({type(exc).__name__}: {limits.describe(exc)})"
+            ) from None
+        if limits.zero_width_avro_items(parsed):
+            # A block of such items costs no bytes: a record could claim 2^63 of them.
+            raise EventDecodeError(
+                f"schema {schema_id} has an array or map of items that take no bytes"
+                " (walcast does not read such records: their size is not bounded)"
+            )
+        return parsed, schema
 
     def decode(self, data: bytes) -> bytes:
         """A walcast event's JSON; or, for a Kafka Connect record (a Debezium key or
         value: its schema carries ``connect.name``), the JSON converter's record with its
-        schema, which :mod:`shared.contract.debezium_input` reads."""
+        schema, which :mod:`shared.contract.debezium_input` reads.
+
+        Total for the record: :class:`EventDecodeError` with the reason for anything it
+        cannot read, whatever failed (the sinks dead-letter or quarantine it); only the
+        registry unreachable (:class:`~shared.errors.RetriableError`) is raised as such."""
+        try:
+            return self._decode(data)
+        except Exception as exc:
+            if limits.passes(exc):
+                raise
+            raise limits.unreadable(exc, "Avro record") from None
+
+    def _decode(self, data: bytes) -> bytes:
         schema_id, payload = unframe(data)
         parsed, schema = self._schema(schema_id)
         # A Connect record carries connect.name (its namespace may well start with
@@ -604,15 +627,26 @@ class RegistryDecoder:
             )
         try:
             datum = fastavro.schemaless_reader(io.BytesIO(payload), parsed, None)
-        except Exception as exc:
-            raise EventDecodeError(f"Avro record does not match schema {schema_id}: {exc}") from exc
-        assert isinstance(datum, dict)
+        except Exception as exc:  # noqa: BLE001 - whatever the bytes are: unreadable
+            raise EventDecodeError(
+                f"Avro record does not match schema {schema_id}"
+                f" ({type(exc).__name__}: {limits.describe(exc)})"
+            ) from None
+        if not isinstance(datum, dict):
+            raise EventDecodeError(f"Avro schema {schema_id} is not a record schema")
         if walcast:
-            return orjson.dumps(event_from_avro(datum, schema))
+            try:
+                ev = event_from_avro(datum, schema)
+            except KeyError as exc:
+                raise EventDecodeError(
+                    f"Avro schema {schema_id} is named as walcast's change event but lacks"
+                    f" its field {exc.args[0]!r:.100}"
+                ) from None
+            return limits.dumps(ev)
         connect = self._connect.get(schema_id)
         if connect is None:
             connect = self._connect[schema_id] = connect_schema(schema)
-        return orjson.dumps({"schema": connect, "payload": from_datum(connect, datum)})
+        return limits.dumps({"schema": connect, "payload": from_datum(connect, datum)})
 
 
 def registry_client(url: str, conf: Mapping[str, Any] | None = None) -> Any:

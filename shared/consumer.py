@@ -7,8 +7,10 @@ interleave with a flush; its pieces are only correct together.)
 The loop, per consumer-group member:
 
 1. take records (``consume``); decode each through the event contract
-   (:func:`shared.contract.event.decode`): poison goes to the dead-letter topic, a data
-   event is folded into the sink's batch (:meth:`BatchSink.add`);
+   (:func:`shared.contract.event.decode`): poison — a record any decoder fails on, for
+   whatever reason, or that breaks a size limit (:mod:`shared.contract.limits`) — goes
+   to the dead-letter topic with the reason, a data event is folded into the sink's batch
+   (:meth:`BatchSink.add`);
 2. when the batch reaches ``batch.max_docs`` / ``max_bytes`` / ``max_wait_s`` — or a
    truncate / DDL event arrives, or partitions are revoked — *flush*: hand the batch to a
    writer thread (:meth:`BatchSink.write`) while this thread goes on reading the next
@@ -47,8 +49,9 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Topic
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from shared.avro import RegistryDecoder
+from shared.contract import limits
 from shared.contract.debezium_input import is_debezium, translate
-from shared.contract.event import CONTROL_OPS, EventDecodeError, EventView, decode
+from shared.contract.event import CONTROL_OPS, EventView, decode
 from shared.errors import PermanentError, RetriableError
 from shared.interfaces import B, BatchSink, Origin, Rejection, Wait
 from shared.kafka import KafkaOffsetCheckpointer, KafkaSink, Outgoing, ensure_topic
@@ -217,7 +220,8 @@ class ConsumerLoop(Generic[B]):
         self.name = name
         # A sink that reads records other than change events (the subscription events
         # topic) or needs more of them than the contract's view (headers, the whole
-        # event) decodes them itself; EventDecodeError makes the record poison.
+        # event) decodes them itself; any failure but a WalcastError other than
+        # EventDecodeError makes the record poison (shared.contract.limits.passes).
         self.decode_record = decode_record
         self.kafka = kafka
         self.c = consumer
@@ -400,8 +404,14 @@ class ConsumerLoop(Generic[B]):
                 views = self._views(msg, value)
             else:
                 views = self._views(msg, value)
-        except EventDecodeError as exc:
-            self.dead_letters.send(origin, str(exc), "poison")
+        except Exception as exc:
+            # The one per-record boundary: whatever a decoder fails with on this record
+            # makes it a dead letter with the reason, never a stop of the sink (which would
+            # read it again, forever). Only walcast's own errors about the service (the
+            # registry unreachable, a setting missing) and a stop pass.
+            if limits.passes(exc):
+                raise
+            self.dead_letters.send(origin, str(limits.unreadable(exc)), "poison")
             self._mark(topic, partition, offset)
             return
         if not views:  # a Debezium tombstone or message: nothing to apply

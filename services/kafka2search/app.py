@@ -33,7 +33,7 @@ from typing import Any
 from confluent_kafka import Consumer, TopicPartition
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
-from services.kafka2search.documents import Batch, Doc, bulk_body
+from services.kafka2search.documents import Batch, Doc, bulk_body, encode_sources
 from services.kafka2search.engines import SearchEngine, engine_for
 from services.kafka2search.mapping import alias_name, index_name, properties
 from services.kafka2search.settings import Kafka2SearchSettings
@@ -446,8 +446,8 @@ class Indexer(BatchSink[Batch]):
             if any(d.missing_toast for d in docs) and any(f.exception() for f in before):
                 raise RetriableError("an earlier bulk write failed")
             self._fill_toast(docs, sleep)
-        pending = docs
-        rejected: list[Rejection] = []
+        # A merged row that cannot be written as JSON is dead-lettered, not a failed write.
+        pending, rejected = encode_sources(docs)
         delays = self.s.retry.delays()
         while pending:
             started = time.monotonic()

@@ -27,8 +27,9 @@ import msgspec
 import orjson
 
 from services.kafka2search.mapping import document_id
-from shared.contract.event import EventView
-from shared.interfaces import Origin
+from shared.contract import limits
+from shared.contract.event import EventDecodeError, EventView
+from shared.interfaces import Origin, Rejection
 
 
 def _as_dict(source: msgspec.Raw | dict[str, Any]) -> dict[str, Any]:
@@ -75,7 +76,10 @@ class Batch:
         reason when it cannot be indexed."""
         self.records += 1
         self.bytes += len(origin.value)
-        doc_id = document_id(ev.key)
+        try:
+            doc_id = document_id(ev.key)
+        except EventDecodeError as exc:
+            return f"the key gives no document id: {exc}"
         if doc_id is None:
             return "the table has no primary key or replica identity: no document id"
         lsn: int = ev.version()  # the epoch before the LSN (a new source)
@@ -125,10 +129,33 @@ class Batch:
         self.toast = 0
 
 
+def encode_sources(docs: list[Doc]) -> tuple[list[Doc], list[Rejection]]:
+    """Each row that was decoded (to merge unchanged TOAST values into it) encoded again,
+    once, after the merge and fill: the documents the bulk body can carry, and those it
+    cannot with the reason (the caller dead-letters them; nothing here raises for a
+    document). A row nested deeper than orjson's encoder goes (255 levels) is written by
+    the standard library's, as deep as :data:`shared.contract.limits.MAX_JSON_DEPTH`;
+    deeper, it is refused (the same row without a merge goes to the engine as it came,
+    and the engine decides)."""
+    ok: list[Doc] = []
+    refused: list[Rejection] = []
+    for d in docs:
+        if isinstance(d.source, dict):
+            try:
+                d.source = msgspec.Raw(limits.dumps(d.source))
+            except EventDecodeError as exc:
+                refused.append((d.origin, f"the document cannot be written as JSON: {exc}"))
+                continue
+        ok.append(d)
+    return ok, refused
+
+
 def bulk_body(docs: list[Doc]) -> bytes:
     """NDJSON for the engine's bulk API: external versioning by the change's version (its
     LSN, after the source's epoch: :meth:`EventView.version`), so an older or
-    repeated change is refused (409) instead of overwriting newer data."""
+    repeated change is refused (409) instead of overwriting newer data. Rows decoded for
+    a merge are encoded by :func:`encode_sources` first (which sets aside those that
+    cannot be)."""
     lines: list[bytes] = []
     dumps = orjson.dumps
     index_json: dict[str, bytes] = {}
@@ -147,6 +174,6 @@ def bulk_body(docs: list[Doc]) -> bytes:
         else:
             lines.append(b'{"index":' + meta)
             src = d.source
-            lines.append(src if isinstance(src, msgspec.Raw) else dumps(src))
+            lines.append(src if isinstance(src, msgspec.Raw) else limits.dumps(src))
     lines.append(b"")
     return b"\n".join(lines)

@@ -8,9 +8,12 @@ Contract (documented in docs/kafka2search.md):
   events, before the data of a new column arrives), by the one type table
   (:mod:`shared.contract.pgtypes`). ``dynamic: false``: a field walcast
   did not map is kept in ``_source`` but never guessed at.
-* Document id = the identity values: a single column's value as text; several columns as
-  a JSON array (so ``("a,b", "c")`` and ``("a", "b,c")`` never meet); ids longer than the
-  engine's 512-byte limit become ``sha256:<hex>`` of that text.
+* Document id = the identity values (:func:`document_id`, the one place an id is made):
+  a single column's value as text; several columns as a JSON array (so ``("a,b", "c")``
+  and ``("a", "b,c")`` never meet). Ids longer than the engine's 512-byte limit become
+  ``sha256:<hex>`` of that text — and so does a text that itself starts with
+  ``sha256:``, whatever its length: no key's plain text can take the id of another
+  key's hash.
 """
 
 from __future__ import annotations
@@ -19,9 +22,7 @@ import hashlib
 from collections.abc import Mapping
 from typing import Any
 
-import orjson
-
-from shared.contract import pgtypes
+from shared.contract import limits, pgtypes
 from shared.naming import SEARCH_INDEX, table_name
 
 MAX_ID_BYTES = 512
@@ -48,8 +49,19 @@ def index_name(alias: str, version: int = 1) -> str:
     return f"{alias}-v{version}"
 
 
+HASHED = "sha256:"
+"""The prefix of a hashed id. A key's text that starts with it is hashed too: the ids
+that start with it are hashes, all others are keys' texts as they are, so two different
+keys never share an id (short of a SHA-256 collision). Ids of every other key are what
+they were before this rule (existing indices keep matching)."""
+
+
 def document_id(key: dict[str, Any]) -> str | None:
-    """None for a change without identity (it cannot be addressed in the index)."""
+    """A change's document id (see the module doc); None for a change without identity
+    (it cannot be addressed in the index). Called once per record: the only place an id
+    is computed. :class:`~shared.contract.event.EventDecodeError` for a key that cannot be
+    written as text (nested deeper than walcast's limit, an integer beyond 64 bits in a
+    composite key)."""
     if not key:
         return None
     if len(key) == 1:
@@ -57,12 +69,14 @@ def document_id(key: dict[str, Any]) -> str | None:
         if type(v) is str:
             text = v
         elif type(v) is int:  # the common key, without a JSON round trip
-            text = str(v)
+            text = str(v) if -(2**63) <= v < 2**64 else limits.dumps(v).decode()
         else:
-            text = orjson.dumps(v).decode()
+            text = limits.dumps(v).decode()
     else:
-        text = orjson.dumps(list(key.values())).decode()
+        text = limits.dumps(list(key.values())).decode()
     # A character is at most 4 bytes in UTF-8: most ids need no encoding to be measured.
-    if len(text) <= MAX_ID_BYTES // 4 or len(text.encode()) <= MAX_ID_BYTES:
+    if (len(text) <= MAX_ID_BYTES // 4 or len(text.encode()) <= MAX_ID_BYTES) and not (
+        text.startswith(HASHED)
+    ):
         return text
-    return "sha256:" + hashlib.sha256(text.encode()).hexdigest()
+    return HASHED + hashlib.sha256(text.encode()).hexdigest()

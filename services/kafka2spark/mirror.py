@@ -60,6 +60,7 @@ from services.kafka2spark.held import add_mirror, read_held, read_mirrors, write
 from services.kafka2spark.schema import ENVELOPE, spark_type
 from services.kafka2spark.settings import Kafka2SparkSettings
 from shared.avro import RegistryDecoder
+from shared.contract import limits
 from shared.contract.ddl import column_numbers
 from shared.contract.ddl import renames as ddl_renames
 from shared.contract.debezium_input import is_debezium
@@ -71,7 +72,6 @@ from shared.contract.event import (
     EVENT_VERSION,
     MAX_EPOCH,
     MAX_EPOCH_LSN,
-    EventDecodeError,
 )
 from shared.contract.event import SNAPSHOT_PHASES as PHASES
 from shared.naming import DELTA_DIRECTORY, table_name
@@ -1110,8 +1110,12 @@ def _translate_record(
         if fmt == "walcast" or (fmt == "auto" and not is_debezium(value)):
             return [value], None
         return debezium_translate(key, value), None
-    except EventDecodeError as exc:
-        return None, str(exc)
+    except Exception as exc:
+        # The per-record boundary (as kafka2search's consumer loop): any failure on this
+        # record quarantines it with the reason; a failing UDF would fail every batch.
+        if limits.passes(exc):
+            raise  # the registry unreachable: the batch fails and is tried again
+        return None, str(limits.unreadable(exc))
 
 
 def translate(raw: DataFrame, fmt: str, registry: SchemaRegistrySettings | None) -> DataFrame:

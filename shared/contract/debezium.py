@@ -24,6 +24,9 @@ from typing import Any
 
 import orjson
 
+from shared.contract import limits
+from shared.contract.event import EventDecodeError
+
 _EPOCH_DATE = date(1970, 1, 1)
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _MICROS = 1_000_000
@@ -646,11 +649,31 @@ def pg_type(field: dict[str, Any]) -> str:
     ``text`` for what it does not know."""
     if field.get("type") == "array":
         items = field.get("items") or {}
-        return "_" + pg_type(items)
+        if isinstance(items, dict) and items.get("type") == "array":
+            # Postgres names an array of arrays as the array (``_int4``: any dimensions);
+            # how deep the values go is checked with them.
+            return pg_type(_innermost(items))
+        return "_" + pg_type(items if isinstance(items, dict) else {})
+    if field.get("type") == "map":
+        return "jsonb"  # hstore in the connector's ``map`` mode: a JSON object
     name = field.get("name")
     if name in _PG_TYPE_OF_NAME:
         return _PG_TYPE_OF_NAME[name]
     return _PG_TYPE_OF_TYPE.get(str(field.get("type")), "text")
+
+
+def _innermost(field: dict[str, Any]) -> dict[str, Any]:
+    """An array schema with its arrays of arrays reduced to one (bounded: no recursion
+    over a schema nested by a hostile record)."""
+    for _ in range(limits.MAX_ARRAY_DIMENSIONS + 1):
+        items = field.get("items")
+        if not isinstance(items, dict) or items.get("type") != "array":
+            return field
+        field = items
+    raise EventDecodeError(
+        f"array schema nested deeper than {limits.MAX_ARRAY_DIMENSIONS} dimensions"
+        " (Postgres' limit, walcast's)"
+    )
 
 
 def _trim_fraction(micros: int) -> str:
@@ -700,35 +723,67 @@ def _decimal_text(unscaled: int, scale: int) -> str:
     """The exact decimal text of ``unscaled`` * 10^-``scale``, with ``scale`` digits
     after the point (as Postgres writes a numeric of that scale)."""
     sign = "-" if unscaled < 0 else ""
-    digits = str(abs(unscaled))
+    magnitude = abs(unscaled)
+    # Beyond ~4300 digits Python refuses str(int) (quadratic); Decimal's is not.
+    digits = str(magnitude) if magnitude.bit_length() < 14_000 else str(Decimal(magnitude))
     if scale <= 0:
         return sign + digits + "0" * -scale
     digits = digits.rjust(scale + 1, "0")
     return f"{sign}{digits[:-scale]}.{digits[-scale:]}"
 
 
-def _unscaled(b64: str) -> int:
+def _unscaled(b64: Any) -> int:
+    """A Connect decimal's unscaled value (base64 of big-endian two's complement), its
+    size checked before it is decoded (:data:`~shared.contract.limits.MAX_DECIMAL_BYTES`)."""
+    if not isinstance(b64, str):
+        raise TypeError("a decimal's value is not base64 text")
+    limits.check_decimal_bytes(len(b64) * 3 // 4)
     return int.from_bytes(base64.b64decode(b64), "big", signed=True)
 
 
-def to_walcast(field: dict[str, Any], value: Any) -> Any:
+def _scale(text: Any) -> int:
+    """A decimal's scale (an integer, or its text in a schema's parameters), within
+    :data:`~shared.contract.limits.MAX_DECIMAL_SCALE`."""
+    if type(text) is not int and not isinstance(text, str):
+        raise TypeError("a decimal's scale is not an integer")
+    return limits.check_scale(limits.small_int(text, "decimal scale", limits.MAX_DECIMAL_SCALE))
+
+
+def to_walcast(field: dict[str, Any], value: Any, dimensions: int = 0) -> Any:
     """A Debezium value as walcast's change event carries the same column
     (shared/contract/pgtypes.py: numerics as exact text, dates and timestamps ISO-8601,
-    bytea base64, json embedded). Lossy where Debezium's encoding is: an interval comes
-    back as seconds (Debezium counts a month as 30.4375 days), a timetz in UTC, a numeric
-    NaN as null."""
+    bytea base64, json embedded, a map — hstore in ``map`` mode — as a JSON object).
+    Lossy where Debezium's encoding is: an interval comes back as seconds (Debezium counts
+    a month as 30.4375 days), a timetz in UTC, a numeric NaN as null.
+
+    Sizes are checked before work proportional to them (:mod:`shared.contract.limits`):
+    :class:`~shared.contract.event.EventDecodeError` for a value beyond a limit;
+    ``ValueError`` / ``TypeError`` / ``KeyError`` for one that does not fit its schema."""
     if value is None:
         return None
     kind = field.get("type")
     name = field.get("name")
     if kind == "array":
+        limits.check_dimensions(dimensions + 1)
         items = field.get("items") or {}
-        return [to_walcast(items, v) for v in value]
+        if not isinstance(value, list):
+            raise TypeError("an array column's value is not an array")
+        return [to_walcast(items, v, dimensions + 1) for v in value]
+    if kind == "map":
+        if not isinstance(value, dict):
+            raise TypeError("a map column's value is not an object")
+        values = field.get("values") or {}
+        if not isinstance(values, dict):
+            raise TypeError("a map schema's values schema is not an object")
+        limits.check_dimensions(dimensions + 1)
+        return {str(k): to_walcast(values, v, dimensions + 1) for k, v in value.items()}
     if name == "org.apache.kafka.connect.data.Decimal":
-        scale = int((field.get("parameters") or {}).get("scale", "0"))
+        scale = _scale((field.get("parameters") or {}).get("scale", "0"))
         return _decimal_text(_unscaled(value), scale)
     if name == "io.debezium.data.VariableScaleDecimal":
-        return _decimal_text(_unscaled(value["value"]), int(value["scale"]))
+        if not isinstance(value, dict):
+            raise TypeError("a VariableScaleDecimal is not a struct of scale and value")
+        return _decimal_text(_unscaled(value["value"]), _scale(value["scale"]))
     if name in ("io.debezium.time.Date", "org.apache.kafka.connect.data.Date"):
         return _iso_date(int(value))
     if pg_type(field) == "time":
@@ -750,7 +805,10 @@ def to_walcast(field: dict[str, Any], value: Any) -> Any:
     if name == "io.debezium.data.Json":
         return _json_value(str(value))
     if name == "io.debezium.data.Bits":
-        length = int((field.get("parameters") or {}).get("length", "0"))
+        text = (field.get("parameters") or {}).get("length", "0")
+        length = limits.check_bit_length(
+            limits.small_int(text, "bit string length", limits.MAX_BIT_LENGTH)
+        )
         n = int.from_bytes(base64.b64decode(value), "little")
         return format(n, "b").rjust(length, "0") if length else format(n, "b")
     return value

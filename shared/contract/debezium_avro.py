@@ -11,7 +11,8 @@ type keeps its base type with ``connect.name`` / ``connect.version`` /
 ``connect.parameters`` / ``connect.doc`` attributes; an optional field is a union with
 ``null`` (``null`` first and a ``null`` default; a field with another default has it
 first). Values: bytes as bytes (base64 in the JSON converter), decimals as
-``decimal.Decimal``.
+``decimal.Decimal``; a Connect ``map`` (string keys: hstore in the connector's ``map``
+mode) an Avro ``map``.
 
 :func:`connect_schema` and :func:`from_datum` read the attributes back, so a Debezium
 record written in Avro is the same record once read — which is how the sinks read
@@ -27,9 +28,12 @@ import base64
 from decimal import Decimal
 from typing import Any
 
+from shared.contract import limits
 from shared.contract.debezium import twos_complement
+from shared.contract.event import EventDecodeError
 
 _DECIMAL = "org.apache.kafka.connect.data.Decimal"
+_MAX_UNSCALED_DIGITS = 131072 + 16383  # Postgres' largest numeric
 _PRIMITIVE = {"int32": "int", "int64": "long", "float": "float", "double": "double",
               "boolean": "boolean", "string": "string", "bytes": "bytes"}  # fmt: skip
 _CONNECT_OF_AVRO = {"int": "int32", "long": "int64", "float": "float", "double": "double",
@@ -73,6 +77,10 @@ def _avro(c: dict[str, Any], defined: set[str]) -> Any:
     if kind == "array":
         items = _avro(c["items"], defined)
         return {"type": "array", "items": ["null", items] if c["items"].get("optional") else items}
+    if kind == "map":  # string keys (hstore in the connector's map mode): an Avro map
+        values = _avro(c["values"], defined)
+        optional = c["values"].get("optional")
+        return {"type": "map", "values": ["null", values] if optional else values}
     if kind in ("int8", "int16"):
         out = {"type": "int", "connect.type": kind}
     elif kind in _PRIMITIVE:
@@ -103,6 +111,8 @@ def to_datum(connect: dict[str, Any], value: Any) -> Any:
         return {f["field"]: to_datum(f, value.get(f["field"])) for f in connect["fields"]}
     if kind == "array":
         return [to_datum(connect["items"], v) for v in value]
+    if kind == "map":
+        return {k: to_datum(connect["values"], v) for k, v in value.items()}
     if kind == "bytes":
         raw = base64.b64decode(value)
         if connect.get("name") == _DECIMAL:
@@ -119,6 +129,10 @@ def connect_schema(avro: Any, named: dict[str, dict[str, Any]] | None = None) ->
     if isinstance(avro, str):
         if avro in named:
             return dict(named[avro])
+        if avro not in _CONNECT_OF_AVRO:
+            raise EventDecodeError(
+                f"Avro type {avro[:100]!r} has no Kafka Connect form walcast reads"
+            )
         return {"type": _CONNECT_OF_AVRO[avro], "optional": False}
     kind = avro["type"]
     if kind == "record":
@@ -137,12 +151,21 @@ def connect_schema(avro: Any, named: dict[str, dict[str, Any]] | None = None) ->
         _connect_attributes(avro, out)
         named[full] = out
         return out
-    if kind == "array":
-        items = avro["items"]
+    if kind in ("array", "map"):
+        part = "items" if kind == "array" else "values"
+        items = avro[part]
         optional = isinstance(items, list)
         inner = next(x for x in items if x != "null") if optional else items
-        return {"type": "array", "items": {**connect_schema(inner, named), "optional": optional},
-                "optional": False}  # fmt: skip
+        out = {"type": kind, part: {**connect_schema(inner, named), "optional": optional},
+               "optional": False}  # fmt: skip
+        if kind == "map":  # Avro's map keys are strings
+            out = {"type": "map", "keys": {"type": "string", "optional": False},
+                   "values": out["values"], "optional": False}  # fmt: skip
+        return out
+    if kind not in _CONNECT_OF_AVRO and "connect.type" not in avro:
+        raise EventDecodeError(
+            f"Avro type {str(kind)[:100]!r} has no Kafka Connect form walcast reads"
+        )
     out = {"type": avro.get("connect.type") or _CONNECT_OF_AVRO[kind], "optional": False}
     _connect_attributes(avro, out)
     return out
@@ -163,9 +186,16 @@ def from_datum(connect: dict[str, Any], datum: Any) -> Any:
         return {f["field"]: from_datum(f, datum.get(f["field"])) for f in connect["fields"]}
     if kind == "array":
         return [from_datum(connect["items"], v) for v in datum]
+    if kind == "map":
+        return {k: from_datum(connect["values"], v) for k, v in datum.items()}
     if kind == "bytes":
         if isinstance(datum, Decimal):
-            scale = int((connect.get("parameters") or {}).get("scale", "0"))
+            scale = limits.check_scale(int((connect.get("parameters") or {}).get("scale", "0")))
+            if not datum.is_finite() or datum.adjusted() + scale > _MAX_UNSCALED_DIGITS:
+                raise EventDecodeError(
+                    "an Avro decimal that is not a finite number of at most"
+                    f" {_MAX_UNSCALED_DIGITS} digits (Postgres' largest numeric)"
+                )
             return base64.b64encode(twos_complement(int(datum.scaleb(scale)))).decode()
         return base64.b64encode(datum).decode()
     return datum

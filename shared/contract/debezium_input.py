@@ -39,6 +39,7 @@ from typing import Any, Literal
 
 import orjson
 
+from shared.contract import limits
 from shared.contract.debezium import UNAVAILABLE, pg_type, to_walcast
 from shared.contract.event import EVENT_VERSION, MAX_LSN, EventDecodeError
 
@@ -66,21 +67,28 @@ def is_debezium(value: bytes | None) -> bool:
 
 def translate(key: bytes | None, value: bytes | None) -> list[bytes]:
     """The walcast change events (encoded) of one Debezium record, in the order to apply
-    them; none for a tombstone or a message. :class:`EventDecodeError` with the reason
-    for a record that cannot be read (the sinks dead-letter or quarantine it)."""
-    return [orjson.dumps(ev) for ev in events(key, value)]
+    them; none for a tombstone or a message. Total: :class:`EventDecodeError` with the
+    reason for a record that cannot be read, whatever went wrong (the sinks dead-letter
+    or quarantine it); sizes and depths are bounded (:mod:`shared.contract.limits`)."""
+    evs = events(key, value)
+    try:
+        return [limits.dumps(ev) for ev in evs]
+    except Exception as exc:
+        if limits.passes(exc):
+            raise
+        raise limits.unreadable(exc, "Debezium record") from None
 
 
 def events(key: bytes | None, value: bytes | None) -> list[dict[str, Any]]:
-    """:func:`translate`, as dicts."""
+    """:func:`translate`, as dicts (total as it is)."""
     try:
         return _events(key, value)
-    except EventDecodeError:
-        raise
-    except (ValueError, TypeError, KeyError, AttributeError, OverflowError, OSError) as exc:
+    except Exception as exc:
         # Shapes no rule above foresaw (a timestamp out of range, a malformed schema):
         # unreadable, like any other malformed record, never a stop of the sink.
-        raise EventDecodeError(f"unreadable Debezium record: {type(exc).__name__}: {exc}") from None
+        if limits.passes(exc):
+            raise
+        raise limits.unreadable(exc, "Debezium record") from None
 
 
 def _events(key: bytes | None, value: bytes | None) -> list[dict[str, Any]]:
@@ -207,12 +215,29 @@ def _row(image: Any, fields: dict[str, dict[str, Any]], what: str) -> _Image | N
             raise EventDecodeError(f"Debezium {what} column {name!r} is not in its schema")
         try:
             row[name] = to_walcast(field, value)
-        except (ValueError, TypeError, KeyError) as exc:
+        except Exception as exc:
+            if limits.passes(exc):
+                raise
+            kind = field.get("name") or field.get("type")
+            detail = exc if isinstance(exc, EventDecodeError) else limits.describe(exc)
             raise EventDecodeError(
-                f"Debezium {what} column {name!r}: {value!r:.100} is not a"
-                f" {field.get('name') or field.get('type')} value ({exc})"
+                f"Debezium {what} column {name!r:.100}: {_excerpt(value)} is not a"
+                f" {kind!s:.100} value ({detail})"
             ) from None
     return row, toast
+
+
+def _excerpt(value: Any) -> str:
+    """The start of a value's repr, without building the whole of a large one."""
+    if isinstance(value, (str, bytes)) and len(value) > 100:
+        value = value[:100]
+    elif isinstance(value, (list, dict)) and len(value) > 10:
+        return f"a {type(value).__name__} of {len(value)} items"
+    try:
+        text = repr(value)
+    except RecursionError:
+        return "a deeply nested value"
+    return text if len(text) <= 100 else text[:99] + "…"
 
 
 def _unchanged(value: Any, field: dict[str, Any] | None) -> bool:

@@ -226,6 +226,8 @@ def _column_types(raw: bytes) -> Mapping[str, str]:
         return _decode_types(raw)
     except msgspec.ValidationError as exc:
         raise EventDecodeError(f"field 'types' is not an object of type names: {exc}") from exc
+    except UnicodeDecodeError:
+        raise EventDecodeError("field 'types' is not valid UTF-8") from None
 
 
 def _remember_types(raw: msgspec.Raw) -> Mapping[str, str]:
@@ -240,6 +242,18 @@ def _remember_types(raw: msgspec.Raw) -> Mapping[str, str]:
 _last_types: tuple[msgspec.Raw, Mapping[str, str]] = (_ABSENT, _NO_TYPES)
 
 
+def _shown(value: Any) -> str:
+    """A field's value in a reason: its repr, at most 60 characters (a record's fields can
+    hold anything, however large or deep)."""
+    if isinstance(value, (list, dict)) and len(value) > 10:
+        return f"a JSON {'array' if isinstance(value, list) else 'object'}"
+    try:
+        text = repr(value[:61] if isinstance(value, str) else value)
+    except RecursionError:
+        return "a deeply nested JSON value"
+    return text if len(text) <= 60 else text[:59] + "…"
+
+
 def decode(value: bytes | None) -> EventView:
     """A record's value as an event, validated, or :class:`EventDecodeError`."""
     if value is None:
@@ -250,13 +264,15 @@ def decode(value: bytes | None) -> EventView:
         raise EventDecodeError("not a JSON object") from None
     except msgspec.DecodeError as exc:
         raise EventDecodeError(f"not JSON: {exc}") from exc
+    except UnicodeDecodeError as exc:  # msgspec checks a string's UTF-8 as it reads it
+        raise EventDecodeError(f"not JSON: invalid UTF-8 at byte {exc.start}") from None
     except RecursionError:
         raise EventDecodeError("not JSON: nested too deeply") from None
     if ev.v != EVENT_VERSION:
-        raise EventDecodeError(f"unknown event version {ev.v!r} (supported: 1)")
+        raise EventDecodeError(f"unknown event version {_shown(ev.v)} (supported: 1)")
     op = ev.op
     if type(op) is not str or op not in OPS:
-        raise EventDecodeError(f"unknown op {op!r}")
+        raise EventDecodeError(f"unknown op {_shown(op)}")
     if type(ev.schema) is not str or type(ev.table) is not str or type(ev.db) is not str:
         for name in ("schema", "table", "db"):
             if type(getattr(ev, name)) is not str:
@@ -270,7 +286,7 @@ def decode(value: bytes | None) -> EventView:
             raise EventDecodeError(f"field 'lsn' above 2^{EPOCH_SHIFT}-1 in epoch {ev.epoch}")
     if ev.oversized is not None:
         raise EventDecodeError(
-            f"a reference to a change of {ev.oversized!r} bytes, larger than Kafka accepts"
+            f"a reference to a change of {_shown(ev.oversized)} bytes, larger than Kafka accepts"
             f" (key and LSN {ev.lsn} kept, row not carried): re-snapshot the row"
         )
     if op in DATA_OPS:
@@ -294,7 +310,7 @@ def decode(value: bytes | None) -> EventView:
             raise EventDecodeError("snapshot event without a 'snapshot' object")
         if info.get("phase") not in SNAPSHOT_PHASES:
             raise EventDecodeError(
-                f"snapshot 'phase' missing or not 'start' or 'end': {info.get('phase')!r}"
+                f"snapshot 'phase' missing or not 'start' or 'end': {_shown(info.get('phase'))}"
             )
         sid = info.get("id")
         if type(sid) is not int or not 0 <= sid <= MAX_LSN:

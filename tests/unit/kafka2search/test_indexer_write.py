@@ -506,3 +506,55 @@ def test_settle_refuses_a_mismatched_answer(make: MakeHarness) -> None:
     h = make()
     with pytest.raises(RetriableError, match="0 items for 1 sent"):
         h.indexer._settle([make_doc("1")], [], [])
+
+
+# -- rows that cannot be written as JSON (issue 36, finding 7) ------------------------------
+
+
+def _nested(depth: int) -> Any:
+    value: Any = "leaf"
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
+def deep_batch(depth: int) -> Batch:
+    """An update leaving a TOASTed column unchanged (its row is decoded to merge it) whose
+    jsonb value is nested ``depth`` deep, and an ordinary insert beside it."""
+    import json
+
+    b = Batch()
+    deep = change("update", 1, 20, unchanged_toast=["bio"])
+    deep["new"]["name"] = _nested(depth)
+    for ev in (deep, change("insert", 2, 21)):
+        value = json.dumps(ev).encode()  # orjson's encoder stops at 255 levels
+        origin = Origin("walcast.cdc", 0, next(_offsets), None, value)
+        assert b.add(ALIAS, decode(value), origin) is None
+    return b
+
+
+def test_a_merged_row_nested_deeper_than_orjson_writes_is_indexed_whole(
+    make: MakeHarness,
+) -> None:
+    """A jsonb 300 levels deep in an update with an unchanged TOAST column: before the
+    fix, the bulk body failed to serialize and the write (so the sink) failed for good."""
+    h = make(stored={ALIAS: {"1": {"id": 1, "bio": "stored bio"}}})
+    assert h.write(deep_batch(300)) == []
+    assert h.engine.source("1") == {"id": 1, "name": _nested(300), "bio": "stored bio"}
+    assert h.engine.source("2") == {"id": 2, "name": "n2@21"}
+
+
+def test_a_merged_row_beyond_the_depth_limit_is_refused_and_the_rest_written(
+    make: MakeHarness,
+) -> None:
+    h = make(stored={ALIAS: {"1": {"id": 1, "bio": "stored bio"}}})
+    batch = deep_batch(600)
+    rejected = h.write(batch)
+    assert [(o.offset, r) for o, r in rejected] == [
+        (
+            batch.docs[(ALIAS, "1")].origin.offset,
+            "the document cannot be written as JSON: a JSON value nested deeper than 512"
+            " levels (walcast's limit)",
+        )
+    ]
+    assert [a[1]["_id"] for a in h.engine.bulks[-1]] == ["2"]

@@ -242,3 +242,44 @@ def test_four_byte_characters_are_measured_in_bytes(chars: int, hashed: bool) ->
     got = document_id({"k": text})
     assert got is not None
     assert got.startswith("sha256:") is hashed
+
+
+# -- no key takes another key's id (issue 36, finding 7) ----------------------------------
+
+
+def test_a_key_spelling_another_keys_hash_gets_an_id_of_its_own() -> None:
+    """A text key equal to ``sha256:<hex of a key longer than 512 bytes>`` took that
+    key's document id, so either row overwrote the other's document."""
+    long_key = "x" * (MAX_ID_BYTES + 1)
+    forged = "sha256:" + hashlib.sha256(long_key.encode()).hexdigest()
+    assert document_id({"k": forged}) != document_id({"k": long_key})
+    assert document_id({"k": forged}) == "sha256:" + hashlib.sha256(forged.encode()).hexdigest()
+
+
+def test_only_keys_that_start_like_a_hash_change_their_ids() -> None:
+    """Existing indices keep matching: every other key's id is what it was."""
+    for key, was in [({"id": 42}, "42"), ({"c": "abc"}, "abc"), ({"c": "sha256"}, "sha256"),
+                     ({"c": "SHA256:x"}, "SHA256:x"), ({"c": "x sha256:y"}, "x sha256:y"),
+                     ({"a": "sha256:x", "b": 1}, '["sha256:x",1]')]:  # fmt: skip
+        assert document_id(key) == was
+    assert document_id({"c": "sha256:"}) == "sha256:" + hashlib.sha256(b"sha256:").hexdigest()
+
+
+def test_a_key_that_cannot_be_written_as_text_gets_a_reason_not_a_crash() -> None:
+    from shared.contract.event import EventDecodeError
+
+    with pytest.raises(EventDecodeError, match="64-bit"):
+        document_id({"a": 2**70, "b": 1})
+
+
+def test_the_document_id_is_computed_in_one_place() -> None:
+    """Every id the service writes or reads comes from document_id (its callers)."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[3] / "services" / "kafka2search"
+    callers = sorted(
+        p.name for p in root.glob("*.py") if re.search(r"\bdocument_id\(", p.read_text())
+    )
+    assert callers == ["documents.py", "mapping.py"]
+    assert "sha256" not in (root / "documents.py").read_text()
+    assert "hashlib" not in (root / "app.py").read_text()
