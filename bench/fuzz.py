@@ -1,5 +1,6 @@
-"""The long run of the fuzz properties: every consumer decoder (``tests/fuzz_properties.py``,
-issue 36) with many more examples than the unit suite.
+"""The long run of the fuzz properties: every consumer decoder (``tests/fuzz_properties.py``)
+and every receiver-controlled parse of kafka2webhook (``tests/fuzz_webhook_properties.py``),
+issue 36, with many more examples than the unit suite.
 
     .venv/bin/python bench/fuzz.py [--examples 20000] [--only NAME ...]
 
@@ -8,8 +9,9 @@ same ones every run for the same count) and fails loudly with the smallest examp
 finds. Prints a table (target, examples, decoded, refused, max µs per record) and writes
 ``bench/results/fuzz.json``.
 
-To add targets (e.g. kafka2webhook's receiver-controlled parsing), append a function
-returning a list of :class:`tests.fuzz_properties.Target` to :data:`TARGET_SOURCES`.
+Targets come from :data:`TARGET_SOURCES` (the consumer decoders; kafka2webhook's
+receiver- and record-controlled parsing); to add some, append a function returning a list
+of :class:`tests.fuzz_properties.Target`.
 """
 
 from __future__ import annotations
@@ -20,14 +22,49 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from tests import fuzz_properties
 from tests.fuzz_properties import Stats, Target
 
+
+def webhook_targets() -> list[Target]:
+    """kafka2webhook's receiver- and record-controlled parsing
+    (``tests/fuzz_webhook_properties.py``): each property raises on a violation. The raw
+    exchange goes over real sockets: a fifth of the examples."""
+    from hypothesis import HealthCheck, given, settings
+
+    from tests.fuzz_webhook_properties import TARGETS
+
+    def target(name: str, strategy: Any, prop_check: Callable[[Any], None], share: float) -> Target:
+        def run(examples: int) -> Stats:
+            stats = Stats(name)
+
+            @settings(max_examples=max(1, int(examples * share)), derandomize=True,
+                      database=None, deadline=None,
+                      suppress_health_check=list(HealthCheck))  # fmt: skip
+            @given(strategy)
+            def prop(sample: Any) -> None:
+                t0 = time.perf_counter()
+                prop_check(sample)
+                stats.examples += 1
+                stats.decoded += 1
+                stats.max_us = max(stats.max_us, (time.perf_counter() - t0) * 1e6)
+
+            prop()
+            return stats
+
+        return Target(name, run)
+
+    return [target(t.name, t.strategy, t.check, 0.2 if t.name == "webhook.exchange" else 1.0)
+            for t in TARGETS]  # fmt: skip
+
+
 TARGET_SOURCES: list[Callable[[], list[Target]]] = [
     fuzz_properties.targets,  # every consumer decoder
+    webhook_targets,  # every receiver-controlled parse of kafka2webhook
 ]
 """Where the targets come from; each source returns its list of targets."""
 
