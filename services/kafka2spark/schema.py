@@ -87,5 +87,6 @@ ENVELOPE = T.StructType(
             ),
         ),
         T.StructField("epoch", T.LongType()),
+        T.StructField("append_only", T.BooleanType()),
     ]
 )

@@ -75,6 +75,7 @@ OPS: frozenset[str] = frozenset(Op)
 FIELDS: tuple[str, ...] = (
     "v", "op", "db", "schema", "table", "lsn", "seq", "commit_lsn", "xid", "commit_ts",
     "key", "new", "old", "unchanged_toast", "types", "ddl", "oversized", "snapshot", "epoch",
+    "append_only",
 )  # fmt: skip
 """The envelope's fields, in the order the producer writes them."""
 REQUIRED: tuple[str, ...] = ("v", "op", "db", "lsn", "seq", "commit_lsn", "xid", "commit_ts")
@@ -133,6 +134,24 @@ class ChangeEvent(TypedDict, total=False):
     oversized: int  # bytes of the change that was too large for Kafka (a reference event)
     snapshot: SnapshotInfo  # read rows and snapshot markers
     epoch: int  # the source's epoch, when above 0 (a restored or promoted source)
+    # True on the rows of a table streamed without any replica identity
+    # (filters.keyless_tables=inserts): an insert-only table, whose rows sinks append,
+    # each under :func:`append_only_id` (docs/events.md, "Insert-only tables").
+    append_only: bool
+
+
+def append_only_id(epoch: int, commit_lsn: int, seq: int, snapshot: SnapshotInfo | None) -> str:
+    """The identity of one row of an insert-only table (``append_only``), decided here
+    for every sink: the same on every redelivery, different for every row, so a sink that
+    writes the row under it holds it exactly once. A change is its transaction's commit
+    position and its place in it (rows of one COPY share an LSN, never a (commit, seq));
+    a snapshot's read row is its run, chunk and place in the chunk — pg2kafka reads an
+    insert-only table's chunk in ``ctid`` order, so a chunk read again after a restart
+    numbers its rows the same way. Never a plain key's form (a digit, then ``.``)."""
+    head = f"{version(epoch, commit_lsn)}.{seq}"
+    if snapshot is None:
+        return head
+    return f"{head}.s{snapshot['id']}.{snapshot['chunk']}"
 
 
 class Position(NamedTuple):
@@ -193,11 +212,21 @@ class EventView(msgspec.Struct, gc=False):
     oversized: Any = None
     snapshot: Any = None
     epoch: Any = None
+    append_only: Any = None
+    commit_lsn: Any = None
+    seq: Any = None
 
     def version(self) -> int:
         """What a sink compares to order two writes of a row: ``lsn`` within an epoch,
         and any change of a later epoch (a new source) after every one of an earlier."""
         return (self.epoch << EPOCH_SHIFT) | self.lsn if self.epoch else self.lsn  # type: ignore[no-any-return]
+
+    def row_id(self) -> str | None:
+        """The :func:`append_only_id` of a row of an insert-only table; None for any
+        other event (its rows are identified by ``key``)."""
+        if self.append_only is not True:
+            return None
+        return append_only_id(self.epoch or 0, self.commit_lsn, self.seq, self.snapshot)
 
     def column_types(self) -> Mapping[str, str]:
         """Column → Postgres type name; shared between events, never to be mutated."""
