@@ -295,7 +295,7 @@ class CdcStream(SlotStream):
             # Once per process, before it leads or stands by (a reconnect does not check
             # again: a rule a DDL made void is logged then, and refused at the next start).
             check_database(transforms, s.postgres.conninfo(), TableFilter(
-                s.filters.include, s.filters.exclude))  # fmt: skip
+                s.filters.include, s.filters.exclude), slot=self.target.slot)  # fmt: skip
             self.transforms_checked = True
         leader = self.lead()
         if leader is None:

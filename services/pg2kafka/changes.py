@@ -394,14 +394,18 @@ class EventBuilder:
             self.transforms.shapes.forget(table["schema"], table["table"])
         for table in tables:
             oid = table.get("oid")
+            columns = [c for c in table["columns"] if isinstance(c, dict)]
+            nums = [n for c in columns if type(n := c.get("num")) is int]
             self.transforms.shapes.check(
                 oid if type(oid) is int else None,
                 table["schema"],
                 table["table"],
-                [str(c.get("name")) for c in table["columns"] if isinstance(c, dict)],
+                [str(c.get("name")) for c in columns],
                 session=self._session,
                 lsn=self.txn.commit_lsn if self.txn is not None else None,
                 where=f"the DDL event at LSN {pg.format_lsn(lsn)}",
+                # the columns' attribute numbers (V009), by which a stop is recorded
+                attnums=nums if len(nums) == len(columns) else None,
             )
 
     def _ddl_envelope(self, lsn: int, schema: str, table: str) -> Event:

@@ -18,6 +18,16 @@ checked against it), else the first one the stream shows. Shapes have an order: 
 session's stream is ordered; across sessions (a reconnect, a restart) by commit LSN — a
 replay may show a table *older* than the catalog or the last session saw it, which is
 held against that later shape the other way round.
+
+A stop must outlive the process: pgoutput sends a relation's new shape once, before its
+first change in a session, so a restart at the stopping transaction with unchanged rules
+would see nothing to compare when a rule still matches something in the table (a
+wildcard). Before raising, :meth:`Shapes.check` hands the columns that lost their rule
+to ``Shapes.recorder`` (:class:`Stop`: by table oid and attribute number, which a rename
+keeps), and each session's first shape waits for ``Shapes.guard`` to clear the recorded
+stops (services/pg2kafka/transform_stops.py). Attribute numbers come with the start-up
+catalog and with DDL events; a Relation message has names only, and its shape keeps the
+numbers of the names it shares with the shape before it.
 """
 
 from __future__ import annotations
@@ -35,11 +45,34 @@ Covered = Callable[[str, str, Iterable[str]], dict[str, str]]
 
 
 @dataclass(frozen=True, slots=True)
+class Stop:
+    """A column that lost its rule, to be recorded before the stream stops.
+
+    ``oid``: its table's (None: the message did not say, and the recorder finds the table
+    by ``now_schema``.``now_table``); ``attnum``: its attribute number, exact when known
+    (None: the recorder looks up ``now_column``, a name in the stopping shape that may
+    hold the column's data, in the catalog); ``schema``, ``table``, ``column``: its names
+    while the rule ``rule`` covered it; ``now_*``: the table's names in the stopping shape
+    and, with no ``attnum``, the candidate column (one Stop per candidate)."""
+
+    oid: int | None
+    attnum: int | None
+    schema: str
+    table: str
+    column: str
+    rule: str
+    now_schema: str
+    now_table: str
+    now_column: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class _Seen:
     """A shape of a table as last seen: its name, its columns and those rules covered in
     it (column -> the rule's pattern). ``lsn``: the commit LSN of the transaction it was
     seen in (for the catalog at start-up: the WAL position after reading it);
-    ``session``: the event builder that saw it (None: the catalog at start-up)."""
+    ``session``: the event builder that saw it (None: the catalog at start-up);
+    ``attnums``: the covered columns' attribute numbers, where known."""
 
     schema: str
     table: str
@@ -47,6 +80,7 @@ class _Seen:
     covered: dict[str, str]
     lsn: int | None
     session: int | None
+    attnums: dict[str, int]
 
 
 class Shapes:
@@ -60,6 +94,14 @@ class Shapes:
         self._lock = threading.Lock()
         self._sessions = itertools.count(1)
         self.streamed: TableFilter | None = None  # set by remember_catalog
+        # Set by the start-up check (services/pg2kafka/transforms.py, check_database):
+        # ``recorder`` persists the stops before they are raised (an exception from it is
+        # raised instead: the stream does not pass a stop it could not record); ``guard``
+        # raises PermanentError while a recorded stop is unresolved, called before each
+        # session's first shape is taken.
+        self.recorder: Callable[[list[Stop]], None] | None = None
+        self.guard: Callable[[], None] | None = None
+        self._guarded: set[int] = set()
 
     def session(self) -> int:
         """A token for one event builder's stream (see :meth:`check`)."""
@@ -75,12 +117,16 @@ class Shapes:
         session: int,
         lsn: int | None,
         where: str,
+        attnums: Sequence[int] | None = None,
     ) -> None:
         """Called with each shape of a table before anything of it is converted or sent:
         a pgoutput Relation message (``oid``), a DDL event's table (its ``oid`` when the
         message has one; else found by name). ``session``: the builder's token
         (:meth:`session`); ``lsn``: the commit LSN of the transaction it came in (None:
-        unknown); ``where``: the message, for the error. Compared with the last shape
+        unknown); ``where``: the message, for the error; ``attnums``: the attribute
+        numbers of ``names`` (a DDL event's ``num``), when the message has them. The
+        session's first shape first waits for :attr:`guard` (a recorded stop still
+        unresolved: PermanentError). Compared with the last shape
         known of the table (only for a table the filters stream), it raises
         PermanentError, remembering nothing, when data a rule covered may go out
         uncovered:
@@ -93,23 +139,36 @@ class Shapes:
           a column it covers is here without a rule (the table had another name), or is
           missing while this shape has a column it lacks (renamed since).
 
+        Before raising, the lost columns go to :attr:`recorder` (:class:`Stop`).
         Otherwise this shape is remembered as the table's latest."""
         if schema == INTERNAL_SCHEMA:
             return
+        if self.guard is not None and session not in self._guarded:
+            self.guard()
+            self._guarded.add(session)
+        numbered = dict(zip(names, attnums, strict=True)) if attnums is not None else None
         with self._lock:
             key, prev = self._previous(oid, schema, table)
             covered = self._covered(schema, table, names)
             streamed = self.streamed is None or self.streamed.matches(schema, table)
+            lost: list[str] = []
             if prev is not None and streamed:
                 lost = _lost_columns(prev, covered, names, session, lsn)
-                if lost:
-                    raise _lost(prev, lost, schema, table, names, where)
-            if key is not None:
-                self._seen.pop(key, None)
-            if covered:
-                self._seen[oid if oid is not None else (schema, table)] = _Seen(
-                    schema, table, frozenset(names), covered, lsn, session
-                )
+            if not lost:
+                if key is not None:
+                    self._seen.pop(key, None)
+                if covered:
+                    self._seen[oid if oid is not None else (schema, table)] = _Seen(
+                        schema, table, frozenset(names), covered, lsn, session,
+                        _numbers(covered, numbered, prev),
+                    )  # fmt: skip
+                return
+        assert prev is not None
+        table_oid = oid if oid is not None else key if isinstance(key, int) else None
+        error = _lost(prev, lost, schema, table, names, where)
+        if self.recorder is not None:
+            self.recorder(_stops(prev, lost, table_oid, schema, table, names, covered, numbered))
+        raise error
 
     def _previous(
         self, oid: int | None, schema: str, table: str
@@ -134,23 +193,29 @@ class Shapes:
                 del self._seen[key]
 
     def remember_catalog(
-        self, columns: Iterable[tuple[int, str, str, str]], streamed: TableFilter, lsn: int
+        self, columns: Iterable[tuple[int, str, str, str, int]], streamed: TableFilter, lsn: int
     ) -> None:
-        """The catalog read at start-up — ``(table oid, schema, table, column)`` rows — as
+        """The catalog read at start-up — ``(table oid, schema, table, column, attnum)``
+        rows (attnum 0: unknown) — as
         the first known shape of every streamed table with a covered column (``lsn``: the
         WAL position after it was read), so a table whose first change after start comes
         after a rename is compared too. ``streamed``: the filters (a table they leave out
         sends nothing, and is not held to its shape)."""
         by_table: dict[tuple[int, str, str], list[str]] = {}
-        for oid, schema, table, column in columns:
+        numbers: dict[tuple[int, str], int] = {}
+        for oid, schema, table, column, attnum in columns:
             if streamed.matches(schema, table):
                 by_table.setdefault((oid, schema, table), []).append(column)
+                numbers[(oid, column)] = attnum
         with self._lock:
             self.streamed = streamed
             for (oid, schema, table), names in by_table.items():
                 covered = self._covered(schema, table, names)
                 if covered and oid not in self._seen:
-                    self._seen[oid] = _Seen(schema, table, frozenset(names), covered, lsn, None)
+                    nums = {n: numbers[(oid, n)] for n in covered if numbers.get((oid, n))}
+                    self._seen[oid] = _Seen(
+                        schema, table, frozenset(names), covered, lsn, None, nums
+                    )
 
 
 def _lost_columns(
@@ -177,6 +242,47 @@ def _lost_columns(
         # present: lost when the table's new name leaves it without a rule
         if (c not in covered if c in names else missing_lost)
     )
+
+
+def _numbers(
+    covered: dict[str, str], numbered: dict[str, int] | None, prev: _Seen | None
+) -> dict[str, int]:
+    """The attribute numbers of a new shape's covered columns: the message's, else those
+    of the same names in the shape before it (a Relation message names columns only)."""
+    if numbered is not None:
+        return {n: numbered[n] for n in covered if n in numbered}
+    if prev is None:
+        return {}
+    return {n: prev.attnums[n] for n in covered if n in prev.attnums}
+
+
+def _stops(
+    prev: _Seen,
+    lost: list[str],
+    oid: int | None,
+    schema: str,
+    table: str,
+    names: Sequence[str],
+    covered: dict[str, str],
+    numbered: dict[str, int] | None,
+) -> list[Stop]:
+    """What to record for ``lost``: each column by its attribute number where the last
+    shape knew it (exact: a rename keeps it). Else by the names in the new shape that may
+    hold its data — its own (the table was renamed) or every uncovered column new to the
+    shape (names cannot tell which one it became) — numbered by the message if it can."""
+    stops = []
+    extra = [n for n in names if n not in prev.names and n not in covered]
+    for column in lost:
+        rule = prev.covered[column]
+        if column in prev.attnums:
+            stops.append(Stop(oid, prev.attnums[column], prev.schema, prev.table, column,
+                              rule, schema, table))  # fmt: skip
+            continue
+        for name in [column] if column in names else extra:
+            attnum = numbered.get(name) if numbered is not None else None
+            stops.append(Stop(oid, attnum, prev.schema, prev.table, column, rule, schema,
+                              table, name))  # fmt: skip
+    return stops
 
 
 def _lost(

@@ -20,10 +20,12 @@ with: rules apply there as to any column.
 Rules name columns, and a rename must not carry a column out from under its rule: every
 shape a table reaches the stream in (a Relation message, a DDL event) is held against the
 last one known, and a covered column that lost its rule stops the stream before anything
-of that shape is sent (services/pg2kafka/transform_shapes.py). At start-up
-:func:`check_catalog` refuses rules that name what the catalog does not have. DDL events
-carry no statement text while rules are configured (:data:`WITHHELD`): the text is all
-the client sent at once, literals of protected columns included.
+of that shape is sent (services/pg2kafka/transform_shapes.py); the stop is recorded, and
+until a rule covers the column again under its new name pg2kafka refuses to start
+(services/pg2kafka/transform_stops.py). At start-up :func:`check_catalog` refuses rules
+that name what the catalog does not have. DDL events carry no statement text while rules
+are configured (:data:`WITHHELD`): the text is all the client sent at once, literals of
+protected columns included.
 """
 
 from __future__ import annotations
@@ -35,13 +37,14 @@ import re
 import threading
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
-from functools import lru_cache
+from functools import lru_cache, partial
 from typing import Any
 
 import orjson
 import psycopg
 
 from services.pg2kafka import pgoutput as pg
+from services.pg2kafka import transform_stops
 from services.pg2kafka.filters import INTERNAL_SCHEMA, TableFilter
 from services.pg2kafka.settings import TransformRule, TransformSettings
 from services.pg2kafka.transform_shapes import Shapes
@@ -397,7 +400,7 @@ _COLUMNS_SQL = """
 SELECT n.nspname, c.relname, a.attname,
        coalesce(a.attnum = ANY (k.indkey::int2[]), false) AS is_key,
        c.relreplident = 'f' AND k.indkey IS NULL AS whole_row_key,
-       c.oid::int8
+       c.oid::int8, a.attnum
   FROM pg_catalog.pg_class c
   JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
   JOIN pg_catalog.pg_attribute a ON a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped
@@ -421,13 +424,14 @@ class CatalogColumn:
     column: str
     is_key: bool  # a column of the key events carry (primary key or identity index)
     oid: int = 0  # the table's
+    attnum: int = 0  # the column's attribute number (0: unknown)
 
 
 def catalog_columns(conn: psycopg.Connection[Any]) -> list[CatalogColumn]:
     rows = conn.execute(_COLUMNS_SQL).fetchall()
     return [
-        CatalogColumn(str(s), str(t), str(c), bool(k) and not w, int(o))
-        for s, t, c, k, w, o in rows
+        CatalogColumn(str(s), str(t), str(c), bool(k) and not w, int(o), int(n))
+        for s, t, c, k, w, o, n in rows
     ]
 
 
@@ -488,19 +492,32 @@ def check_catalog(
     return counts
 
 
-def check_database(transforms: Transforms, conninfo: str, streamed: TableFilter) -> None:
+def check_database(
+    transforms: Transforms, conninfo: str, streamed: TableFilter, *, slot: str
+) -> None:
     """:func:`check_catalog` against the database at ``conninfo``: run before a process
-    leads or stands by, so a rule that names nothing stops it at start-up. The catalog
-    read becomes the first known shape of each table (:meth:`Shapes.remember_catalog`)."""
+    leads or stands by, so a rule that names nothing stops it at start-up. Then the stops
+    recorded for ``slot`` (services/pg2kafka/transform_stops.py): PermanentError while a
+    column that lost its rule exists uncovered, or when ``init`` has not created their
+    table. The catalog read becomes the first known shape of each table
+    (:meth:`Shapes.remember_catalog`); from here on the process records its stops for
+    ``slot`` and checks the records again before each session's first shape."""
     with psycopg.connect(conninfo, autocommit=True) as conn:
         columns = catalog_columns(conn)
         counts = check_catalog(transforms, columns, streamed)
         # Read after the catalog: a transaction committed at or after this position is
         # not in what was read (see Shapes.check).
         row = conn.execute("SELECT pg_catalog.pg_current_wal_lsn()::text").fetchone()
+
+    def guard() -> None:
+        transform_stops.resolve(conninfo, slot, transforms.rule_for, streamed)
+
+    guard()
     transforms.shapes.remember_catalog(
-        [(c.oid, c.schema, c.table, c.column) for c in columns],
+        [(c.oid, c.schema, c.table, c.column, c.attnum) for c in columns],
         streamed,
         pg.parse_lsn(str(row[0])) if row else 0,
     )
+    transforms.shapes.recorder = partial(transform_stops.record, conninfo, slot)
+    transforms.shapes.guard = guard
     log.info("transform rules checked against the catalog", extra={"columns": counts})

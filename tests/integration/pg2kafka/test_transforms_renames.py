@@ -198,3 +198,104 @@ def test_a_ddl_statement_sent_with_an_update_does_not_carry_its_literal(
     everything = "\n".join(whole_topic(h))
     for clear in (ANN, BOB, CY):
         assert clear not in everything, clear
+
+
+def stops_of(h: Harness) -> list[tuple[Any, ...]]:
+    with psycopg.connect(h.settings.postgres.conninfo(), autocommit=True) as conn:
+        return conn.execute(
+            "SELECT schema_name, table_name, column_name, rule, attnum"
+            " FROM _walcast.transform_stops WHERE slot = %s",
+            [h.settings.replication.slot],
+        ).fetchall()
+
+
+def restart_refused(
+    make_harness: HarnessFactory, schema: str, where: str,
+    after_init: Callable[[Harness], None] = lambda h: None,
+) -> None:  # fmt: skip
+    """A wildcard still matching another column of the table after the rename: the stop
+    is recorded, and a restart with the rules unchanged — the new shape's Relation
+    message or DDL event is not compared with anything then — is refused until a rule
+    covers the new name."""
+    rule = f"{schema}.users.*mail*"
+    h = make(make_harness, schema, rule)
+    sql(h, f"CREATE SCHEMA {schema}")
+    sql(h, f"CREATE TABLE {schema}.users (id int PRIMARY KEY, email text, mailing_opt text)")
+    admin.init(h.settings)
+    after_init(h)
+    h.start()
+    sql(h, f"INSERT INTO {schema}.users VALUES (1, '{ANN}', 'weekly')")
+    h.events(lambda seen: len(data(seen, "users")) == 1)
+    h.events(confirmed_past_now(h))
+
+    sql(h, f"ALTER TABLE {schema}.users RENAME COLUMN email TO contact")
+    sql(h, f"UPDATE {schema}.users SET contact = '{BOB}' WHERE id = 1")
+    sql(h, f"INSERT INTO {schema}.users VALUES (2, '{CY}', 'never')")
+    stopped(h, rf"{schema}\.users\.email \(rule .*{where} shows the table as {schema}\.users")
+    assert stops_of(h) == [(schema, "users", "email", rule, 2)]
+
+    # Restarted with the same rules (a crash-loop's restart): refused at start.
+    h2 = make(make_harness, schema, rule)
+    h2.start()
+    stopped(h2, rf"{schema}\.users\.email \(rule '{schema}\.users\.\*mail\*'; stopped"
+                rf" .*\) is now {schema}\.users\.contact.* DELETE FROM"
+                r" _walcast\.transform_stops WHERE slot")  # fmt: skip
+    records = whole_topic(h2)
+    for clear in (ANN, BOB, CY):
+        assert clear not in "\n".join(records), clear
+    assert [orjson.loads(r)["op"] for r in records] == ["insert"]
+
+    # A rule covering the new name: the restart settles the record and streams redacted.
+    h3 = make_harness(init=False, filters={"include": [f"{schema}.*"]},
+                      snapshot={"mode": "never"},
+                      transforms=redact(rule, f"{schema}.users.contact"))  # fmt: skip
+    h3.start()
+    h3.events(lambda seen: len(data(seen, "users")) == 3)
+    update, insert = data(h3.seen, "users")[1:]
+    assert update["new"] == {"id": 1, "contact": "REDACTED", "mailing_opt": "REDACTED"}
+    assert insert["new"] == {"id": 2, "contact": "REDACTED", "mailing_opt": "REDACTED"}
+    for clear in (ANN, BOB, CY):
+        assert clear not in "\n".join(whole_topic(h3)), clear
+    assert stops_of(h3) == []
+    h3.stop()
+
+
+def test_a_restart_with_unchanged_rules_after_a_stop_is_refused_until_a_rule_covers_it(
+    make_harness: HarnessFactory, unique_name: str
+) -> None:
+    """DDL capture installed: the stop comes at the DDL event."""
+    restart_refused(make_harness, f"t_{unique_name}", "the DDL event at LSN [0-9A-F/]+")
+
+
+def test_a_restart_after_a_stop_at_the_relation_message_is_refused_too(
+    own_database: str, make_harness: HarnessFactory, unique_name: str
+) -> None:
+    """No DDL capture: the stop comes at the Relation message (names only); the column's
+    number comes from the catalog read at start-up."""
+
+    def in_own_database(**sections: Any) -> Harness:
+        return make_harness(postgres={"database": own_database}, **sections)
+
+    def without_ddl_capture(h: Harness) -> None:
+        sql(h, "ALTER EVENT TRIGGER walcast_ddl_command_end DISABLE")
+        sql(h, "ALTER EVENT TRIGGER walcast_sql_drop DISABLE")
+
+    restart_refused(in_own_database, f"t_{unique_name}", "Relation message", without_ddl_capture)
+
+
+def test_tear_down_removes_the_slots_transform_stops(
+    make_harness: HarnessFactory, unique_name: str
+) -> None:
+    h = make_harness(snapshot={"mode": "never"})
+    sql(h, "INSERT INTO _walcast.transform_stops (slot, table_oid, attnum, schema_name,"
+           f" table_name, column_name, rule) VALUES ('{h.settings.replication.slot}', 1, 1,"
+           " 's', 't', 'c', 's.t.c'), ('other_slot', 1, 1, 's', 't', 'c', 's.t.c')")  # fmt: skip
+    admin.tear_down(h.settings)
+    with psycopg.connect(h.settings.postgres.conninfo(), autocommit=True) as conn:
+        if conn.execute("SELECT to_regclass('_walcast.transform_stops')").fetchone() == (None,):
+            return  # nothing of any stream was left: the schema went, records with it
+        left = conn.execute("SELECT slot FROM _walcast.transform_stops WHERE table_oid = 1"
+                            " AND slot IN (%s, 'other_slot')",
+                            [h.settings.replication.slot]).fetchall()  # fmt: skip
+        conn.execute("DELETE FROM _walcast.transform_stops WHERE slot = 'other_slot'")
+    assert left == [("other_slot",)]

@@ -192,7 +192,7 @@ def test_the_start_up_catalog_is_the_first_shape_of_an_idle_table() -> None:
     its Relation message is the first of the table in the session."""
     t = transforms("app.users.email")
     streamed = TableFilter(["app.*"], [])
-    t.shapes.remember_catalog([(c.oid, c.schema, c.table, c.column) for c in catalog(
+    t.shapes.remember_catalog([(c.oid, c.schema, c.table, c.column, c.attnum) for c in catalog(
         "id", "email")], streamed, lsn=5000)  # fmt: skip
     with pytest.raises(PermanentError, match=r"as app\.customers"):
         builder(t, commit_lsn=6000).relation(rel("id", "email", table="customers"))
@@ -205,7 +205,7 @@ def test_a_replay_older_than_the_catalog_is_held_against_it_the_other_way() -> N
     before the rename: their old name has no rule now. A column added since (in the
     catalog, not in the replayed shape) is no reason to stop."""
     t = transforms("app.users.contact_email", "app.users.secret")
-    t.shapes.remember_catalog([(c.oid, c.schema, c.table, c.column) for c in catalog(
+    t.shapes.remember_catalog([(c.oid, c.schema, c.table, c.column, c.attnum) for c in catalog(
         "id", "contact_email", "secret")], TableFilter(["app.*"], []), lsn=5000)  # fmt: skip
     builder(t, commit_lsn=4000).relation(rel("id", "contact_email"))  # secret added later
     with pytest.raises(PermanentError, match=r"app\.users\.contact_email"):
@@ -214,7 +214,7 @@ def test_a_replay_older_than_the_catalog_is_held_against_it_the_other_way() -> N
     builder(t, commit_lsn=5000).relation(rel("id", "contact_email", "secret"))
     # A rule covering both names lets the replay through.
     t = transforms("app.users.*email")
-    t.shapes.remember_catalog([(c.oid, c.schema, c.table, c.column) for c in catalog(
+    t.shapes.remember_catalog([(c.oid, c.schema, c.table, c.column, c.attnum) for c in catalog(
         "id", "contact_email")], TableFilter(["app.*"], []), lsn=5000)  # fmt: skip
     builder(t, commit_lsn=4000).relation(rel("id", "email"))
 
