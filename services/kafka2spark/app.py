@@ -145,6 +145,8 @@ def spark_session(s: Kafka2SparkSettings) -> SparkSession:
         SparkSession.builder.master(sp.master)
         .appName(sp.app_name)
         .config("spark.ui.enabled", str(sp.ui).lower())
+        # No console progress bars ([Stage 0:>  (0 + 2) / 6]) between the JSON log lines.
+        .config("spark.ui.showConsoleProgress", "false")
         .config("spark.sql.shuffle.partitions", str(sp.shuffle_partitions))
         .config("spark.sql.session.timeZone", "UTC")
         # Parquet timestamps as int64 microseconds, not Spark's default INT96: readers

@@ -118,6 +118,7 @@ def test_the_job_runs_on_a_standalone_cluster(
         assert job.popen.returncode == 0, job.tail(60)
         log = (tmp_path / "kafka2spark.log").read_text(errors="replace")
         assert "batch 0:" in log
+        assert "[Stage " not in log, "Spark's console progress bars in the service's log"
         with psycopg.connect(dsn, autocommit=True) as c:
             want = {r[0]: (r[1], r[2]) for r in c.execute(f"SELECT id, v, note FROM {table}")}
         rows = DeltaTable(str(root / f"public.{table}")).to_pyarrow_table().to_pylist()
