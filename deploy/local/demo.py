@@ -469,6 +469,12 @@ def pictures(results: Path = REPO / "bench" / "results") -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="walcast demo", description=__doc__.split("\n\n")[0])
     parser.add_argument("--rows", type=int, default=2000, help="customers to write (orders: 2x)")
+    parser.add_argument(
+        "--keep",
+        action="store_true",
+        help="keep the demo's replication slots and publications when it ends (they retain"
+        " WAL while the stack lives: remove them with the command printed)",
+    )
     args = parser.parse_args(argv)
     if args.rows < 1:
         parser.error("--rows must be at least 1")
@@ -480,7 +486,25 @@ def main(argv: list[str] | None = None) -> int:
     print("4. pictures (the benchmarks' throughput, lag and latency plots)")
     for line in pictures():
         print(line)
+    finish(env_file, keep=args.keep)
     return 0
+
+
+def finish(env_file: Path, *, keep: bool) -> None:
+    """A slot nobody reads retains WAL for as long as the stack lives: the demo removes
+    its slots and publications (``tear-down``; topics, indices and tables stay to look
+    at), unless asked to keep them — then it says how to remove them."""
+    command = [sys.executable, "-m", "services.pg2kafka", "--env-file", str(env_file),
+               "tear-down"]  # fmt: skip
+    if keep:
+        print(f"5. kept: slots {DEMO_SLOT} and {DEMO_EVENTS_SLOT} (they retain WAL until removed);"
+              " remove them with:")  # fmt: skip
+        env = " ".join(f"{k}={v!r}" for k, v in demo_env().items() if k.startswith("PG2KAFKA_"))
+        print(f"  {env} {' '.join(command)}")
+        return
+    subprocess.run(command, env=demo_env(), check=True, stdout=subprocess.DEVNULL)
+    print(f"5. removed: slots and publications {DEMO_SLOT}, {DEMO_EVENTS_SLOT} (nothing left"
+          " retaining WAL; `walcast demo --keep` keeps them)")  # fmt: skip
 
 
 if __name__ == "__main__":

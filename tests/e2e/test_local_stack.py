@@ -15,6 +15,7 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
+import psycopg
 import pytest
 from confluent_kafka.admin import AdminClient, NewTopic
 
@@ -118,6 +119,12 @@ def test_demo_runs_and_summarises(stack_env: dict[str, str]) -> None:
     assert re.search(r"delta +demo\.orders +72 rows", out), out
     for section in ("kafka", "opensearch", "elasticsearch", "delta"):
         assert f"\n  {section}" in out, section
+    # Nothing of the demo's left retaining WAL (guarantee 5): its slots are gone.
+    with psycopg.connect(stack_env["WALCAST_PG_DSN"], autocommit=True) as c:
+        left = c.execute(
+            "SELECT slot_name FROM pg_replication_slots WHERE slot_name LIKE 'walcast_demo%'"
+        ).fetchall()
+    assert left == [], f"the demo left slots behind: {left}"
 
 
 @pytest.fixture
