@@ -46,8 +46,11 @@ from shared.contract.debezium_input import translate
 from shared.contract.event import EventDecodeError, EventView, decode
 from shared.contract.limits import MAX_REASON_CHARS
 
-MAX_SECONDS = 2.0
-"""The time one record may take (a bound far above any legitimate record here)."""
+MAX_SECONDS = 5.0
+"""The CPU time one record may take on the decoding thread: a bound far above any
+legitimate record (they take microseconds), which a record that makes work proportional
+to a size it states (a scale of 10^15) exceeds. CPU time, not wall time: a loaded machine
+must not fail the property."""
 
 DATA = Path(__file__).parent / "unit" / "data" / "debezium_3.7.0_types.json"
 
@@ -89,6 +92,7 @@ class Target:
 def check(stats: Stats, decoder: Callable[[Any], object], sample: Any) -> None:
     """The property for one sample: decoded, or refused with a bounded reason; in time."""
     started = time.perf_counter()
+    cpu = time.thread_time()
     try:
         decoder(sample)
         outcome, reason = True, ""
@@ -97,7 +101,8 @@ def check(stats: Stats, decoder: Callable[[Any], object], sample: Any) -> None:
         assert reason, "an unreadable record without a reason"
         assert len(reason) <= MAX_REASON_CHARS + 200, f"a reason of {len(reason)} characters"
     seconds = time.perf_counter() - started
-    assert seconds < MAX_SECONDS, f"one record took {seconds:.2f} s"
+    cpu = time.thread_time() - cpu
+    assert cpu < MAX_SECONDS, f"one record took {cpu:.2f} s of CPU"
     stats.record(outcome, seconds * 1e6, reason)
 
 

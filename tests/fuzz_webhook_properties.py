@@ -142,7 +142,7 @@ class _Exchange:
             got = exchange(self.pool, self.watchdog, self.server.url(), b"{}",
                            {"webhook-id": "wc_1"}, self.timeout_s)  # fmt: skip
             took = time.monotonic() - began
-        assert took < self.timeout_s + 2.0, took
+        assert took < self.timeout_s + 5.0, took  # the deadline, plus a loaded machine's slack
         if isinstance(got, str):
             assert got.isprintable(), got
         else:
