@@ -63,7 +63,7 @@ from services.pg2kafka.snapshot import (
 )
 from services.pg2kafka.transforms import from_settings
 from services.pg2kafka.types import TypeRegistry
-from shared.contract.event import ChangeEvent, SnapshotInfo
+from shared.contract.event import ChangeEvent, SnapshotInfo, read_row_version
 from shared.failpoints import failpoint
 
 if TYPE_CHECKING:
@@ -215,7 +215,7 @@ class Incremental:
         # than a truncate. (No change of the table can sit between the truncate's record
         # and the next: the truncate's lock waited for every transaction writing it.)
         floor = self.floors.get(cid[1:3])
-        version = read.version if floor is None else max(read.version, floor + 1)
+        version = read_row_version(read.version, floor)
         rows = 0
         for ev in read.events:
             if orjson.dumps(ev["key"] or ev["new"]) in changed:

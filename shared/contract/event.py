@@ -140,6 +140,21 @@ class ChangeEvent(TypedDict, total=False):
     append_only: bool
 
 
+def read_row_version(below_unseen: int, floor: int | None) -> int:
+    """The version of a snapshot's ``read`` row — the rule every sink relies on.
+
+    Below every change the read did not see (``below_unseen``: the slot's restart
+    position - 1, under any transaction still open when the rows were read), so a change
+    delivered later always wins; and above every table-level position a sink compares
+    rows with (``floor``: the table's last truncate or creation — sinks keep out
+    everything at or below it, so a read row under it would be dropped by a sink that
+    does not even hold the row). A producer must know the floor across restarts
+    (pg2kafka: ``_walcast.table_floors``). No change of the table sits between a floor and
+    the next position: a truncate or a creation holds the table's lock until it commits.
+    """
+    return below_unseen if floor is None else max(below_unseen, floor + 1)
+
+
 def append_only_id(epoch: int, commit_lsn: int, seq: int, snapshot: SnapshotInfo | None) -> str:
     """The identity of one row of an insert-only table (``append_only``), decided here
     for every sink: the same on every redelivery, different for every row, so a sink that

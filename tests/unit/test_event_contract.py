@@ -187,3 +187,9 @@ def test_a_bad_epoch_is_refused_with_the_reason(fields: dict[str, Any], reason: 
         event.decode(json.dumps(READ | fields).encode())
     with pytest.raises(jsonschema.ValidationError):
         jsonschema.validate(READ | fields, SCHEMA)
+
+
+def test_a_read_row_is_above_its_tables_floor_and_below_what_it_did_not_see() -> None:
+    assert event.read_row_version(99, None) == 99
+    assert event.read_row_version(99, 50) == 99
+    assert event.read_row_version(99, 150) == 151  # created after the slot's restart point
