@@ -157,6 +157,8 @@ def event_schema(db: str, schema: str, table: str, types: Mapping[str, str],
             {"name": "snapshot", **opt_string},
             {"name": "oversized", **opt_long},
             {"name": "epoch", **opt_long},
+            # True on an insert-only table's rows (shared/contract/event.py); null else.
+            {"name": "append_only", "type": ["null", "boolean"], "default": None},
         ],
     }  # fmt: skip
 
@@ -280,6 +282,7 @@ def event_to_avro(ev: Mapping[str, Any], schema: dict[str, Any]) -> dict[str, An
         "ddl": None if ev.get("ddl") is None else orjson.dumps(ev["ddl"]).decode(),
         "snapshot": None if ev.get("snapshot") is None else orjson.dumps(ev["snapshot"]).decode(),
         "oversized": ev.get("oversized"), "epoch": ev.get("epoch"),
+        "append_only": ev.get("append_only"),
     }  # fmt: skip
 
 
@@ -308,7 +311,7 @@ def event_from_avro(datum: Mapping[str, Any], schema: dict[str, Any]) -> dict[st
     for k in ("ddl", "snapshot"):
         if datum.get(k) is not None:
             ev[k] = orjson.Fragment(datum[k])
-    for k in ("oversized", "epoch"):
+    for k in ("oversized", "epoch", "append_only"):
         if datum.get(k) is not None:
             ev[k] = datum[k]
     return ev

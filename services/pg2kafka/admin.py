@@ -16,8 +16,13 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
+from services.pg2kafka.inserts_publication import (
+    drop_inserts_publication,
+    report_appended,
+    sync_inserts_publication,
+)
 from services.pg2kafka.migrations import migrate
-from services.pg2kafka.settings import Pg2KafkaSettings
+from services.pg2kafka.settings import Pg2KafkaSettings, inserts_publication
 from shared.errors import PermanentError
 from shared.kafka import ensure_topic
 from shared.retry import call_with_retry
@@ -248,9 +253,11 @@ def sync_publication(
     that have a replica identity (V008): Postgres refuses UPDATE and DELETE on a published
     table without one, so a ``FOR ALL TABLES`` publication (which an earlier init made,
     and which is converted here) broke the application's statements on keyless tables.
-    ``filters.keyless_tables`` decides what happens to those: left out (``skip``, reported
-    here, logged and counted by the service) or made ``REPLICA IDENTITY FULL``
-    (``full_identity``). The DDL trigger keeps the list in step with later DDL.
+    ``filters.keyless_tables`` decides what happens to those: they join the insert-only
+    publication (``inserts``, V017: :func:`sync_inserts_publication`), are left out
+    (``skip``, reported here, logged and counted by the service) or made ``REPLICA
+    IDENTITY FULL`` (``full_identity``). The DDL trigger keeps the lists in step with
+    later DDL. Idempotent; one transaction.
     """
     pub = settings.replication.publication
     filters = settings.filters
@@ -265,6 +272,7 @@ def sync_publication(
             " keyless = EXCLUDED.keyless",
             [pub, filters.include, filters.exclude, filters.all_tables, filters.keyless_tables],
         )
+        sync_inserts_publication(conn, settings, report)
         row = conn.execute(
             "SELECT puballtables FROM pg_publication WHERE pubname = %s", [pub]
         ).fetchone()
@@ -312,6 +320,7 @@ def sync_publication(
                 )
             )
         skipped: list[str] = []
+        appended: list[str] = []
         streamed = slot_exists(conn, settings.replication.slot)
         for oid, schema, table in matching:
             try:
@@ -333,10 +342,13 @@ def sync_publication(
                     [pub, schema, table],
                 )
                 report.created.append(f"snapshot request for {schema}.{table}")
-            if outcome is not None and outcome[0] == "skipped":
+            if outcome is not None and outcome[0] in ("skipped", "removed"):
                 skipped.append(f"{schema}.{table}")
             elif outcome is not None and outcome[0].startswith("full_identity"):
                 report.created.append(f"REPLICA IDENTITY FULL on {schema}.{table}")
+            elif outcome is not None and outcome[0] == "inserts":
+                appended.append(f"{schema}.{table}")
+    report_appended(report, pub, appended, streamed)
     if skipped:
         shown = ", ".join(skipped[:20]) + (
             f" and {len(skipped) - 20} more" if len(skipped) > 20 else ""
@@ -373,6 +385,7 @@ def tear_down(settings: Pg2KafkaSettings) -> list[str]:
         ).fetchone():
             conn.execute(sql.SQL("DROP PUBLICATION {}").format(sql.Identifier(rep.publication)))
             removed.append(f"publication {rep.publication}")
+        removed.extend(drop_inserts_publication(conn, rep.publication))
         if conn.execute("SELECT to_regclass('_walcast.publications')").fetchone() != (None,):
             conn.execute(
                 "DELETE FROM _walcast.publications WHERE publication = %s", [rep.publication]
@@ -512,6 +525,18 @@ def snapshot_request(settings: Pg2KafkaSettings, tables: list[str]) -> list[int]
                 " AND schemaname = %s AND tablename = %s",
                 [pub, schema, table],
             ).fetchone()
+            if listed is None and conn.execute(
+                "SELECT 1 FROM pg_catalog.pg_publication_tables WHERE pubname = %s"
+                " AND schemaname = %s AND tablename = %s",
+                [inserts_publication(pub), schema, table],
+            ).fetchone():
+                raise PermanentError(
+                    f"{schema}.{table} has no primary key or replica identity: it streams as"
+                    f" an insert-only table (publication {inserts_publication(pub)}), and an"
+                    " incremental snapshot reads a table by key ranges",
+                    hint="add a primary key: the table then moves to the main publication and"
+                    " is snapshotted automatically",
+                )
             if listed is None:
                 raise PermanentError(
                     f"{schema}.{table} is not in publication {pub}",

@@ -16,6 +16,7 @@ import orjson
 import psycopg
 
 from services.pg2kafka import pgoutput as pg
+from services.pg2kafka.changes import set_epoch
 from services.pg2kafka.debezium_format import (
     DebeziumRecords,
     connect_encoder,
@@ -211,7 +212,7 @@ class CdcHandler:
 
     def send(self, session: ReplicationSession, ev: ChangeEvent) -> None:
         if self.epoch:
-            ev["epoch"] = self.epoch
+            set_epoch(ev, self.epoch)
         topic = self.topic_for(session, ev)
         value = self._encode(ev) if self.avro is None else self.avro.encode(topic, ev)
         key = self.key_for(ev)
@@ -256,7 +257,7 @@ class CdcHandler:
             self.send(session, ev)
             return
         if self.epoch:
-            ev["epoch"] = self.epoch
+            set_epoch(ev, self.epoch)
         key = table_key(ev["schema"], ev["table"])
         topic = self.topic_for(session, ev)
         value = self.serializer.encode(ev) if self.avro is None else self.avro.encode(topic, ev)

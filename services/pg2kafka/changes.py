@@ -69,9 +69,32 @@ class _RelInfo:
     columns: int  # the relation's, before any transform rule drops some
     has_key: bool
     types: orjson.Fragment  # the event's "types", encoded once
+    # No replica identity at all ('n', or 'd' / 'i' without a key column): only its
+    # inserts can be published (filters.keyless_tables=inserts), whose events and read
+    # rows carry "append_only" (shared/contract/event.py).
+    append_only: bool
     # The transform rules' rewrite of a row's values (services/pg2kafka/transforms.py);
     # None when no rule touches the relation.
     apply: Callable[[tuple[pg.Value, ...]], tuple[pg.Value, ...]] | None = None
+
+
+def append_only(rel: pg.Relation) -> bool:
+    """Whether the relation's rows are an insert-only table's (``append_only``): no
+    replica identity column — REPLICA IDENTITY NOTHING, or DEFAULT / USING INDEX without
+    a key. Postgres publishes only the inserts (and truncates) of such a table, so its
+    rows have no identity but their position. FULL identity flags every column as key."""
+    return rel.replica_identity != "f" and not any(c.is_key for c in rel.columns)
+
+
+def set_epoch(ev: Event, epoch: int) -> None:
+    """Put the source's epoch on an event (when above 0) in the contract's field order:
+    ``epoch`` before ``append_only``, so a redelivery encodes byte-identical."""
+    if not epoch:
+        return
+    flag = ev.pop("append_only", None)
+    ev["epoch"] = epoch
+    if flag is not None:
+        ev["append_only"] = flag
 
 
 Row = tuple[bytes, bytes, list[str] | None]
@@ -188,6 +211,7 @@ class EventBuilder:
                 ),
                 columns=len(rel.columns),
                 has_key=any(c.is_key for c in cols),
+                append_only=append_only(rel),
                 types=orjson.Fragment(
                     orjson.dumps({c.name: self.types.name(c.type_oid) for c in cols})
                 ),
@@ -271,7 +295,10 @@ class EventBuilder:
             return []
         if msg.__class__ is pg.Insert:
             new = self._row(rel, msg.new)
-            return [self._event("insert", lsn, rel, new[1], new, None)]
+            ev = self._event("insert", lsn, rel, new[1], new, None)
+            if self._rel_info(rel).append_only:
+                ev["append_only"] = True
+            return [ev]
         if isinstance(msg, pg.Delete):
             before = self._row(rel, msg.old)
             gone = before[1] if msg.old_kind == "K" else before[0]
@@ -335,6 +362,8 @@ class EventBuilder:
         ev["old"] = None
         ev["types"] = self._rel_info(rel).types
         ev["snapshot"] = snapshot
+        if self._rel_info(rel).append_only:
+            ev["append_only"] = True
         return ev
 
     def ddl(self, msg: pg.Message, lsn: int) -> list[Event]:

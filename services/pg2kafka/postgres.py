@@ -86,7 +86,9 @@ class Catalog:
 
     def keyless_tables(self, publication: str) -> list[str]:
         """Tables the publication's filters match that are left out of it for want of a
-        replica identity (``filters.keyless_tables: skip``, V008), as ``schema.table``."""
+        replica identity (``filters.keyless_tables: skip``, V008), as ``schema.table``;
+        not those its insert-only publication streams (``inserts``, V017: read through
+        ``to_jsonb`` so that a schema from before V017 is not an error)."""
         rows = (
             self._conn()
             .execute(
@@ -97,8 +99,13 @@ class Catalog:
                 " AND n.nspname NOT IN ('pg_catalog', 'information_schema', '_walcast')"
                 " AND n.nspname NOT LIKE 'pg\\_%%'"
                 " AND _walcast.table_matches(%s, n.nspname, c.relname)"
-                " AND NOT _walcast.has_identity(c.oid) ORDER BY 1",
-                [publication],
+                " AND NOT _walcast.has_identity(c.oid)"
+                " AND NOT EXISTS (SELECT 1 FROM pg_catalog.pg_publication_rel pr"
+                "   JOIN pg_catalog.pg_publication pp ON pp.oid = pr.prpubid"
+                "   JOIN _walcast.publications p"
+                "     ON to_jsonb(p) ->> 'inserts_publication' = pp.pubname"
+                "  WHERE p.publication = %s AND pr.prrelid = c.oid) ORDER BY 1",
+                [publication, publication],
             )
             .fetchall()
         )

@@ -75,11 +75,17 @@ class PostgresReplicationSource(Source[pgoutput.Decoded, int]):
         wal_sender_timeout_s: float | None = None,
         invalid_text: str = "database",
         extra_options: str = "",
+        optional_publications: tuple[str, ...] = (),
     ) -> None:
         self.conninfo = conninfo
         self.invalid_text = invalid_text
         self.slot = slot
         self.publication = publication
+        # Streamed with ``publication`` when they exist at start (the insert-only one of
+        # filters.keyless_tables=inserts: an install init has not created it on streams
+        # the main one alone). Checked at every start: a reconnect picks up a new one.
+        self.optional_publications = optional_publications
+        self.publications = publication
         self.status_interval_s = status_interval_s
         self.options = SESSION_OPTIONS + (" " + extra_options if extra_options else "")
         if wal_sender_timeout_s is not None:
@@ -113,10 +119,12 @@ class PostgresReplicationSource(Source[pgoutput.Decoded, int]):
             pgoutput.TEXT.configure(encoding.decode(), self.invalid_text)
             log.info("database encoding %s: text that is not UTF-8 is decoded by policy"
                      " %r", encoding.decode(), self.invalid_text)  # fmt: skip
-        # Starting at 0/0 means "from the slot's confirmed_flush_lsn".
+        self.publications = ",".join([self.publication, *self._existing_optional()])
+        # Starting at 0/0 means "from the slot's confirmed_flush_lsn". publication_names
+        # is a comma-separated list (the names are plain: settings.plain_name).
         command = (
             f'START_REPLICATION SLOT "{self.slot}" LOGICAL 0/0 '
-            f"(\"proto_version\" '1', \"publication_names\" '{_quote_literal(self.publication)}',"
+            f"(\"proto_version\" '1', \"publication_names\" '{_quote_literal(self.publications)}',"
             " \"messages\" 'true')"
         )
         pgconn.send_query(command.encode())
@@ -126,7 +134,20 @@ class PostgresReplicationSource(Source[pgoutput.Decoded, int]):
         # Drain the (absent) trailing result is not needed in COPY_BOTH; go non-blocking.
         pgconn.nonblocking = 1
         self._last_status = time.monotonic()
-        log.info("streaming slot", extra={"slot": self.slot, "publication": self.publication})
+        log.info("streaming slot", extra={"slot": self.slot, "publication": self.publications})
+
+    def _existing_optional(self) -> list[str]:
+        """Which of :attr:`optional_publications` exist, asked on the replication
+        connection (simple protocol: no parameters; the names are plain identifiers)."""
+        if not self.optional_publications:
+            return []
+        assert self.conn is not None
+        names = ", ".join(f"'{_quote_literal(n)}'" for n in self.optional_publications)
+        rows = self.conn.execute(
+            f"SELECT pubname FROM pg_catalog.pg_publication WHERE pubname IN ({names})"
+        ).fetchall()
+        found = {str(r[0]) for r in rows}
+        return [n for n in self.optional_publications if n in found]
 
     def poll(self, timeout_s: float) -> tuple[int, pgoutput.Decoded] | None:
         pgconn = self._pgconn()

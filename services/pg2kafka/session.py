@@ -39,7 +39,7 @@ from services.pg2kafka.changes import AckTracker, EventBuilder
 from services.pg2kafka.metrics import Metrics
 from services.pg2kafka.postgres import Catalog, Heartbeat, LeaderLock, wait_for_slot
 from services.pg2kafka.replication import DEBEZIUM_SESSION_OPTIONS, PostgresReplicationSource
-from services.pg2kafka.settings import Pg2KafkaSettings
+from services.pg2kafka.settings import Pg2KafkaSettings, inserts_publication
 from services.pg2kafka.topics import StreamTarget, Topics, producer_config
 from services.pg2kafka.transforms import from_settings
 from services.pg2kafka.types import TypeRegistry
@@ -133,6 +133,14 @@ class ReplicationSession:
             wal_sender_timeout_s=s.replication.wal_sender_timeout_s,
             invalid_text=s.replication.invalid_text,
             extra_options=DEBEZIUM_SESSION_OPTIONS if s.producer.format == "debezium" else "",
+            # The CDC slot also streams the insert-only publication (tables without a
+            # key, filters.keyless_tables=inserts) when init created it.
+            optional_publications=(
+                (inserts_publication(target.publication),)
+                if target.slot == s.replication.slot
+                and target.publication == s.replication.publication
+                else ()
+            ),
         )
         self.sink = KafkaSink(
             producer_config(s),

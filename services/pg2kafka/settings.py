@@ -32,6 +32,17 @@ def plain_name(v: str) -> str:
     return v
 
 
+INSERTS_SUFFIX = "_ins"
+
+
+def inserts_publication(publication: str) -> str:
+    """The insert-only publication that accompanies ``publication`` under
+    ``filters.keyless_tables=inserts`` (init creates it; pg2kafka streams it with the main
+    one when it exists). At most 63 bytes when ``publication`` is at most 59: the
+    settings refuse a longer one under ``inserts`` (:class:`Pg2KafkaSettings`)."""
+    return publication + INSERTS_SUFFIX
+
+
 class ReplicationSettings(Section):
     """The slot and publication pg2kafka streams from (created by ``pg2kafka init``)."""
 
@@ -77,16 +88,20 @@ class FilterSettings(Section):
 
     The publication lists the matching tables (never ``FOR ALL TABLES``) and the DDL
     trigger adds matching tables as they are created or gain a replica identity.
-    ``keyless_tables``: a matching table without a replica identity (no primary key) is
-    left out (``skip``: Postgres would refuse the application's UPDATE and DELETE on it
-    if it were published; init reports it, the service logs and counts it) or made
-    ``REPLICA IDENTITY FULL`` and published (``full_identity``: every update and delete
-    then logs the whole old row).
+    ``keyless_tables``: what happens to a matching table without a replica identity (no
+    primary key). ``inserts`` (the default): it joins a second publication,
+    :func:`inserts_publication` of the main one, that publishes only INSERT and TRUNCATE —
+    its inserts stream as ``append_only`` rows, its truncates as truncates, and the
+    application's UPDATE and DELETE on it work but are not streamed. ``skip``: left out
+    (Postgres would refuse the application's UPDATE and DELETE on it if it were in a
+    publication publishing them; init reports it, the service logs and counts it).
+    ``full_identity``: made ``REPLICA IDENTITY FULL`` and published (every update and
+    delete then logs the whole old row). See docs/pg2kafka.md, "Tables without a key".
     """
 
     include: list[str] = Field(default_factory=lambda: ["*.*"], min_length=1)
     exclude: list[str] = Field(default_factory=list)
-    keyless_tables: Literal["skip", "full_identity"] = "skip"
+    keyless_tables: Literal["inserts", "skip", "full_identity"] = "inserts"
 
     @field_validator("include", "exclude")
     @classmethod
@@ -362,6 +377,29 @@ class Pg2KafkaSettings(ServiceSettings):
     subscriptions: SubscriptionSettings = SubscriptionSettings()
     transforms: TransformSettings = TransformSettings()
     http: HttpSettings = HttpSettings(port=9187)
+
+    @model_validator(mode="after")
+    def _inserts_publication(self) -> Pg2KafkaSettings:
+        """Under ``filters.keyless_tables=inserts`` the insert-only publication's name
+        must be a Postgres name (63 bytes; a longer one would be cut and could name
+        another publication) and must not be the subscription stream's."""
+        if self.filters.keyless_tables != "inserts":
+            return self
+        name = inserts_publication(self.replication.publication)
+        if len(name) > 63:
+            raise ValueError(
+                f"filters.keyless_tables=inserts needs a second publication named"
+                f" {name!r}, longer than Postgres's 63 bytes: shorten"
+                f" replication.publication to at most {63 - len(INSERTS_SUFFIX)} characters,"
+                " or set filters.keyless_tables=skip or full_identity"
+            )
+        if self.subscriptions.enabled and name == self.subscriptions.publication:
+            raise ValueError(
+                f"subscriptions.publication {name!r} is the name of the insert-only"
+                " publication of replication.publication (filters.keyless_tables=inserts):"
+                " choose another name"
+            )
+        return self
 
     @model_validator(mode="after")
     def _avro_encoding(self) -> Pg2KafkaSettings:

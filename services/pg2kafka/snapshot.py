@@ -56,7 +56,7 @@ from psycopg import sql
 from psycopg.types.json import Jsonb
 
 from services.pg2kafka import pgoutput as pg
-from services.pg2kafka.changes import EventBuilder, iso_utc
+from services.pg2kafka.changes import EventBuilder, append_only, iso_utc, set_epoch
 from services.pg2kafka.debezium_format import (
     DebeziumRecords,
     SnapshotRead,
@@ -75,7 +75,7 @@ from services.pg2kafka.replication import (
     identify_system,
 )
 from services.pg2kafka.routing import Routing, row_key, table_key
-from services.pg2kafka.settings import Pg2KafkaSettings
+from services.pg2kafka.settings import Pg2KafkaSettings, inserts_publication
 from services.pg2kafka.topics import StreamTarget, Topics, producer_config
 from services.pg2kafka.transforms import from_settings, unique_key
 from services.pg2kafka.types import TypeRegistry
@@ -147,20 +147,24 @@ def describe_tables(
     publication: str,
     table_filter: TableFilter,
     only: set[tuple[str, str]] | None = None,
+    *,
+    also: tuple[str, ...] = (),
 ) -> list[TableSpec]:
     """The publication's tables that the filters let through, described from the
     catalog the way pgoutput describes them: the columns it sends (no dropped or
     generated ones) and which are key — the primary key, the replica identity index, or
     under ``REPLICA IDENTITY FULL`` the primary key if there is one, else every column
-    (a table without a key is keyed by its whole row, as its changes are)."""
+    (a table without a key is keyed by its whole row, as its changes are). ``also``:
+    further publications whose tables are included (the initial snapshot passes the
+    insert-only one: its tables have no key column, their rows are ``append_only``)."""
     out = []
     rows = conn.execute(
-        "SELECT t.schemaname, t.tablename, c.oid, c.relreplident"
+        "SELECT DISTINCT t.schemaname, t.tablename, c.oid, c.relreplident"
         " FROM pg_catalog.pg_publication_tables t"
         " JOIN pg_catalog.pg_namespace n ON n.nspname = t.schemaname"
         " JOIN pg_catalog.pg_class c ON c.relnamespace = n.oid AND c.relname = t.tablename"
-        " WHERE t.pubname = %s ORDER BY 1, 2",
-        [publication],
+        " WHERE t.pubname = ANY(%s) ORDER BY 1, 2",
+        [[publication, *also]],
     ).fetchall()
     for schema, table, oid, ident in rows:
         if not table_filter.matches(schema, table):
@@ -720,8 +724,10 @@ class Reader:
                 and (transforms is None or not transforms.touches(rel.schema, rel.table))
                 and pg_json_table(rel, self.builder.types))  # fmt: skip
         assert chunk.relation is not None  # the initial snapshot reads page ranges
+        # An insert-only table's rows are identified by their place in the chunk (``seq``):
+        # read in ctid order, a chunk read again numbers them the same way.
         query = chunk_query(self._name(conn, chunk.relation), rel, chunk_where(conn, rel, chunk),
-                            fast)  # fmt: skip
+                            fast, by_ctid=append_only(rel))  # fmt: skip
         read_at = iso_utc(time.time_ns() // 1000)
         info: SnapshotInfo = {"id": chunk.snapshot_id, "chunk": chunk.chunk}
         sink = self.producer.sink
@@ -742,8 +748,9 @@ class Reader:
         )
         epoch = self.job.epoch
         head, middle, tail = pg_json_frame(
-            self.settings.postgres.database, rel, version, read_at, info, self.builder, epoch
-        )
+            self.settings.postgres.database, rel, version, read_at, info, self.builder, epoch,
+            append_only=append_only(rel),
+        )  # fmt: skip
         join = b"".join
         new_field = b',"new":'
         rows = 0
@@ -788,8 +795,7 @@ class Reader:
                                 )  # fmt: skip
                         else:
                             ev = self.builder.read(rel, values, version, rows, read_at, info)
-                            if epoch:
-                                ev["epoch"] = epoch
+                            set_epoch(ev, epoch)
                             value = encode(topic, ev)
                             key = routing.key(ev)
                             if len(value) + len(key) > limit:
@@ -870,15 +876,20 @@ def pg_json_frame(
     info: SnapshotInfo,
     builder: EventBuilder,
     epoch: int = 0,
+    *,
+    append_only: bool = False,
 ) -> tuple[bytes, bytes, bytes]:
-    """The bytes around a read row's seq, key and row, in the contract's field order."""
+    """The bytes around a read row's seq, key and row, in the contract's field order
+    (``append_only``: a row of an insert-only table, flagged as the builder flags it)."""
     dumps = orjson.dumps
     types = {c.name: builder.types.name(c.type_oid) for c in rel.columns}
     head = b'{"v":%d,"op":"read","db":%b,"schema":%b,"table":%b,"lsn":%d,"seq":' % (
         EVENT_VERSION, dumps(db), dumps(rel.schema), dumps(rel.table), version)  # fmt: skip
     middle = b',"commit_lsn":%d,"xid":0,"commit_ts":%b,"key":' % (version, dumps(read_at))
     tail = b',"old":null,"types":%b,"snapshot":%b' % (dumps(types), dumps(info))
-    tail += b',"epoch":%d}' % epoch if epoch else b"}"
+    if epoch:
+        tail += b',"epoch":%d' % epoch
+    tail += b',"append_only":true}' if append_only else b"}"
     return head, middle, tail
 
 
@@ -919,12 +930,20 @@ def chunk_where(conn: psycopg.Connection[Any], rel: pg.Relation, chunk: Chunk) -
 
 
 def chunk_query(
-    name: sql.Composable, rel: pg.Relation, where: sql.Composable, pg_json: bool
+    name: sql.Composable,
+    rel: pg.Relation,
+    where: sql.Composable,
+    pg_json: bool,
+    *,
+    by_ctid: bool = False,
 ) -> sql.Composed:
     """COPY of one chunk's rows: the columns pgoutput sends, as text; or, for a table
-    Postgres can write as JSON, its key and its row as JSON."""
+    Postgres can write as JSON, its key and its row as JSON. ``by_ctid``: in physical
+    order (an insert-only table's chunk, whose rows are numbered by their place)."""
     cols = sql.SQL(", ").join(sql.Identifier(c.name) for c in rel.columns)
-    inner = sql.SQL("SELECT {} FROM ONLY {} WHERE {}").format(cols, name, where)
+    inner = sql.SQL("SELECT {} FROM ONLY {} WHERE {}{}").format(
+        cols, name, where, sql.SQL(" ORDER BY ctid") if by_ctid else sql.SQL("")
+    )
     if not pg_json:
         return sql.SQL("COPY ({}) TO STDOUT").format(inner)
     keys = [c for c in rel.columns if c.is_key]
@@ -1214,14 +1233,20 @@ def initial_snapshot(
                 " at the same version (the slot has not moved: docs/snapshots.md)",
                 job.id, rep.slot, requeued,
             )  # fmt: skip
-            tables = describe_tables(store.conn, rep.publication, table_filter)
+            tables = describe_tables(
+                store.conn, rep.publication, table_filter,
+                also=(inserts_publication(rep.publication),),
+            )  # fmt: skip
             return run_job(settings, metrics, stop, job, tables, None, tick)
         if job is not None:
             store.finish(job, "failed", "its slot was dropped before it finished")
         system = identify_system(conninfo)
         with created_slot_snapshot(conninfo, rep.slot) as (point, exported):
             version = store.restart_lsn(rep.slot) - 1
-            tables = describe_tables(store.conn, rep.publication, table_filter)
+            tables = describe_tables(
+                store.conn, rep.publication, table_filter,
+                also=(inserts_publication(rep.publication),),
+            )  # fmt: skip
             pages = settings.snapshot.chunk_pages
             job = store.create(rep.slot, "initial", version, tables,
                                lambda t: plan_chunks(t, pages), "slot created", system)  # fmt: skip

@@ -78,7 +78,13 @@ def test_init_ran_as_a_nosuperuser_owner_with_the_documented_grants(secdb: Secur
     assert "migration V007__subscription_privileges" in created
     assert f"slot {secdb.settings.replication.slot}" in created
     assert f"publication {secdb.settings.subscriptions.publication}" in created
-    assert secdb.init_report.warnings == ["DDL capture off (the owner is not a superuser)"]
+    # A NOSUPERUSER owner can neither install DDL capture nor revoke
+    # pg_logical_emit_message from PUBLIC: init says both (forged messages are ignored).
+    assert secdb.init_report.warnings == [
+        "DDL capture off (the owner is not a superuser)",
+        "pg_logical_emit_message is executable by PUBLIC (forged messages are ignored;"
+        " a superuser can revoke it: docs/security.md)",
+    ]
     owners = secdb.sql(
         None,
         "SELECT DISTINCT nspowner::regrole::text FROM pg_namespace"
