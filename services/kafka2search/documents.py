@@ -1,5 +1,9 @@
 """Change events into search documents: per-batch reduction, bulk bodies.
 
+A row of an insert-only table (``append_only``) is a document of its own, under its row
+id (:func:`~services.kafka2search.mapping.document_id`): written once, versioned like any
+document, so a redelivery is refused as stale (409) instead of duplicating it.
+
 A batch keeps, per document, only the newest change (highest LSN; on a tie the later
 one): the index ends up the same, the bulk is smaller. An update whose ``unchanged_toast``
 columns were left out takes them from an older change of the same batch when it has them;
@@ -37,6 +41,22 @@ def _as_dict(source: msgspec.Raw | dict[str, Any]) -> dict[str, Any]:
         return source
     row: dict[str, Any] = orjson.loads(bytes(source))
     return row
+
+
+def _row_id(ev: EventView) -> str | None:
+    """The row id of an ``append_only`` event (:meth:`EventView.row_id`), its fields
+    checked first (the decoder does not check the fields the id is made of):
+    :class:`EventDecodeError` when one is missing or of the wrong type."""
+    if ev.append_only is not True:
+        return None  # not a boolean true: an ordinary row, identified by its key
+    if type(ev.commit_lsn) is not int or type(ev.seq) is not int:
+        raise EventDecodeError("an append_only row without integer 'commit_lsn' and 'seq'")
+    snap = ev.snapshot
+    if snap is not None and not (
+        type(snap) is dict and type(snap.get("id")) is int and type(snap.get("chunk")) is int
+    ):
+        raise EventDecodeError("an append_only row whose 'snapshot' lacks an integer id / chunk")
+    return ev.row_id()
 
 
 class Doc(msgspec.Struct, gc=False):
@@ -77,7 +97,9 @@ class Batch:
         self.records += 1
         self.bytes += len(origin.value)
         try:
-            doc_id = document_id(ev.key)
+            # A row of an insert-only table: its id from its position (appended once,
+            # whatever the redeliveries); any other row: its key.
+            doc_id = document_id(ev.key, _row_id(ev)) if ev.append_only else document_id(ev.key)
         except EventDecodeError as exc:
             return f"the key gives no document id: {exc}"
         if doc_id is None:

@@ -14,6 +14,13 @@ Contract (documented in docs/kafka2search.md):
   ``sha256:<hex>`` of that text — and so does a text that itself starts with
   ``sha256:``, whatever its length: no key's plain text can take the id of another
   key's hash.
+* A row of an insert-only table (``append_only``: no key) is indexed under
+  ``append-only:<row id>`` (:data:`APPEND_ONLY`, the contract's
+  :func:`~shared.contract.event.append_only_id`: the same on every redelivery, different
+  for every row). A key's text that starts with that prefix is hashed like one starting
+  with ``sha256:``, so no keyed document of the same index (a table that gains a key)
+  can take an append-only document's id: a row id alone (``<version>.<seq>``) would be
+  the plain id of a numeric key such as ``1.5``.
 """
 
 from __future__ import annotations
@@ -55,13 +62,22 @@ that start with it are hashes, all others are keys' texts as they are, so two di
 keys never share an id (short of a SHA-256 collision). Ids of every other key are what
 they were before this rule (existing indices keep matching)."""
 
+APPEND_ONLY = "append-only:"
+"""The prefix of an append-only row's id (:func:`document_id` with ``row_id``). A key's
+text starting with it is hashed (as one starting with :data:`HASHED`): ids starting with
+it are rows of insert-only tables, never a key's text."""
 
-def document_id(key: dict[str, Any]) -> str | None:
+
+def document_id(key: dict[str, Any], row_id: str | None = None) -> str | None:
     """A change's document id (see the module doc); None for a change without identity
-    (it cannot be addressed in the index). Called once per record: the only place an id
-    is computed. :class:`~shared.contract.event.EventDecodeError` for a key that cannot be
-    written as text (nested deeper than walcast's limit, an integer beyond 64 bits in a
-    composite key)."""
+    (it cannot be addressed in the index). ``row_id``: the event's
+    :meth:`~shared.contract.event.EventView.row_id` (a row of an insert-only table), which
+    is then the id, after :data:`APPEND_ONLY`, whatever the key. Called once per record:
+    the only place an id is computed. :class:`~shared.contract.event.EventDecodeError`
+    for a key that cannot be written as text (nested deeper than walcast's limit, an
+    integer beyond 64 bits in a composite key)."""
+    if row_id is not None:
+        return APPEND_ONLY + row_id
     if not key:
         return None
     if len(key) == 1:
@@ -76,7 +92,7 @@ def document_id(key: dict[str, Any]) -> str | None:
         text = limits.dumps(list(key.values())).decode()
     # A character is at most 4 bytes in UTF-8: most ids need no encoding to be measured.
     if (len(text) <= MAX_ID_BYTES // 4 or len(text.encode()) <= MAX_ID_BYTES) and not (
-        text.startswith(HASHED)
+        text.startswith((HASHED, APPEND_ONLY))
     ):
         return text
     return HASHED + hashlib.sha256(text.encode()).hexdigest()

@@ -17,7 +17,9 @@ batch of Kafka records it
    per key (unchanged TOAST columns taken from an older change of the batch, or else kept
    from the table; a snapshot's ``read`` row is an insert) and MERGEd into the table's
    mirror; each truncate / DDL / snapshot end marker is applied between the segments
-   around it, so the mirror follows the table's history;
+   around it, so the mirror follows the table's history; a segment's rows of an
+   insert-only table (``append_only``, no key) are appended instead, once each by their
+   row id (:mod:`services.kafka2spark.append_only`);
 4. commits the batch's offsets to the Kafka consumer group (lag in standard tooling).
 
 Idempotence — Spark runs a batch again after a crash, with the same records and id:
@@ -56,6 +58,8 @@ from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F  # noqa: N812 - the PySpark convention
 from pyspark.sql import types as T  # noqa: N812 - the PySpark convention
 
+from services.kafka2spark import append_only
+from services.kafka2spark.append_only import ROW_ID, W_ROW
 from services.kafka2spark.held import add_mirror, read_held, read_mirrors, write_held
 from services.kafka2spark.schema import ENVELOPE, spark_type
 from services.kafka2spark.settings import Kafka2SparkSettings
@@ -182,7 +186,7 @@ def mirror_names(taken: list[str], columns: list[str]) -> dict[str, str]:
     :func:`_case_escaped` form. Either decodes back with :func:`postgres_name`. The order
     of ``columns`` decides which twin keeps the plain name: callers pass Postgres' column
     order."""
-    seen = {_folded(t) for t in taken} | {_folded(LSN)}
+    seen = {_folded(t) for t in taken} | {_folded(LSN), _folded(ROW_ID)}
     out: dict[str, str] = {}
     for c in columns:
         name = column_name(c)
@@ -207,7 +211,7 @@ def postgres_name(name: str) -> str:
 
 def _walcast_own(name: str) -> bool:
     folded = _folded(name)
-    return folded == LSN or folded.startswith("__w_")
+    return folded in (LSN, ROW_ID) or folded.startswith("__w_")
 
 
 def table_dir(template: str, db: str, schema: str, table: str) -> str:
@@ -452,6 +456,7 @@ class DeltaMirror:
             "topic", "partition", "offset", "kafka_ts",
             F.to_json("snapshot").alias("snapshot"),
             F.coalesce(F.col("epoch"), F.lit(0)).alias("epoch"),
+            "append_only",
         )  # fmt: skip
         n = rows.count()
         if n:
@@ -555,14 +560,14 @@ class DeltaMirror:
                 .collect()
             )
             names = F.map_keys(F.from_json("key", "map<string,string>"))
+            no_key = F.coalesce(F.size("k"), F.lit(0)) <= 0  # "a": an insert-only table's row
             keys = (
-                data.select(TKEY, "segment", names.alias("k"))
+                data.select(TKEY, "segment", names.alias("k"), append_only.chosen().alias("a"))
                 .groupBy(TKEY, "segment")
                 .agg(
                     F.array_distinct(F.flatten(F.collect_set("k"))).alias("k"),
-                    F.sum(F.when(F.coalesce(F.size("k"), F.lit(0)) <= 0, 1).otherwise(0)).alias(
-                        "keyless"
-                    ),
+                    F.sum(F.when(no_key & ~F.col("a"), 1).otherwise(0)).alias("keyless"),
+                    F.sum(F.when(F.col("a"), 1).otherwise(0)).alias("appended"),
                 )
                 .collect()
             )
@@ -579,6 +584,8 @@ class DeltaMirror:
             for r in keys:
                 key_cols[(r[TKEY], int(r["segment"]))] = list(r["k"] or [])
                 keyless[(r[TKEY], int(r["segment"]))] = int(r["keyless"] or 0)
+                if r["appended"] and r[TKEY] in tables:  # rows of an insert-only table
+                    tables[r[TKEY]].setdefault("appended", set()).add(int(r["segment"]))
             return by_table, data, tables, key_cols, keyless
         except BaseException:
             data.unpersist()
@@ -608,15 +615,15 @@ class DeltaMirror:
         for seg in range(len(ctl) + 1):
             if t is not None and seg in t["segments"]:
                 rows = data.where((F.col(TKEY) == name) & (F.col("segment") == seg))
-                merged = self._merge(
-                    path,
-                    label,
-                    rows,
-                    t["segments"][seg],
-                    sorted(key_cols.get((name, seg), [])),
-                    batch_id,
-                    seg,
-                )
+                key = sorted(key_cols.get((name, seg), []))
+                appended = seg in t.get("appended", ())
+                merged = 0
+                if key or not appended:  # keyed rows (or keyless ones, warned about)
+                    merged = self._merge(path, label, rows, t["segments"][seg], key, batch_id, seg)
+                if appended:  # rows of an insert-only table: appended once each
+                    merged += self._merge(
+                        path, label, rows, t["segments"][seg], [], batch_id, seg, appending=True
+                    )
                 result.merged[label] = result.merged.get(label, 0) + merged
                 skipped = keyless.get((name, seg), 0)
                 if skipped:
@@ -673,7 +680,7 @@ class DeltaMirror:
         """The mirror's columns (field name = mirror name, :func:`mirror_names`) by their
         Postgres names, without walcast's own ``_walcast_lsn``."""
         df = self.spark.read.format("delta").load(str(path))
-        return {postgres_name(f.name): f for f in df.schema.fields if f.name != LSN}
+        return {postgres_name(f.name): f for f in df.schema.fields if f.name not in (LSN, ROW_ID)}
 
     def _properties(self, path: Path) -> dict[str, str]:
         rows = self.spark.sql(f"SHOW TBLPROPERTIES delta.{quote(str(path))}").collect()
@@ -690,7 +697,9 @@ class DeltaMirror:
         lsn, _, seq = self._properties(path).get(SCHEMA_AT, "0:0").partition(":")
         return int(lsn), int(seq or 0)
 
-    def _create(self, path: Path, name: str, types: dict[str, str], key: list[str]) -> None:
+    def _create(
+        self, path: Path, name: str, types: dict[str, str], key: list[str], appending: bool = False
+    ) -> None:
         from delta.tables import DeltaTable
 
         builder = DeltaTable.createIfNotExists(self.spark).location(str(path))
@@ -698,6 +707,8 @@ class DeltaMirror:
         for column, pg in types.items():
             builder = builder.addColumn(names[column], spark_type(pg))
         builder = builder.addColumn(LSN, T.LongType())
+        if appending:  # an insert-only table: its rows' ids (services.kafka2spark.append_only)
+            builder = builder.addColumn(ROW_ID, T.StringType())
         builder = (
             builder.property("walcast.source", name)
             .property("walcast.key", ",".join(key))
@@ -727,13 +738,18 @@ class DeltaMirror:
         key: list[str],
         batch_id: int,
         segment: int,
+        appending: bool = False,
     ) -> int:
-        if not key:
+        """MERGE a segment's keyed rows by ``key``; with ``appending``, its rows of an
+        insert-only table, by their row id (:mod:`services.kafka2spark.append_only`)."""
+        if not key and not appending:
             log.warning("%s has no primary key or replica identity: not mirrored", name)
             return 0
         if not self._exists(path):
             # sorted: which case twin keeps the plain name must not depend on the batch
-            self._create(path, name, {c: types[c][0] for c in sorted(types)}, key)
+            self._create(path, name, {c: types[c][0] for c in sorted(types)}, key, appending)
+        elif appending:
+            append_only.ensure_column(self.spark, path)
         current = self._columns(path)
         schema_lsn, _ = self._schema_position(path)
         # A column the mirror lacks is added — unless only changes older than the last
@@ -772,7 +788,9 @@ class DeltaMirror:
         # A change without key values (sent before the table had its key) cannot be
         # placed in a keyed mirror: merged, it would be a row with NULL keys.
         has_key = F.coalesce(F.size(F.map_keys(F.from_json("key", "map<string,string>"))), F.lit(0))
-        src = rows.where((F.col("lsn") > truncated) & (has_key > 0)).select(
+        which = append_only.chosen() if appending else (has_key > 0) & ~append_only.chosen()
+        ids = [append_only.row_id().alias(W_ROW)] if appending else []
+        src = rows.where((F.col("lsn") > truncated) & which).select(
             F.col("lsn").alias(W_LSN),
             F.col("seq").alias(W_SEQ),
             F.col("op").alias(W_OP),
@@ -783,7 +801,7 @@ class DeltaMirror:
             )
             .cast(row_named)
             .alias(W_NEW),
-            F.from_json("key", key_type).cast(key_named).alias(W_KEY),
+            *([F.from_json("key", key_type).cast(key_named).alias(W_KEY)] if key else ids),
             *[F.col(c).alias(f"{W_KAFKA}{c}") for c in _KAFKA_FIELDS],
         )
         raw = {c: F.col(f"{W_KEY if c in key else W_NEW}.{quote(names[c])}") for c in columns}
@@ -792,12 +810,15 @@ class DeltaMirror:
             for c, t in temporal.items()
         ]
         beyond = [_beyond(raw[c], t).cast("int") for c, t in temporal.items()]
+        if appending:
+            unreadable.append(F.when(F.col(W_ROW).isNull(), F.lit(append_only.NO_ROW_ID)))
         src = src.select(
             W_LSN,
             W_SEQ,
             W_OP,
             W_TOAST,
             W_PRESENT,
+            *([W_ROW] if appending else []),
             F.coalesce(F.col(f"{W_NEW}.{quote(CORRUPT)}"), *unreadable).alias(CORRUPT),
             *[
                 (_temporal(raw[c], temporal[c]) if c in temporal else raw[c]).alias(names[c])
@@ -828,8 +849,11 @@ class DeltaMirror:
                 *[F.col(f"{W_KAFKA}{c}").alias(c) for c in ("topic", "partition", "offset")],
                 F.col(f"{W_KAFKA}kafka_ts").alias("kafka_ts"),
             )
-            self._quarantine(corrupt, batch_id, f"values-{path.name}-{segment}")
+            app = f"values-{path.name}-{segment}{'-appended' if appending else ''}"
+            self._quarantine(corrupt, batch_id, app)
             good = src.where(F.col(CORRUPT).isNull())
+            if appending:
+                return append_only.append_rows(self.spark, path, good, names)
             return self._merge_good(path, good, names, key)
         finally:
             src.unpersist()
