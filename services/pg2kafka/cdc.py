@@ -16,7 +16,7 @@ import orjson
 import psycopg
 
 from services.pg2kafka import pgoutput as pg
-from services.pg2kafka.changes import set_epoch
+from services.pg2kafka.changes import EventBuilder, append_only, set_epoch
 from services.pg2kafka.debezium_format import (
     DebeziumRecords,
     connect_encoder,
@@ -118,11 +118,27 @@ class CdcHandler:
             for ev in b.ddl(msg, lsn):
                 if self.filter.matches(ev["schema"], ev["table"]):
                     self.send_table_wide(session, ev)
-                    created = str(ev.get("ddl", {}).get("tag", "")).upper() == "CREATE TABLE"
-                    if inc is not None and created:
+                    if inc is not None and self.table_level(b, ev):
                         inc.floor(ev["schema"], ev["table"], lsn)
             self.check_keyless(session)  # a table may have gained or lost its identity
         # Commits, heartbeats, other logical messages and Origin only move the position.
+
+    @staticmethod
+    def table_level(b: EventBuilder, ev: ChangeEvent) -> bool:
+        """Whether a DDL event is a table-level position sinks order rows against (its
+        floor, shared.contract.event.read_row_version): the table created (again), or an
+        insert-only table that gained a key — its appended rows all lie below it, and the
+        snapshot that follows (versions above it, its end marker too) replaces them."""
+        ddl = ev.get("ddl") or {}
+        tag = str(ddl.get("tag", "")).upper()
+        if tag == "CREATE TABLE":
+            return True
+        if tag != "ALTER TABLE" or not ddl.get("primary_key"):
+            return False
+        return any(
+            r.schema == ev["schema"] and r.table == ev["table"] and append_only(r)
+            for r in b.relations.values()
+        )
 
     def handle_debezium(self, session: ReplicationSession, lsn: int, msg: pg.Decoded) -> None:
         """The Debezium format: row changes only (its connector's defaults write neither

@@ -229,7 +229,8 @@ class Incremental:
         self.remaining[table] -= 1
         self.table_rows[table] += rows
         if self.remaining[table] <= 0:
-            start = self._store().start_version(*table)
+            # Above the table's floor too: a sink ignores an end marker at or below it.
+            start = read_row_version(self._store().start_version(*table), floor)
             marker = end_marker(self.settings, cid, start, self.table_rows[table])
             handler.send_table_wide(session, marker)
         self.sent.append((session.seq, read, rows))
