@@ -162,7 +162,9 @@ def append_only_id(epoch: int, commit_lsn: int, seq: int, snapshot: SnapshotInfo
     position and its place in it (rows of one COPY share an LSN, never a (commit, seq));
     a snapshot's read row is its run, chunk and place in the chunk — pg2kafka reads an
     insert-only table's chunk in ``ctid`` order, so a chunk read again after a restart
-    numbers its rows the same way. Never a plain key's form (a digit, then ``.``)."""
+    numbers its rows the same way. It can look like a key's text (``1.5``): a sink that
+    holds keyed and insert-only rows in one place keeps them apart (kafka2search: an
+    ``append-only:`` prefix no key text keeps)."""
     head = f"{version(epoch, commit_lsn)}.{seq}"
     if snapshot is None:
         return head
