@@ -64,7 +64,15 @@ class Metrics:
         )
         self.stale = Counter(
             f"{prefix}_stale_events",
-            "changes older than the stored document (version conflict): skipped",
+            "changes not newer than the stored document of their row (version conflict):"
+            " skipped",
+            registry=registry,
+        )
+        # Kept apart from `stale`: a row the index does not hold is never counted stale.
+        self.below_floor = Counter(
+            f"{prefix}_below_floor_events",
+            "changes at or below their table's floor (its last truncate, creation or"
+            " snapshot end, after which the index removed what was older): skipped",
             registry=registry,
         )
         self.retries = Counter(
@@ -438,7 +446,7 @@ class Indexer(BatchSink[Batch]):
         returns, every document is in the engine, stale, or returned as refused for good
         (the caller dead-letters those before committing); raises otherwise."""
         docs = [d for d in batch.docs.values() if d.lsn > self.states[d.index].truncated_lsn]
-        self.metrics.stale.inc(len(batch.docs) - len(docs))
+        self.metrics.below_floor.inc(len(batch.docs) - len(docs))
         if batch.toast:
             # Stored TOAST values must include what earlier writes carry; and if one
             # failed, its records are read again, so filling from an older document
