@@ -16,7 +16,7 @@ import orjson
 import psycopg
 
 from services.pg2kafka import pgoutput as pg
-from services.pg2kafka.changes import EventBuilder, append_only, set_epoch
+from services.pg2kafka.changes import set_epoch
 from services.pg2kafka.debezium_format import (
     DebeziumRecords,
     connect_encoder,
@@ -45,6 +45,18 @@ log = logging.getLogger(__name__)
 DDL_PREFIX = "walcast.ddl"
 _AUTHORED = frozenset({DDL_PREFIX, WATERMARK})  # acted on only when walcast signed them
 _ROWS = frozenset({"new", "old", "unchanged_toast"})
+
+
+def joined_tables(content: bytes) -> frozenset[tuple[str, str]]:
+    """The tables a DDL message says joined the publication in its statement (V018)."""
+    try:
+        payload = orjson.loads(content)
+        return frozenset(
+            (str(t["schema"]), str(t["table"])) for t in payload.get("tables", [])
+            if isinstance(t, dict) and t.get("joined") is True
+        )  # fmt: skip
+    except (orjson.JSONDecodeError, AttributeError, KeyError, TypeError):
+        return frozenset()  # the builder reports a malformed message
 
 
 class CdcHandler:
@@ -88,7 +100,7 @@ class CdcHandler:
         b = session.builder
         inc = self.incremental
         if isinstance(msg, pg.Message) and msg.prefix in _AUTHORED:
-            body = self.messages.open(msg, lsn)
+            body = self.messages.open(msg, lsn, b.txn.xid if b.txn is not None else None)
             if body is None:
                 session.metrics.unauthenticated_messages.inc()
                 return
@@ -115,30 +127,25 @@ class CdcHandler:
             if not msg.transactional or b.txn is None:
                 log.warning("ignoring a non-transactional DDL message at %s", pg.format_lsn(lsn))
                 return
+            joined = joined_tables(msg.content)
             for ev in b.ddl(msg, lsn):
                 if self.filter.matches(ev["schema"], ev["table"]):
                     self.send_table_wide(session, ev)
-                    if inc is not None and self.table_level(b, ev):
+                    if inc is not None and self.table_level(ev, joined):
                         inc.floor(ev["schema"], ev["table"], lsn)
             self.check_keyless(session)  # a table may have gained or lost its identity
         # Commits, heartbeats, other logical messages and Origin only move the position.
 
     @staticmethod
-    def table_level(b: EventBuilder, ev: ChangeEvent) -> bool:
+    def table_level(ev: ChangeEvent, joined: frozenset[tuple[str, str]]) -> bool:
         """Whether a DDL event is a table-level position sinks order rows against (its
-        floor, shared.contract.event.read_row_version): the table created (again), or an
-        insert-only table that gained a key — its appended rows all lie below it, and the
-        snapshot that follows (versions above it, its end marker too) replaces them."""
-        ddl = ev.get("ddl") or {}
-        tag = str(ddl.get("tag", "")).upper()
-        if tag == "CREATE TABLE":
-            return True
-        if tag != "ALTER TABLE" or not ddl.get("primary_key"):
-            return False
-        return any(
-            r.schema == ev["schema"] and r.table == ev["table"] and append_only(r)
-            for r in b.relations.values()
-        )
+        floor, shared.contract.event.read_row_version): the table created (again), or a
+        table that joined the publication in this statement (gained a key, as an
+        insert-only table does: the rows it appended all lie below, and the snapshot that
+        follows — its rows and end marker above — replaces them). The trigger says which
+        tables joined (V018), so a restart in between changes nothing."""
+        tag = str((ev.get("ddl") or {}).get("tag", "")).upper()
+        return tag == "CREATE TABLE" or (ev["schema"], ev["table"]) in joined
 
     def handle_debezium(self, session: ReplicationSession, lsn: int, msg: pg.Decoded) -> None:
         """The Debezium format: row changes only (its connector's defaults write neither

@@ -8,9 +8,16 @@ message key (migration V013: ``_walcast.message_key``, readable by the owner onl
 by ``_walcast.emit_message``, the owner's alone). Any other message with one of those
 prefixes is ignored, counted and logged: it never changes what reaches Kafka.
 
-The signed form, decided here and in V013 only::
+The signed form, decided here and in the migration that defines
+``_walcast.emit_message`` (V018) only::
 
-    'walcast-sig-v1:' || hex(sha256(key || sha256(body))) || ':' || body
+    'walcast-sig-v2:' || hex(sha256(key || sha256(prefix || ':' || xid || ':' || body)))
+        || ':' || body
+
+``xid`` is the writing transaction's 32-bit id, in decimal: the message is valid only in
+the transaction that wrote it, so bytes copied from the WAL by a role that may read it
+and emitted again in another transaction are refused (as is a message moved to another
+prefix). The first form (V013, without prefix and xid) is refused.
 """
 
 from __future__ import annotations
@@ -28,15 +35,20 @@ from shared.logs import SampledLog
 
 log = logging.getLogger(__name__)
 
-SIGNED = b"walcast-sig-v1:"
+SIGNED = b"walcast-sig-v2:"
+SIGNED_SINCE = 18  # the migration that writes this form
 _DIGEST_HEX = 64
 
 
-def sign(key: bytes, body: bytes) -> bytes:
-    """The signed content of ``body`` (what ``_walcast.emit_message`` writes); for tests
-    and tools — pg2kafka itself writes through the SQL function."""
-    digest = hashlib.sha256(key + hashlib.sha256(body).digest()).hexdigest().encode()
-    return SIGNED + digest + b":" + body
+def _digest(key: bytes, prefix: str, xid: int, body: bytes) -> bytes:
+    inner = hashlib.sha256(f"{prefix}:{xid}:".encode() + body).digest()
+    return hashlib.sha256(key + inner).hexdigest().encode()
+
+
+def sign(key: bytes, prefix: str, xid: int, body: bytes) -> bytes:
+    """The signed content of ``body`` (what ``_walcast.emit_message`` writes in
+    transaction ``xid``); for tests and tools — pg2kafka writes through the SQL function."""
+    return SIGNED + _digest(key, prefix, xid, body) + b":" + body
 
 
 class MessageKey:
@@ -54,22 +66,25 @@ class MessageKey:
 
     @classmethod
     def load(cls, conn: psycopg.Connection[Any]) -> MessageKey:
-        """Read the key as the owner. A database whose walcast schema predates V013 is
-        refused: its DDL triggers write unsigned messages, which would all be ignored."""
+        """Read the key as the owner. A database whose walcast objects predate the
+        signed form (V018) is refused: its triggers would write messages pg2kafka ignores.
+        A database without walcast's objects has no key (nothing of walcast writes there)."""
         row = conn.execute(
-            "SELECT pg_catalog.to_regclass('_walcast.message_key') IS NOT NULL,"
-            " pg_catalog.to_regclass('_walcast.schema_migrations') IS NOT NULL"
+            "SELECT pg_catalog.to_regclass('_walcast.schema_migrations') IS NOT NULL"
         ).fetchone()
-        has_key, has_schema = (bool(row[0]), bool(row[1])) if row else (False, False)
-        if not has_key:
-            if has_schema:
-                raise PermanentError(
-                    "this database's walcast objects are older than this pg2kafka (migration"
-                    " V013, signed logical messages, is missing)",
-                    hint="run `pg2kafka init` once with this version: it applies the missing"
-                    " migrations",
-                )
+        if not (row and row[0]):
             return cls(None)
+        row = conn.execute(
+            "SELECT coalesce(max(version), 0) FROM _walcast.schema_migrations"
+            " WHERE component = 'pg2kafka'"
+        ).fetchone()
+        if row is None or int(row[0]) < SIGNED_SINCE:
+            raise PermanentError(
+                "this database's walcast objects are older than this pg2kafka (migration"
+                f" V{SIGNED_SINCE:03d}, logical messages signed per transaction, is missing)",
+                hint="run `pg2kafka init` once with this version: it applies the missing"
+                " migrations",
+            )
         try:
             key = conn.execute("SELECT key FROM _walcast.message_key").fetchone()
         except psycopg.errors.InsufficientPrivilege as exc:
@@ -81,15 +96,17 @@ class MessageKey:
             ) from exc
         return cls(bytes(key[0]) if key else None)
 
-    def open(self, msg: pg.Message, lsn: int) -> bytes | None:
-        """The body of a message walcast signed; None (counted, logged) for any other."""
+    def open(self, msg: pg.Message, lsn: int, xid: int | None) -> bytes | None:
+        """The body of a message walcast signed in transaction ``xid`` (the one it arrives
+        in; None: outside a transaction, never walcast's); None (counted, logged) for any
+        other."""
         content = msg.content
-        if self._key is not None and content.startswith(SIGNED):
+        if self._key is not None and xid is not None and content.startswith(SIGNED):
             digest = content[len(SIGNED) : len(SIGNED) + _DIGEST_HEX]
             body = content[len(SIGNED) + _DIGEST_HEX + 1 :]
             if content[len(SIGNED) + _DIGEST_HEX : len(SIGNED) + _DIGEST_HEX + 1] == b":":
-                want = hashlib.sha256(self._key + hashlib.sha256(body).digest()).hexdigest()
-                if hmac.compare_digest(digest, want.encode()):
+                want = _digest(self._key, msg.prefix, xid, body)
+                if hmac.compare_digest(digest, want):
                     return body
         self.rejected += 1
         self._log.warning(

@@ -133,7 +133,11 @@ def decide(
     behind = [r for r in history if judge(r, now) is not None]
     if history and not behind and max(r.epoch for r in history) == top.epoch:
         lsn = own.lsn if own is not None and own.epoch == top.epoch else 0
-        return SourceRecord(top.epoch, now.system, now.timeline, lsn, slot), None
+        # Another pipeline of this server already began the epoch; this one's own source
+        # changed all the same (its record is of another timeline, or its server is
+        # behind it): the epoch is adopted, and the reason asks for its snapshots.
+        own_reason = judge(own, now) if own is not None else None
+        return SourceRecord(top.epoch, now.system, now.timeline, lsn, slot), own_reason
     reason = judge(behind[0] if behind else own if own is not None else top, now) or (
         f"another source (system {top.system}, timeline {top.timeline}) wrote stream"
         f" {dest} at epoch {top.epoch}, after this server's epoch"

@@ -113,3 +113,18 @@ def test_a_stream_with_no_record_starts_at_epoch_zero() -> None:
 def test_record_keys_tell_pipelines_and_destinations_apart() -> None:
     assert len({key(SYS_A), key(SYS_B), key(SYS_A, "b"), record_key("t", "db", "s", SYS_A)}) == 4
     assert not record_key("t", "db", "s", SYS_A).startswith(b"t")  # never a bare topic name
+
+
+def test_a_changed_source_asks_for_snapshots_even_when_its_epoch_is_adopted() -> None:
+    """Two pipelines on one destination; the server fails over to timeline 2 and A begins
+    epoch 1 there. B, restarted next, adopts epoch 1 — and still says why its own source
+    changed, so that its tables are snapshotted again (rows of its lost tail removed)."""
+    records = {
+        key(SYS_A, "a"): SourceRecord(1, SYS_A, 2, 0, "a"),
+        key(SYS_A, "b"): SourceRecord(0, SYS_A, 1, 0x5000, "b"),
+    }
+    record, reason = decide(records, key(SYS_A, "b"), Identity(SYS_A, 2, 0x6000), "b", "x")
+    assert record.epoch == 1
+    assert record.timeline == 2
+    assert reason is not None
+    assert "promoted standby" in reason

@@ -139,8 +139,9 @@ def test_forged_logical_messages_change_nothing(
 ) -> None:
     """With pg_logical_emit_message still executable by PUBLIC (a NOSUPERUSER owner
     cannot revoke it), the application writes a CREATE TABLE DDL message for a streamed
-    table, a low watermark that would open a window for ever, and one signed with a
-    wrong key: no DDL event, no window, each counted."""
+    table, a low watermark that would open a window for ever, ones signed with a wrong
+    key, and real signatures replayed in another transaction or under another prefix: no
+    DDL event, no window, each counted."""
     db = hijacked
     assert any("pg_logical_emit_message" in w for w in db.init_report.warnings)
     db.sql(db.app, "CREATE TABLE app.accounts (id int PRIMARY KEY, v int)")
@@ -155,13 +156,19 @@ def test_forged_logical_messages_change_nothing(
                "tables": [{"schema": "app", "table": "accounts", "columns": [],
                            "primary_key": []}]}  # fmt: skip
         low = {"run": 1, "schema": "app", "table": "accounts", "chunk": 0, "mark": "low"}
-        forged = [
-            ("walcast.ddl", orjson.dumps(ddl)),
-            ("walcast.snapshot", orjson.dumps(low)),
-            ("walcast.ddl", sign(b"k" * 32, orjson.dumps(ddl))),
-            ("walcast.ddl", b"walcast-sig-v1:" + b"0" * 64 + b":" + orjson.dumps(ddl)),
-        ]
+        # The real key, as a role that can read the WAL would learn a signed message:
+        # signed for an earlier transaction, replayed in the application's.
+        real_key = bytes(db.sql(None, "SELECT key FROM _walcast.message_key")[0][0])
         with psycopg.connect(db.dsn(db.app), autocommit=True) as app, app.transaction():
+            xid = int(app.execute("SELECT pg_current_xact_id()::xid::text").fetchone()[0])
+            forged = [
+                ("walcast.ddl", orjson.dumps(ddl)),
+                ("walcast.snapshot", orjson.dumps(low)),
+                ("walcast.ddl", sign(b"k" * 32, "walcast.ddl", xid, orjson.dumps(ddl))),
+                ("walcast.ddl", b"walcast-sig-v2:" + b"0" * 64 + b":" + orjson.dumps(ddl)),
+                ("walcast.ddl", sign(real_key, "walcast.ddl", xid - 7, orjson.dumps(ddl))),
+                ("walcast.ddl", sign(real_key, "walcast.snapshot", xid, orjson.dumps(ddl))),
+            ]
             for prefix, content in forged:
                 app.execute("SELECT pg_logical_emit_message(true, %s, %s::bytea)",
                             [prefix, content])  # fmt: skip

@@ -164,7 +164,9 @@ def test_a_trickling_answer_fails_the_attempt_at_its_deadline(
         (wait, reason), took = timed(lambda: d._attempt(Delivery("wc_1", b"{}", (ORIGIN,))), 10)
     finally:
         d.close()
-    assert took < 3.0, took
+    # Without the deadline the attempt would run on for as long as the receiver trickles
+    # (past timed()'s 10 s); the bound leaves a loaded machine ample slack.
+    assert took < 8.0, took
     assert wait == 0.0  # retried with the backoff
     assert "within" in reason  # its own deadline, or delivery.timeout_s for a 200's body
 
@@ -185,7 +187,7 @@ def test_stop_is_honoured_within_the_deadline(raw: RawServer) -> None:
     finally:
         d.close()
     assert isinstance(result, RetriableError)  # not committed: delivered after a restart
-    assert took < 1.0 + 1.5, took
+    assert took < 1.0 + 5.0, took  # the deadline, and a loaded machine's slack
 
 
 def test_a_receiver_that_never_accepts_the_body_is_cut_too() -> None:
@@ -200,7 +202,7 @@ def test_a_receiver_that_never_accepts_the_body_is_cut_too() -> None:
     finally:
         d.close()
         server.close()
-    assert took < 3.0
+    assert took < 8.0
     assert wait == 0.0
     assert "within 0.5 s" in reason
 

@@ -13,41 +13,58 @@ KEY = bytes(range(32))
 BODY = b'{"tag": "CREATE TABLE", "tables": []}'
 
 
-def message(content: bytes) -> pg.Message:
-    return pg.Message(True, 1, "walcast.ddl", content)
+XID = 4242
+PREFIX = "walcast.ddl"
 
 
-def test_a_message_signed_with_the_key_opens_to_its_body() -> None:
-    assert MessageKey(KEY).open(message(sign(KEY, BODY)), 1) == BODY
+def message(content: bytes, prefix: str = PREFIX) -> pg.Message:
+    return pg.Message(True, 1, prefix, content)
+
+
+def test_a_message_signed_with_the_key_in_its_transaction_opens_to_its_body() -> None:
+    assert MessageKey(KEY).open(message(sign(KEY, PREFIX, XID, BODY)), 1, XID) == BODY
 
 
 def test_the_signed_form_is_the_one_the_migration_writes() -> None:
-    # V013: 'walcast-sig-v1:' || hex(sha256(key || sha256(body))) || ':' || body
-    digest = hashlib.sha256(KEY + hashlib.sha256(BODY).digest()).hexdigest()
-    assert sign(KEY, BODY) == b"walcast-sig-v1:" + digest.encode() + b":" + BODY
+    # V018: 'walcast-sig-v2:' || hex(sha256(key || sha256(prefix:xid:body))) || ':' || body
+    inner = hashlib.sha256(f"{PREFIX}:{XID}:".encode() + BODY).digest()
+    digest = hashlib.sha256(KEY + inner).hexdigest()
+    assert sign(KEY, PREFIX, XID, BODY) == b"walcast-sig-v2:" + digest.encode() + b":" + BODY
+
+
+def test_a_signed_message_replayed_in_another_transaction_or_prefix_is_refused() -> None:
+    """Bytes copied from the WAL by a role that may read it, emitted again."""
+    key = MessageKey(KEY)
+    signed = sign(KEY, PREFIX, XID, BODY)
+    assert key.open(message(signed), 1, XID + 1) is None
+    assert key.open(message(signed, "walcast.snapshot"), 1, XID) is None
+    assert key.open(message(signed), 1, None) is None  # outside a transaction
+    assert key.rejected == 3
 
 
 @pytest.mark.parametrize(
     "content",
     [
         BODY,  # unsigned
-        sign(b"x" * 32, BODY),  # another key
-        sign(KEY, BODY)[:-1] + b"!",  # body changed after signing
-        sign(KEY, BODY).replace(b":", b";", 2),  # separator broken
-        b"walcast-sig-v1:" + b"0" * 64 + b":" + BODY,
+        sign(b"x" * 32, PREFIX, XID, BODY),  # another key
+        sign(KEY, PREFIX, XID, BODY)[:-1] + b"!",  # body changed after signing
+        sign(KEY, PREFIX, XID, BODY).replace(b":", b";", 2),  # separator broken
+        b"walcast-sig-v2:" + b"0" * 64 + b":" + BODY,
+        b"walcast-sig-v1:" + hashlib.sha256(KEY + hashlib.sha256(BODY).digest()).hexdigest()
+        .encode() + b":" + BODY,  # the V013 form, valid then: refused now
         b"walcast-sig-v1:",
         b"",
     ],
 )
 def test_anything_else_is_refused_and_counted(content: bytes) -> None:
     key = MessageKey(KEY)
-    assert key.open(message(content), 1) is None
+    assert key.open(message(content), 1, XID) is None
     assert key.rejected == 1
 
 
 def test_without_a_key_nothing_opens() -> None:
     key = MessageKey(None)
-    assert key.open(message(sign(KEY, BODY)), 1) is None
+    assert key.open(message(sign(KEY, PREFIX, XID, BODY)), 1, XID) is None
     assert key.rejected == 1
 
 
