@@ -26,8 +26,19 @@ wildcard). Before raising, :meth:`Shapes.check` hands the columns that lost thei
 to ``Shapes.recorder`` (:class:`Stop`: by table oid and attribute number, which a rename
 keeps), and each session's first shape waits for ``Shapes.guard`` to clear the recorded
 stops (services/pg2kafka/transform_stops.py). Attribute numbers come with the start-up
-catalog and with DDL events; a Relation message has names only, and its shape keeps the
-numbers of the names it shares with the shape before it.
+catalog and with DDL events.
+
+A name is not a column: ``RENAME email TO email_old; ADD COLUMN email text`` keeps the
+name ``email`` while the addresses move to ``email_old``. So a covered column is followed
+by its attribute number where one is known: a DDL event's ``num`` gives the new shape's
+numbers; for a Relation message (names only) :attr:`Shapes.catalog` reads the table's
+current columns by oid (services/pg2kafka/transform_stops.py, :func:`columns`), and the
+column a rule covered counts as kept only when its number is, in the new shape, under a
+name a rule covers (:func:`_moved`). The catalog may be ahead of the stream (later DDL
+already applied): a number is mapped to its current name only when the message shows
+that name, and a number the catalog has under no name the message shows — or no more —
+is a stop whenever the message shows a name the catalog no longer has (that name may
+hold it).
 """
 
 from __future__ import annotations
@@ -42,6 +53,10 @@ from shared.errors import PermanentError
 
 Covered = Callable[[str, str, Iterable[str]], dict[str, str]]
 """``covered(schema, table, names)``: the names a rule applies to -> the rule's pattern."""
+
+CatalogColumns = Callable[[int], "list[tuple[int, str, bool]] | None"]
+"""``catalog(table oid)``: the table's columns now — ``(attnum, name, generated)`` in
+attribute order, dropped ones left out — or None when there is no such table."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,6 +116,9 @@ class Shapes:
         # session's first shape is taken.
         self.recorder: Callable[[list[Stop]], None] | None = None
         self.guard: Callable[[], None] | None = None
+        # ``catalog`` (set there too) reads a table's current attribute numbers for a
+        # Relation message's shape (names only); None: shapes are compared by name.
+        self.catalog: CatalogColumns | None = None
         self._guarded: set[int] = set()
 
     def session(self) -> int:
@@ -139,6 +157,13 @@ class Shapes:
           a column it covers is here without a rule (the table had another name), or is
           missing while this shape has a column it lacks (renamed since).
 
+        Either way, a column a rule covered whose attribute number is known is followed
+        by it (:func:`_moved`): lost when its number is here under a name no rule covers,
+        or may be (the catalog, read through :attr:`catalog` for a message without
+        numbers, has it under no name shown here while a name shown here is gone from
+        it). A failure of that read raises (psycopg's error): nothing of the shape is
+        taken, and the stream tries again.
+
         Before raising, the lost columns go to :attr:`recorder` (:class:`Stop`).
         Otherwise this shape is remembered as the table's latest."""
         if schema == INTERNAL_SCHEMA:
@@ -147,28 +172,45 @@ class Shapes:
             self.guard()
             self._guarded.add(session)
         numbered = dict(zip(names, attnums, strict=True)) if attnums is not None else None
+        now = self._now(oid, schema, table, names) if numbered is None else None
         with self._lock:
             key, prev = self._previous(oid, schema, table)
             covered = self._covered(schema, table, names)
             streamed = self.streamed is None or self.streamed.matches(schema, table)
             lost: list[str] = []
+            notes: dict[str, str] = {}
             if prev is not None and streamed:
-                lost = _lost_columns(prev, covered, names, session, lsn)
+                notes = _moved(prev, covered, names, numbered, now)
+                lost = sorted(set(_lost_columns(prev, covered, names, session, lsn)) | set(notes))
             if not lost:
                 if key is not None:
                     self._seen.pop(key, None)
                 if covered:
                     self._seen[oid if oid is not None else (schema, table)] = _Seen(
                         schema, table, frozenset(names), covered, lsn, session,
-                        _numbers(covered, numbered, prev),
+                        _numbers(covered, names, numbered, now, prev),
                     )  # fmt: skip
                 return
         assert prev is not None
         table_oid = oid if oid is not None else key if isinstance(key, int) else None
-        error = _lost(prev, lost, schema, table, names, where)
+        error = _lost(prev, lost, schema, table, names, where, notes)
         if self.recorder is not None:
             self.recorder(_stops(prev, lost, table_oid, schema, table, names, covered, numbered))
         raise error
+
+    def _now(
+        self, oid: int | None, schema: str, table: str, names: Sequence[str]
+    ) -> _Catalog | None:
+        """The table's columns in the catalog now, for a shape without numbers: read (one
+        query) only when there is a catalog to read, the message gives the table's oid,
+        and the table has a covered column — in the last known shape, or in this one."""
+        if self.catalog is None or oid is None:
+            return None
+        with self._lock:
+            _key, prev = self._previous(oid, schema, table)
+        if (prev is None or not prev.attnums) and not self._covered(schema, table, names):
+            return None
+        return _Catalog(self.catalog(oid), names)
 
     def _previous(
         self, oid: int | None, schema: str, table: str
@@ -218,6 +260,67 @@ class Shapes:
                     )
 
 
+class _Catalog:
+    """A table's columns in the catalog now, against a shape ``names`` of it from the
+    stream. ``exact``: the catalog shows that shape (the same columns, in attribute
+    order, as pgoutput sends them — generated columns it does not send aside), so its
+    numbers are the shape's; ``stale``: a name the shape shows is gone from the catalog
+    (renamed or dropped since — a column of the shape the catalog cannot place);
+    ``gone``: the table is not in the catalog any more (dropped since)."""
+
+    def __init__(self, rows: Iterable[tuple[int, str, bool]] | None, names: Sequence[str]) -> None:
+        self.gone = rows is None
+        rows = list(rows or ())
+        shown = set(names)
+        self.name_of = {attnum: name for attnum, name, _gen in rows}
+        self.number_of = {name: attnum for attnum, name in self.name_of.items()}
+        order = [name for attnum, name, gen in rows if not (gen and name not in shown)]
+        self.exact = order == list(names)
+        self.stale = any(n not in self.number_of for n in names)
+
+
+def _moved(
+    prev: _Seen,
+    covered: dict[str, str],
+    names: Sequence[str],
+    numbered: dict[str, int] | None,
+    now: _Catalog | None,
+) -> dict[str, str]:
+    """The columns of ``prev`` a rule covered, with a known attribute number, whose data
+    is (or may be) in the new shape under a name no rule covers -> what is known of it.
+    ``numbered``: the shape's own numbers (a DDL event); else ``now``, the catalog (a
+    Relation message; None: not read, nothing to compare). A number absent from an exact
+    shape was dropped: nothing of it is left to send. A table gone from the catalog
+    (dropped since) tells nothing: a shape that shows other names than ``prev`` stops."""
+    out: dict[str, str] = {}
+    if now is not None and now.gone and set(names) == prev.names:
+        return out
+    for column, attnum in sorted(prev.attnums.items()):
+        if column not in prev.covered:
+            continue
+        if numbered is not None:
+            name = {a: n for n, a in numbered.items()}.get(attnum)
+            if name is not None and name not in covered:
+                out[column] = f"column {attnum} is now named {name}"
+            continue
+        if now is None:
+            continue
+        name = now.name_of.get(attnum)
+        if name is not None and name in names:
+            if name not in covered:
+                out[column] = f"column {attnum} is now named {name}"
+        elif now.stale:
+            # The catalog is ahead of the stream: the column may be any name shown here
+            # that the catalog no longer has.
+            gone = [n for n in names if n not in now.number_of]
+            out[column] = (
+                f"column {attnum} is {'gone' if name is None else f'named {name}'} in the"
+                f" catalog now, which no longer has {', '.join(gone[:5])} of this shape:"
+                " it may be one of them"
+            )
+    return out
+
+
 def _lost_columns(
     prev: _Seen, covered: dict[str, str], names: Sequence[str], session: int, lsn: int | None
 ) -> list[str]:
@@ -245,12 +348,23 @@ def _lost_columns(
 
 
 def _numbers(
-    covered: dict[str, str], numbered: dict[str, int] | None, prev: _Seen | None
+    covered: dict[str, str],
+    names: Sequence[str],
+    numbered: dict[str, int] | None,
+    now: _Catalog | None,
+    prev: _Seen | None,
 ) -> dict[str, int]:
-    """The attribute numbers of a new shape's covered columns: the message's, else those
-    of the same names in the shape before it (a Relation message names columns only)."""
+    """The attribute numbers of a new shape's covered columns: the message's (a DDL
+    event); else, for a Relation message (names only), the catalog's when it shows this
+    shape, those a covered number of the shape before it has under the same name now, or
+    (no catalog to read) those of the same names in the shape before it."""
     if numbered is not None:
         return {n: numbered[n] for n in covered if n in numbered}
+    if now is not None:
+        if now.exact:
+            return {n: now.number_of[n] for n in covered if n in now.number_of}
+        kept = prev.attnums.values() if prev is not None else ()
+        return {now.name_of[a]: a for a in kept if a in now.name_of and now.name_of[a] in covered}
     if prev is None:
         return {}
     return {n: prev.attnums[n] for n in covered if n in prev.attnums}
@@ -286,15 +400,26 @@ def _stops(
 
 
 def _lost(
-    prev: _Seen, lost: list[str], schema: str, table: str, names: Sequence[str], where: str
+    prev: _Seen,
+    lost: list[str],
+    schema: str,
+    table: str,
+    names: Sequence[str],
+    where: str,
+    notes: dict[str, str],
 ) -> PermanentError:
-    was = ", ".join(f"{prev.schema}.{prev.table}.{c} (rule {prev.covered[c]!r})" for c in lost)
+    def one(c: str) -> str:
+        note = f": {notes[c]}" if c in notes else ""
+        return f"{prev.schema}.{prev.table}.{c} (rule {prev.covered[c]!r}{note})"
+
+    was = ", ".join(one(c) for c in lost)
     shown = ", ".join(names[:50]) + (" ..." if len(names) > 50 else "")
     return PermanentError(
         f"transform rules covered {was}; {where} shows the table as {schema}.{table} with"
         f" columns ({shown}), where no rule covers that data: the column or the table was"
-        " renamed or moved to another schema, or the column dropped. Stopped before"
-        " anything of the table in this shape was sent",
+        " renamed or moved to another schema (another column may have taken the old"
+        " name), or the column dropped. Stopped before anything of the table in this"
+        " shape was sent",
         hint="change transforms.rules to the new names (or remove the rule of a dropped"
         " column), then restart: pg2kafka resumes at this change. If it has to send"
         " changes from before the rename again, a rule must cover both names until it is"

@@ -49,6 +49,18 @@ SELECT a.attnum FROM pg_catalog.pg_attribute a
  WHERE a.attrelid = %s::oid AND a.attname = %s AND a.attnum > 0 AND NOT a.attisdropped
 """
 
+# A table's columns now, for a Relation message's shape (names only): by oid, so a name
+# another column took over (RENAME email TO email_old; ADD COLUMN email) is told apart.
+_COLUMNS_SQL = """
+SELECT a.attnum::int4, a.attname::text, a.attgenerated <> ''
+  FROM pg_catalog.pg_class c
+  JOIN pg_catalog.pg_attribute a
+    ON a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped
+ WHERE c.oid = %s::pg_catalog.oid
+ ORDER BY a.attnum
+"""
+_EXISTS_SQL = "SELECT 1 FROM pg_catalog.pg_class c WHERE c.oid = %s::pg_catalog.oid"
+
 _RECORDS_SQL = """
 SELECT s.table_oid::int8, s.attnum, s.schema_name, s.table_name, s.column_name, s.rule,
        s.stopped_at::text, n.nspname, c.relname, a.attname
@@ -126,6 +138,19 @@ def record(conninfo: str, slot: str, stops: Iterable[Stop]) -> None:
                 " pg2kafka refuses to start until a rule covers it",
                 stop.schema, stop.table, stop.column, stop.rule, oid, attnum,
             )  # fmt: skip
+
+
+def columns(conninfo: str, oid: int) -> list[tuple[int, str, bool]] | None:
+    """Called by the shape check (:attr:`Shapes.catalog`) for a Relation message of a
+    table with a covered column: the table's columns now — ``(attnum, name, generated)``
+    in attribute order, dropped ones left out — or None when no table has the oid any
+    more. A failure raises (psycopg's error): the stream stops without passing the
+    message, and tries again."""
+    with psycopg.connect(conninfo, autocommit=True) as conn:
+        rows = conn.execute(_COLUMNS_SQL, [oid]).fetchall()
+        if not rows and conn.execute(_EXISTS_SQL, [oid]).fetchone() is None:
+            return None
+    return [(int(n), str(name), bool(gen)) for n, name, gen in rows]
 
 
 @dataclass(frozen=True, slots=True)

@@ -501,7 +501,8 @@ def check_database(
     column that lost its rule exists uncovered, or when ``init`` has not created their
     table. The catalog read becomes the first known shape of each table
     (:meth:`Shapes.remember_catalog`); from here on the process records its stops for
-    ``slot`` and checks the records again before each session's first shape."""
+    ``slot``, checks the records again before each session's first shape, and reads a
+    table's attribute numbers for each Relation message that shows a covered one."""
     with psycopg.connect(conninfo, autocommit=True) as conn:
         columns = catalog_columns(conn)
         counts = check_catalog(transforms, columns, streamed)
@@ -519,5 +520,6 @@ def check_database(
         pg.parse_lsn(str(row[0])) if row else 0,
     )
     transforms.shapes.recorder = partial(transform_stops.record, conninfo, slot)
+    transforms.shapes.catalog = partial(transform_stops.columns, conninfo)
     transforms.shapes.guard = guard
     log.info("transform rules checked against the catalog", extra={"columns": counts})

@@ -299,3 +299,65 @@ def test_tear_down_removes_the_slots_transform_stops(
                             [h.settings.replication.slot]).fetchall()  # fmt: skip
         conn.execute("DELETE FROM _walcast.transform_stops WHERE slot = 'other_slot'")
     assert left == [("other_slot",)]
+
+
+def old_column_kept(
+    make_harness: HarnessFactory, schema: str, where: str,
+    after_init: Callable[[Harness], None] = lambda h: None,
+) -> None:  # fmt: skip
+    """The keep-the-old-column migration: ``email`` renamed to ``email_old`` and a new
+    ``email`` added — the rule's name is still there, the addresses are not under it. The
+    stream stops, records the column by its number, and no address reaches the topic."""
+    h = make(make_harness, schema, f"{schema}.users.email")
+    sql(h, f"CREATE SCHEMA {schema}")
+    sql(h, f"CREATE TABLE {schema}.users (id int PRIMARY KEY, email text)")
+    admin.init(h.settings)
+    after_init(h)
+    h.start()
+    sql(h, f"INSERT INTO {schema}.users VALUES (1, '{ANN}')")
+    h.events(lambda seen: len(data(seen, "users")) == 1)
+    h.events(confirmed_past_now(h))
+
+    sql(h, f"ALTER TABLE {schema}.users RENAME COLUMN email TO email_old")
+    sql(h, f"ALTER TABLE {schema}.users ADD COLUMN email text")
+    sql(h, f"UPDATE {schema}.users SET email = 'new' WHERE id = 1")
+    sql(h, f"INSERT INTO {schema}.users VALUES (2, '{BOB}', 'x')")
+    stopped(h, rf"{schema}\.users\.email \(rule .*{where} shows the table as {schema}\.users")
+    records = whole_topic(h)
+    for clear in (ANN, BOB):
+        assert clear not in "\n".join(records), clear
+    assert [orjson.loads(r)["op"] for r in records] == ["insert"]
+    assert stops_of(h) == [(schema, "users", "email", f"{schema}.users.email", 2)]
+
+    # Restarted with the rules unchanged: refused, column 2 is email_old now.
+    h2 = make(make_harness, schema, f"{schema}.users.email")
+    h2.start()
+    stopped(h2, rf"{schema}\.users\.email \(rule .*\) is now {schema}\.users\.email_old")
+    for clear in (ANN, BOB):
+        assert clear not in "\n".join(whole_topic(h2)), clear
+
+
+def test_keep_the_old_column_migration_stops_without_ddl_capture(
+    own_database: str, make_harness: HarnessFactory, unique_name: str
+) -> None:
+    """No DDL capture (the NOSUPERUSER install): one Relation message [id, email_old,
+    email] shows the change; the name ``email`` is still there, so the column is followed
+    by its attribute number, read from the catalog."""
+
+    def in_own_database(**sections: Any) -> Harness:
+        return make_harness(postgres={"database": own_database}, **sections)
+
+    def without_ddl_capture(h: Harness) -> None:
+        sql(h, "ALTER EVENT TRIGGER walcast_ddl_command_end DISABLE")
+        sql(h, "ALTER EVENT TRIGGER walcast_sql_drop DISABLE")
+
+    old_column_kept(in_own_database, f"t_{unique_name}",
+                    r"column 2 is now named email_old\).*Relation message",
+                    without_ddl_capture)  # fmt: skip
+
+
+def test_keep_the_old_column_migration_stops_with_ddl_capture(
+    make_harness: HarnessFactory, unique_name: str
+) -> None:
+    """DDL capture installed: the stop comes at the DDL event of the rename."""
+    old_column_kept(make_harness, f"t_{unique_name}", "the DDL event at LSN [0-9A-F/]+")

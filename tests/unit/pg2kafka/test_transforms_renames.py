@@ -259,3 +259,104 @@ def test_ddl_statements_are_withheld_while_rules_exist(rules: tuple[str, ...]) -
     plain.begin(pg.Begin(1000, 1_700_000_000_000_000, 7))
     (ev,) = plain.ddl(ddl(shape("id", "email", "note"), statement=statement), 400)
     assert ev["ddl"]["statement"] == statement
+
+
+# -- a covered column followed by its attribute number (a name another column took) ---
+
+
+def numbered(t: Transforms, *columns: tuple[int, str]) -> list[Any]:
+    """The catalog now answers with ``columns`` (attnum, name) for OID; the stops the
+    shape check records are returned in the list."""
+    recorded: list[Any] = []
+    t.shapes.catalog = lambda oid: [(n, name, False) for n, name in columns] if oid == OID else None
+    t.shapes.recorder = recorded.extend
+    return recorded
+
+
+def test_keep_the_old_column_migration_stops_at_the_relation_message() -> None:
+    """The reviewer's case: ``RENAME email TO email_old; ADD COLUMN email text`` then an
+    UPDATE: one Relation message [id, email_old, email] — the name ``email`` is still
+    there, the addresses are in ``email_old``."""
+    t = transforms("public.users.email")
+    recorded = numbered(t, (1, "id"), (2, "email"))
+    s = t.shapes.session()
+    t.shapes.check(OID, "public", "users", ["id", "email"], session=s, lsn=None, where="R")
+    numbered(t, (1, "id"), (2, "email_old"), (3, "email"))
+    t.shapes.recorder = recorded.extend
+    with pytest.raises(PermanentError) as err:
+        t.shapes.check(OID, "public", "users", ["id", "email", "email_old"], session=s,
+                       lsn=None, where="the stream's Relation message")  # fmt: skip
+    message = str(err.value)
+    assert "public.users.email (rule 'public.users.email': column 2 is now named email_old)" in (
+        message
+    )
+    assert "change transforms.rules" in message
+    assert [(r.oid, r.attnum, r.column) for r in recorded] == [(OID, 2, "email")]
+
+
+def test_keep_the_old_column_migration_stops_after_the_start_up_catalog() -> None:
+    t = transforms("app.users.email")
+    t.shapes.remember_catalog([(OID, "app", "users", "id", 1), (OID, "app", "users", "email", 2)],
+                              TableFilter(["app.*"], []), lsn=5000)  # fmt: skip
+    numbered(t, (1, "id"), (2, "email_old"), (3, "email"))
+    b = builder(t, commit_lsn=6000)
+    with pytest.raises(PermanentError, match="column 2 is now named email_old"):
+        b.relation(rel("id", "email_old", "email"))
+    assert OID not in b.relations
+
+
+def test_keep_the_old_column_migration_stops_at_the_ddl_event_by_its_numbers() -> None:
+    t = transforms("app.users.email")
+    b = builder(t)
+    b.ddl(ddl(shape("id", "email")), 300)
+    with pytest.raises(PermanentError, match="column 2 is now named email_old"):
+        b.ddl(ddl(shape("id", "email_old", "email")), 400)
+    # ... and a swap of names keeps every name but moves the data
+    b = builder(transforms("app.users.email"))
+    b.ddl(ddl(shape("id", "email", "note")), 300)
+    swapped = shape("id", "note", "email")
+    with pytest.raises(PermanentError, match="column 2 is now named note"):
+        b.ddl(ddl(swapped), 400)
+
+
+def test_a_swap_of_names_stops_at_the_relation_message() -> None:
+    t = transforms("app.users.email")
+    numbered(t, (1, "id"), (2, "email"), (3, "note"))
+    b = builder(t)
+    b.relation(rel("id", "email", "note"))
+    numbered(t, (1, "id"), (2, "note"), (3, "email"))
+    with pytest.raises(PermanentError, match="column 2 is now named note"):
+        b.relation(rel("id", "note", "email"))
+
+
+def test_a_catalog_ahead_of_the_stream_is_read_conservatively() -> None:
+    t = transforms("app.users.email", "app.users.secret")
+    numbered(t, (1, "id"), (2, "email"))
+    b = builder(t)
+    b.relation(rel("id", "email"))
+    # Columns added since the shape (a covered one among them): nothing shown moved.
+    numbered(t, (1, "id"), (2, "email"), (3, "note"), (4, "secret"))
+    b.relation(rel("id", "email", "note"))
+    # The stream shows [id, email_old, email]; the catalog has since renamed email_old:
+    # column 2 is under no name shown, and email_old (which may be it) is unknown to it.
+    numbered(t, (1, "id"), (2, "archived"), (3, "email"), (4, "secret"))
+    with pytest.raises(PermanentError, match="column 2 is named archived in the catalog now"):
+        b.relation(rel("id", "email_old", "email"))
+    # Dropped since: the same.
+    numbered(t, (1, "id"), (3, "email"), (4, "secret"))
+    with pytest.raises(PermanentError, match="column 2 is gone in the catalog now"):
+        b.relation(rel("id", "email_old", "email"))
+
+
+def test_drop_and_add_is_told_apart_by_the_catalog_and_streams_on() -> None:
+    t = transforms("app.users.email")
+    numbered(t, (1, "id"), (2, "email"), (3, "note"))
+    b = builder(t)
+    b.relation(rel("id", "email", "note"))
+    numbered(t, (1, "id"), (3, "note"), (4, "email"))  # column 2 dropped, 4 added
+    b.relation(rel("id", "note", "email"))
+    assert insert(b, "1", "n", EMAIL)["new"]["email"] == "REDACTED"
+    # the new column is followed by its number from here on
+    numbered(t, (1, "id"), (3, "note"), (4, "email_v1"), (5, "email"))
+    with pytest.raises(PermanentError, match="column 4 is now named email_v1"):
+        b.relation(rel("id", "note", "email_v1", "email"))
