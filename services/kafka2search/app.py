@@ -16,6 +16,10 @@ sink it feeds, :class:`Indexer`:
 * a truncate, DDL or snapshot marker event reaches ``control`` with nothing in flight,
   so the index follows the table's history in order. A snapshot's ``read`` rows are
   indexed like inserts (versioned, so one older than the stored document is stale).
+
+(A little over 600 lines: the indexer's control events — truncate, snapshot markers,
+DDL — sit with the write path whose floors they set; splitting them would put the floor
+rule in two files.)
 """
 
 from __future__ import annotations

@@ -4,6 +4,9 @@
 exists alone. ``tear-down`` removes exactly what ``init`` created. Both run on an ordinary
 connection as a role that may create publications (owner of the tables, or superuser for
 ``FOR ALL TABLES``) and has REPLICATION.
+
+(A little over 600 lines: the snapshot commands' few functions stay beside ``status``,
+which reports them; the insert-only publication has its own module.)
 """
 
 from __future__ import annotations
