@@ -163,6 +163,7 @@ class Chaos:
         self.report = Report()
         self.rng = random.Random(cfg.seed)  # noqa: S311 - fault timing, not secrets
         self.services: dict[str, Service] = {}
+        self.keys: dict[str, str] = dict(KEYS)  # the tables compared, and their key column
         self.pgbench = (
             shutil.which("pgbench") or sorted(glob.glob("/usr/lib/postgresql/*/bin/pgbench"))[-1]
         )
@@ -336,7 +337,9 @@ class Chaos:
         time.sleep(self.rng.uniform(1, 4))
         self.stack("up")
 
-    def stop_engine(self) -> None:
+    def stop_engine(self, kind: str = "opensearch") -> None:
+        """Freeze the search engine (SIGSTOP) for ``engine_stop_s``, then let it go on.
+        (The local stack's engines start empty: a real restart would lose the index.)"""
         status = subprocess.run(
             [str(WALCAST), "status", "--json"],
             capture_output=True,
@@ -345,9 +348,7 @@ class Chaos:
             check=False,
         )
         pid = next(
-            int(c["pid"])
-            for c in json.loads(status.stdout)["components"]
-            if c["name"] == "opensearch"
+            int(c["pid"]) for c in json.loads(status.stdout)["components"] if c["name"] == kind
         )
         os.kill(pid, signal.SIGSTOP)
         try:
@@ -383,7 +384,7 @@ class Chaos:
     # -- comparison (no walcast code) ----------------------------------------------------
 
     def pg_rows(self, table: str) -> dict[str, Any]:
-        key = KEYS[table]
+        key = self.keys[table]
         return {
             str(k): v
             for k, v in self.sql(f"SELECT {key}, to_jsonb(x) FROM {self.schema}.{table} x")
@@ -422,7 +423,7 @@ class Chaos:
         if not any((path / "_delta_log").glob("*.json")):  # not created yet, or being created
             return {}
         rows = DeltaTable(str(path)).to_pyarrow_table().to_pylist()
-        key = KEYS[table]
+        key = self.keys[table]
         return {str(r[key]): {k: v for k, v in r.items() if k != "_walcast_lsn"} for r in rows}
 
     def sinks(self) -> dict[str, Callable[[str], dict[str, Any]]]:
@@ -433,10 +434,10 @@ class Chaos:
         }
 
     def differences(self) -> dict[str, dict[str, int]]:
-        want = {t: self.pg_rows(t) for t in KEYS}
+        want = {t: self.pg_rows(t) for t in self.keys}
         out: dict[str, dict[str, int]] = {}
         for sink, read in self.sinks().items():
-            for t in KEYS:
+            for t in self.keys:
                 got = read(t)
                 missing = len(set(want[t]) - set(got))
                 extra = len(set(got) - set(want[t]))
@@ -490,14 +491,14 @@ class Chaos:
                     done[msg.partition()] = True
                 ev = json.loads(msg.value())
                 events += 1
-                if ev.get("op") not in ("insert", "update", "delete"):
-                    continue
+                if ev.get("op") not in ("insert", "update", "delete") or ev.get("append_only"):
+                    continue  # append-only rows have no key: no per-key order to check
                 epoch = ev.get("epoch", 0)  # a new source's changes order after the old's
                 pos = (epoch, ev["commit_lsn"], ev["seq"])
                 if pos in seen:
                     continue  # an exact redelivery
                 seen.add(pos)
-                k = (msg.partition(), f"{ev['table']}:{json.dumps(ev['key'], sort_keys=True)}")
+                k = (msg.partition(), f"{ev['table']}:{json.dumps(ev.get('key'), sort_keys=True)}")
                 version = (epoch, ev["lsn"])
                 if version < last.get(k, (-1, -1)):
                     self.report.lsn_order_violations += 1
@@ -541,7 +542,7 @@ class Chaos:
             check=False,
         )
         for kind in ("opensearch", "elasticsearch"):
-            for t in KEYS:
+            for t in self.keys:
                 indices = self.http(self.url(kind), f"/_alias/{name}-{kind}-{t}") or {}
                 for index in indices:
                     req = urllib.request.Request(f"{self.url(kind)}/{index}", method="DELETE")  # noqa: S310

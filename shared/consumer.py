@@ -53,6 +53,7 @@ from shared.contract import limits
 from shared.contract.debezium_input import is_debezium, translate
 from shared.contract.event import CONTROL_OPS, EventView, decode
 from shared.errors import PermanentError, RetriableError
+from shared.failpoints import failpoint
 from shared.interfaces import B, BatchSink, Origin, Rejection, Wait
 from shared.kafka import KafkaOffsetCheckpointer, KafkaSink, Outgoing, ensure_topic
 from shared.logs import SampledLog
@@ -504,6 +505,7 @@ class ConsumerLoop(Generic[B]):
         for origin, reason in flight.future.result():
             self.dead_letters.send(origin, reason, "rejected")
         self.dead_letters.flush(60)
+        failpoint("consumer.batch_written")  # the sink holds the batch; offsets not committed
         self._commit(flight.positions, wait)
         if flight.first_ms > 0:
             self.metrics.record_age.observe(max(0.0, time.time() - flight.first_ms / 1000))

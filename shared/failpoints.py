@@ -15,7 +15,16 @@ per process.
 The variable is read once, on the first :func:`failpoint` call — the one place library
 code reads the environment, because a test tool must reach every process a test starts.
 Unset (production), a call costs one dictionary lookup. The places are listed in
-docs/testing.md.
+docs/testing.md; they are:
+
+- ``snapshot.chunk_sent`` / ``snapshot.chunk_done``: an initial snapshot's chunk sent to
+  Kafka / recorded as done (pg2kafka);
+- ``incremental.chunk_read`` / ``incremental.chunk_sent`` / ``incremental.chunk_done``:
+  an incremental snapshot's chunk read / sent / recorded (pg2kafka);
+- ``consumer.batch_written``: a batch written by the sink (kafka2search: the bulk
+  request answered; kafka2webhook: delivered), its offsets not yet committed;
+- ``kafka2spark.batch_written``: a micro-batch written to Delta, neither its offsets
+  committed to the group nor Spark's checkpoint written.
 """
 
 from __future__ import annotations

@@ -26,6 +26,7 @@ from pyspark.sql.streaming.query import StreamingQuery
 from services.kafka2spark.mirror import BatchResult, DeltaMirror
 from services.kafka2spark.settings import Kafka2SparkSettings
 from shared.errors import PermanentError
+from shared.failpoints import failpoint
 from shared.kafka import KafkaOffsetCheckpointer
 from shared.retry import call_with_retry
 from shared.secrets import SENSITIVE_KEY_PATTERN
@@ -322,6 +323,7 @@ def build(settings: Kafka2SparkSettings, spark: SparkSession | None = None) -> S
     session = spark or spark_session(settings)
 
     def on_batch(result: BatchResult) -> None:
+        failpoint("kafka2spark.batch_written")  # Delta written; no offset, no checkpoint
         with result.phase("commit"):
             committer(result)
         service.batches += 1
