@@ -68,32 +68,35 @@ class MessageKey:
     def load(cls, conn: psycopg.Connection[Any]) -> MessageKey:
         """Read the key as the owner. A database whose walcast objects predate the
         signed form (V018) is refused: its triggers would write messages pg2kafka ignores.
-        A database without walcast's objects has no key (nothing of walcast writes there)."""
-        row = conn.execute(
-            "SELECT pg_catalog.to_regclass('_walcast.schema_migrations') IS NOT NULL"
-        ).fetchone()
-        if not (row and row[0]):
-            return cls(None)
-        row = conn.execute(
-            "SELECT coalesce(max(version), 0) FROM _walcast.schema_migrations"
-            " WHERE component = 'pg2kafka'"
-        ).fetchone()
-        if row is None or int(row[0]) < SIGNED_SINCE:
-            raise PermanentError(
-                "this database's walcast objects are older than this pg2kafka (migration"
-                f" V{SIGNED_SINCE:03d}, logical messages signed per transaction, is missing)",
-                hint="run `pg2kafka init` once with this version: it applies the missing"
-                " migrations",
-            )
+        Without a key — a database without walcast's objects (nothing of walcast writes
+        there), or a role that may not read them (said in the log) — every message with a
+        walcast prefix is ignored: fail-safe, as no DDL capture."""
         try:
+            row = conn.execute(
+                "SELECT pg_catalog.to_regclass('_walcast.schema_migrations') IS NOT NULL"
+            ).fetchone()
+            if not (row and row[0]):
+                return cls(None)
+            row = conn.execute(
+                "SELECT coalesce(max(version), 0) FROM _walcast.schema_migrations"
+                " WHERE component = 'pg2kafka'"
+            ).fetchone()
+            if row is None or int(row[0]) < SIGNED_SINCE:
+                raise PermanentError(
+                    "this database's walcast objects are older than this pg2kafka (migration"
+                    f" V{SIGNED_SINCE:03d}, logical messages signed per transaction, is"
+                    " missing)",
+                    hint="run `pg2kafka init` once with this version: it applies the missing"
+                    " migrations",
+                )
             key = conn.execute("SELECT key FROM _walcast.message_key").fetchone()
-        except psycopg.errors.InsufficientPrivilege as exc:
-            raise PermanentError(
-                "pg2kafka's role may not read _walcast.message_key, the key that tells"
-                " walcast's logical messages from forged ones",
-                hint="connect as the role that ran `pg2kafka init` (the owner of schema"
-                " _walcast)",
-            ) from exc
+        except psycopg.errors.InsufficientPrivilege:
+            log.warning(
+                "pg2kafka's role may not read walcast's message key (_walcast.message_key):"
+                " DDL events and incremental-snapshot watermarks are ignored. Run pg2kafka as"
+                " the role that ran `pg2kafka init` (the owner of schema _walcast)"
+            )
+            return cls(None)
         return cls(bytes(key[0]) if key else None)
 
     def open(self, msg: pg.Message, lsn: int, xid: int | None) -> bytes | None:

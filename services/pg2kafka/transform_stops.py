@@ -228,7 +228,16 @@ def resolve(
     init" when the table is missing."""
     with psycopg.connect(conninfo, autocommit=True) as conn:
         exists(conn)
-        rows = conn.execute(_RECORDS_SQL, [slot]).fetchall()
+        try:
+            rows = conn.execute(_RECORDS_SQL, [slot]).fetchall()
+        except psycopg.errors.InsufficientPrivilege as exc:
+            raise PermanentError(
+                f"pg2kafka's role may not read {TABLE}, where a stream stopped for a column"
+                " that lost its transform rule is recorded: with transform rules it does not"
+                " start without knowing (fail closed)",
+                hint="run pg2kafka as the role that ran `pg2kafka init`, or grant its role"
+                f" USAGE on schema _walcast and SELECT, INSERT, DELETE on {TABLE}",
+            ) from exc
         refused: list[Record] = []
         for row in rows:
             oid, attnum, schema, table, column, rule, at, now_s, now_t, now_c = row

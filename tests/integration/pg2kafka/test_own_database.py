@@ -45,7 +45,9 @@ def make_database(stack_env: dict[str, str], unique_name: str) -> Iterator[Calla
 def sql(
     settings: Pg2KafkaSettings, statement: str, params: list[object] | None = None
 ) -> list[tuple[object, ...]]:
-    with psycopg.connect(settings.postgres.conninfo(), autocommit=True) as c:
+    # The application's SQL: its own search_path (walcast's sessions search pg_catalog only).
+    with psycopg.connect(settings.postgres.conninfo(options="-c search_path=public"),
+                         autocommit=True) as c:  # fmt: skip
         cur = c.execute(statement, params)
         return cur.fetchall() if cur.description else []
 
