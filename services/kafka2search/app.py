@@ -300,9 +300,16 @@ class Indexer(BatchSink[Batch]):
             alias, index, dict(w.get("columns", {})), int(w.get("truncated_lsn", 0)), meta
         )
 
-    def _add_columns(self, st: IndexState, new: Mapping[str, str]) -> None:
+    def _add_columns(
+        self, st: IndexState, new: Mapping[str, str], pending: frozenset[str] = frozenset()
+    ) -> None:
+        """Map ``new`` columns. The ``_meta`` written with them records every column but
+        ``pending`` ones (a rename's targets): those are recorded once their values have
+        moved, so a rename interrupted in between is recognised as one when its DDL event
+        comes again (not as a drop, which would erase the values)."""
         columns = {**st.columns, **new}
-        meta = IndexState(st.alias, st.index, columns, st.truncated_lsn, st.meta).to_meta()
+        recorded = {c: t for c, t in columns.items() if c not in pending}
+        meta = IndexState(st.alias, st.index, recorded, st.truncated_lsn, st.meta).to_meta()
         try:
             self.engine.put_mapping(st.index, properties(new), meta)
         except Exception as exc:
@@ -413,10 +420,12 @@ class Indexer(BatchSink[Batch]):
         renames = ddl_renames(removed, added, known, numbers, str(d.get("statement") or ""))
         for old, _new in renames:
             removed.remove(old)
-        if numbers:
-            st.meta["numbers"] = numbers
         if added:
-            self.retry(lambda: self._add_columns(st, added), f"map new columns of {alias}")
+            pending = frozenset(new for _old, new in renames)
+            self.retry(lambda: self._add_columns(st, added, pending),
+                       f"map new columns of {alias}")  # fmt: skip
+        if numbers:  # recorded with the schema below, once the values moved
+            st.meta["numbers"] = numbers
         for old, new in renames:
             moved = self.retry(
                 partial(self.engine.rewrite_field, st.index, old, new),
