@@ -424,7 +424,8 @@ class Chaos:
             return {}
         rows = DeltaTable(str(path)).to_pyarrow_table().to_pylist()
         key = self.keys[table]
-        return {str(r[key]): {k: v for k, v in r.items() if k != "_walcast_lsn"} for r in rows}
+        return {str(r[key]): {k: v for k, v in r.items() if not k.startswith("_walcast_")}
+               for r in rows}  # fmt: skip
 
     def sinks(self) -> dict[str, Callable[[str], dict[str, Any]]]:
         return {

@@ -91,7 +91,8 @@ def delta_rows(flow: Any, table: str) -> dict[str, dict[str, Any]]:
         return {}
     key = TABLES[table]
     rows = DeltaTable(str(path)).to_pyarrow_table().to_pylist()
-    return {str(r[key]): {k: v for k, v in r.items() if k != "_walcast_lsn"} for r in rows}
+    return {str(r[key]): {k: v for k, v in r.items() if not k.startswith("_walcast_")}
+           for r in rows}  # fmt: skip
 
 
 def converge(
