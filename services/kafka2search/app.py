@@ -15,7 +15,8 @@ sink it feeds, :class:`Indexer`:
   it;
 * a truncate, DDL or snapshot marker event reaches ``control`` with nothing in flight,
   so the index follows the table's history in order. A snapshot's ``read`` rows are
-  indexed like inserts (versioned, so one older than the stored document is stale).
+  indexed like inserts (versioned, so one older than the stored document is stale —
+  unless it fills columns that document lacks: :mod:`services.kafka2search.partial`).
 
 (A little over 600 lines: the indexer's control events — truncate, snapshot markers,
 DDL — sit with the write path whose floors they set; splitting them would put the floor
@@ -38,8 +39,9 @@ from confluent_kafka import Consumer, TopicPartition
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from services.kafka2search.documents import Batch, Doc, bulk_body, encode_sources
-from services.kafka2search.engines import SearchEngine, engine_for
-from services.kafka2search.mapping import alias_name, index_name, properties
+from services.kafka2search.engines import SearchEngine, Stored, engine_for
+from services.kafka2search.mapping import APPEND_ONLY, alias_name, index_name, properties
+from services.kafka2search.partial import Read, fill_from_stored, fills
 from services.kafka2search.settings import Kafka2SearchSettings
 from shared.avro import RegistryDecoder
 from shared.cli import tune_gc_for_records
@@ -68,8 +70,18 @@ class Metrics:
         )
         self.stale = Counter(
             f"{prefix}_stale_events",
-            "changes not newer than the stored document of their row (version conflict):"
-            " skipped",
+            "changes not newer than the stored document of their row (version conflict): skipped",
+            registry=registry,
+        )
+        self.unfilled = Counter(
+            f"{prefix}_unfilled_documents",
+            "documents written without unchanged TOAST values neither the batch nor the"
+            " index had (recorded in the document, for an older row to fill)",
+            registry=registry,
+        )
+        self.filled = Counter(
+            f"{prefix}_filled_documents",
+            "documents whose unfilled columns a row older than them filled",
             registry=registry,
         )
         # Kept apart from `stale`: a row the index does not hold is never counted stale.
@@ -466,27 +478,50 @@ class Indexer(BatchSink[Batch]):
             # would write a wrong value the re-read could not correct.
             if any(d.missing_toast for d in docs) and any(f.exception() for f in before):
                 raise RetriableError("an earlier bulk write failed")
-            self._fill_toast(docs, sleep)
+            self.metrics.unfilled.inc(fill_from_stored(docs, self._reader(sleep)))
         # A merged row that cannot be written as JSON is dead-lettered, not a failed write.
         pending, rejected = encode_sources(docs)
+        older = self._bulk(pending, rejected, sleep)
+        if older:
+            # Refused as older than the held document; unless it fills what that lacks.
+            filling = fills(older, self._reader(sleep))
+            self.metrics.stale.inc(len(older) - len(filling))
+            self.metrics.filled.inc(len(filling))
+            filling, refused = encode_sources(filling)
+            rejected += refused
+            # a fill refused in turn (stale): a newer write came in between, and is the row
+            self._bulk(filling, rejected, sleep)
+        return rejected
+
+    def _bulk(
+        self, pending: list[Doc], rejected: list[Rejection], sleep: Callable[[float], object]
+    ) -> list[Doc]:
+        """Write ``pending`` until each is written or refused for good (into ``rejected``);
+        returns the rows refused as older than the document held (409)."""
+        older: list[Doc] = []
         delays = self.s.retry.delays()
         while pending:
             started = time.monotonic()
             body = bulk_body(pending)
             results = self.retry(partial(self.engine.bulk, body), "bulk write", sleep)
             self.metrics.bulk_seconds.observe(time.monotonic() - started)
-            pending = self._settle(pending, results, rejected)
+            pending = self._settle(pending, results, rejected, older)
             if pending:  # items refused with 429 / 5xx: again, after a backoff
                 self.metrics.retries.inc(len(pending))
                 log.warning("%d documents refused for now; retrying", len(pending))
                 sleep(next(delays, self.s.retry.max_s))
-        return rejected
+        return older
 
     def _settle(
-        self, docs: list[Doc], results: list[dict[str, Any]] | None, rejected: list[Rejection]
+        self,
+        docs: list[Doc],
+        results: list[dict[str, Any]] | None,
+        rejected: list[Rejection],
+        older: list[Doc],
     ) -> list[Doc]:
-        """Count what was written; collect what the engine refuses for good; return what
-        to retry (429 / 5xx per item). ``results`` None: every action succeeded."""
+        """Count what was written; collect what the engine refuses for good, and the
+        rows it holds at a newer version (``older``: rows, not deletes); return what to
+        retry (429 / 5xx per item). ``results`` None: every action succeeded."""
         if results is None:
             deletes = sum(1 for d in docs if d.delete)
             if deletes:
@@ -505,6 +540,8 @@ class Indexer(BatchSink[Batch]):
             if 200 <= status < 300 or (doc.delete and status == 404):
                 action = "delete" if doc.delete else "index"
                 written[action] = written.get(action, 0) + 1
+            elif status == 409 and not (doc.delete or doc.fill or doc.id.startswith(APPEND_ONLY)):
+                older.append(doc)  # an insert-only table's row is never partial
             elif status == 409:
                 self.metrics.stale.inc()
             elif http_status_verdict(status) is Verdict.RETRIABLE:
@@ -531,24 +568,14 @@ class Indexer(BatchSink[Batch]):
             " re-snapshot the table), then start the service",
         )
 
-    def _fill_toast(self, docs: list[Doc], sleep: Callable[[float], object]) -> None:
-        by_index: dict[str, list[Doc]] = {}
-        for d in docs:
-            if d.missing_toast:
-                by_index.setdefault(d.index, []).append(d)
-        for index, group in by_index.items():
-            stored = self.retry(
-                partial(self.engine.mget, index, [d.id for d in group]),
-                "read stored documents for unchanged TOAST values",
-                sleep,
+    def _reader(self, sleep: Callable[[float], object]) -> Read:
+        def read(index: str, ids: list[str]) -> dict[str, Stored]:
+            stored: dict[str, Stored] = self.retry(
+                partial(self.engine.mget, index, ids), f"read stored documents of {index}", sleep
             )
-            for d in group:
-                src = stored.get(d.id, {})
-                row = d.row()
-                for column in d.missing_toast:
-                    if column in src:
-                        row[column] = src[column]
-                d.missing_toast = ()
+            return stored
+
+        return read
 
 
 @dataclass

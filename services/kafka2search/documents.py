@@ -6,9 +6,11 @@ document, so a redelivery is refused as stale (409) instead of duplicating it.
 
 A batch keeps, per document, only the newest change (highest LSN; on a tie the later
 one): the index ends up the same, the bulk is smaller. An update whose ``unchanged_toast``
-columns were left out takes them from an older change of the same batch when it has them;
-the rest are filled from the stored document before writing (``missing_toast``), so an
-unchanged TOAST value is never erased.
+columns were left out takes them from an older change of the same batch when it has them
+(even one that arrives after it: a snapshot's read row); the rest are filled from the
+stored document before writing (``missing_toast``), so an unchanged TOAST value is never
+erased — and what neither had is recorded in the document as unfilled, for an older row
+to fill later (:func:`shared.contract.event.fill_unfilled`).
 
 This is the service's hot path (every record passes through it), so a row is never
 decoded, nor even copied: the contract's :class:`~shared.contract.event.EventView` keeps
@@ -32,7 +34,7 @@ import orjson
 
 from services.kafka2search.mapping import document_id
 from shared.contract import limits
-from shared.contract.event import EventDecodeError, EventView
+from shared.contract.event import EventDecodeError, EventView, fill_unfilled
 from shared.interfaces import Origin, Rejection
 
 
@@ -73,6 +75,9 @@ class Doc(msgspec.Struct, gc=False):
     source: msgspec.Raw | dict[str, Any] | None
     missing_toast: tuple[str, ...]
     origin: Origin
+    # Written at the version the engine holds (``external_gte``): an older row's values
+    # filling a held document's unfilled columns (:func:`shared.contract.event.fill_unfilled`).
+    fill: bool = False
 
     def row(self) -> dict[str, Any]:
         """The source decoded, and kept so (for merging values into it)."""
@@ -125,7 +130,11 @@ class Batch:
         current = self.docs.get((index, doc_id))
         if current is not None:
             if lsn < current.lsn:
-                return None  # older than what the batch holds: stale, nothing to do
+                # older than what the batch holds: stale — but its values complete a newer
+                # change that lacks unchanged TOAST columns (fill_unfilled)
+                if current.missing_toast and source is not None:
+                    self._complete(current, source, missing)
+                return None
             if missing and current.source is not None:
                 assert isinstance(source, dict)
                 try:
@@ -140,6 +149,18 @@ class Batch:
         delete = source is None
         self.docs[(index, doc_id)] = Doc(index, doc_id, delete, lsn, source, missing, origin)
         return None
+
+    @staticmethod
+    def _complete(
+        newer: Doc, older: msgspec.Raw | dict[str, Any], older_missing: tuple[str, ...]
+    ) -> None:
+        try:
+            row = _as_dict(older)
+            known = newer.row()
+        except orjson.JSONDecodeError:
+            return  # the engine refuses the broken one; nothing to take from it
+        newer.missing_toast = tuple(fill_unfilled(known, list(newer.missing_toast), row,
+                                                  list(older_missing)))  # fmt: skip
 
     def __len__(self) -> int:
         return self.records
@@ -175,7 +196,8 @@ def encode_sources(docs: list[Doc]) -> tuple[list[Doc], list[Rejection]]:
 def bulk_body(docs: list[Doc]) -> bytes:
     """NDJSON for the engine's bulk API: external versioning by the change's version (its
     LSN, after the source's epoch: :meth:`EventView.version`), so an older or
-    repeated change is refused (409) instead of overwriting newer data. Rows decoded for
+    repeated change is refused (409) instead of overwriting newer data (a ``fill``
+    rewrites the version held: ``external_gte``). Rows decoded for
     a merge are encoded by :func:`encode_sources` first (which sets aside those that
     cannot be)."""
     lines: list[bytes] = []
@@ -186,10 +208,11 @@ def bulk_body(docs: list[Doc]) -> bytes:
         if index is None:
             index = index_json[d.index] = dumps(d.index)
         # {"<action>":{"_index":…,"_id":…,"version":<lsn>,"version_type":"external"}}
-        meta = b'{"_index":%b,"_id":%b,"version":%d,"version_type":"external"}}' % (
+        meta = b'{"_index":%b,"_id":%b,"version":%d,"version_type":"%b"}}' % (
             index,
             dumps(d.id),
             d.lsn,
+            b"external_gte" if d.fill else b"external",
         )
         if d.delete:
             lines.append(b'{"delete":' + meta)

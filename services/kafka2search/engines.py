@@ -13,12 +13,20 @@ decides what is worth retrying (429, 5xx, connection errors).
 from __future__ import annotations
 
 import base64
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 import orjson
 
 from services.kafka2search.settings import EngineSettings, IndexSettings
 from shared.errors import PermanentError, RetriableError, Verdict, http_status_verdict
+
+
+class Stored(NamedTuple):
+    """A document as the engine holds it: its version (the LSN of the change written) and
+    its ``_source``."""
+
+    version: int
+    source: dict[str, Any]
 
 
 class SearchEngine(Protocol):
@@ -42,7 +50,9 @@ class SearchEngine(Protocol):
         index created on the fly."""
         ...
 
-    def mget(self, index: str, ids: list[str]) -> dict[str, dict[str, Any]]: ...
+    def mget(self, index: str, ids: list[str]) -> dict[str, Stored]:
+        """The documents of ``ids`` that exist, by id."""
+        ...
 
     def count(self, index: str) -> int: ...
 
@@ -142,10 +152,13 @@ class HttpSearchEngine(SearchEngine):
         items = answer.get("items", [])
         return [next(iter(item.values())) for item in items]
 
-    def mget(self, index: str, ids: list[str]) -> dict[str, dict[str, Any]]:
-        """Stored ``_source`` of the documents that exist, by id."""
+    def mget(self, index: str, ids: list[str]) -> dict[str, Stored]:
         answer = self.request("POST", f"/{index}/_mget", body={"ids": ids})
-        return {d["_id"]: d.get("_source", {}) for d in answer.get("docs", []) if d.get("found")}
+        return {
+            d["_id"]: Stored(int(d.get("_version", 0)), d.get("_source", {}))
+            for d in answer.get("docs", [])
+            if d.get("found")
+        }
 
     def count(self, index: str) -> int:
         return int(self.request("GET", f"/{index}/_count")["count"])

@@ -76,6 +76,7 @@ from shared.contract.event import (
     EVENT_VERSION,
     MAX_EPOCH,
     MAX_EPOCH_LSN,
+    UNFILLED,
 )
 from shared.contract.event import SNAPSHOT_PHASES as PHASES
 from shared.naming import DELTA_DIRECTORY, table_name
@@ -95,6 +96,7 @@ W_LSN, W_SEQ, W_OP, W_TOAST, W_PRESENT = "__w_lsn", "__w_seq", "__w_op", "__w_to
 W_NEW, W_KEY, W_KAFKA, W_CARRY, W_KEEP, W_RANK, W_BEYOND = (
     "__w_new", "__w_key", "__w_", "__w_carry_", "__w_keep_", "__w_rank", "__w_beyond",
 )  # fmt: skip
+W_UNFILLED = "__w_unfilled"
 _TEMPORAL = (T.DateType, T.TimestampType, T.TimestampNTZType)
 _INFINITE = ("infinity", "-infinity")
 
@@ -186,7 +188,7 @@ def mirror_names(taken: list[str], columns: list[str]) -> dict[str, str]:
     :func:`_case_escaped` form. Either decodes back with :func:`postgres_name`. The order
     of ``columns`` decides which twin keeps the plain name: callers pass Postgres' column
     order."""
-    seen = {_folded(t) for t in taken} | {_folded(LSN), _folded(ROW_ID)}
+    seen = {_folded(t) for t in taken} | {_folded(LSN), _folded(ROW_ID), _folded(UNFILLED)}
     out: dict[str, str] = {}
     for c in columns:
         name = column_name(c)
@@ -211,7 +213,7 @@ def postgres_name(name: str) -> str:
 
 def _walcast_own(name: str) -> bool:
     folded = _folded(name)
-    return folded in (LSN, ROW_ID) or folded.startswith("__w_")
+    return folded in (LSN, ROW_ID, UNFILLED) or folded.startswith("__w_")
 
 
 def table_dir(template: str, db: str, schema: str, table: str) -> str:
@@ -680,7 +682,8 @@ class DeltaMirror:
         """The mirror's columns (field name = mirror name, :func:`mirror_names`) by their
         Postgres names, without walcast's own ``_walcast_lsn``."""
         df = self.spark.read.format("delta").load(str(path))
-        return {postgres_name(f.name): f for f in df.schema.fields if f.name not in (LSN, ROW_ID)}
+        own = (LSN, ROW_ID, UNFILLED)
+        return {postgres_name(f.name): f for f in df.schema.fields if f.name not in own}
 
     def _properties(self, path: Path) -> dict[str, str]:
         rows = self.spark.sql(f"SHOW TBLPROPERTIES delta.{quote(str(path))}").collect()
@@ -885,19 +888,37 @@ class DeltaMirror:
             )
             carried = F.last(F.when(supplied, F.struct(F.col(mq(c)).alias("v"))), True)
             src = src.withColumn(f"{W_CARRY}{i}", carried.over(running))
+        keep = [F.col(f"{W_CARRY}{i}").isNull() for i in range(len(values))]
+        # Unfilled (shared.contract.event.fill_unfilled): TOAST columns the newest change
+        # left out and no change of the batch supplied — the stored row's value, or none.
+        lacking = [
+            F.when(k & F.array_contains(W_TOAST, c), F.lit(c))
+            for k, c in zip(keep, values, strict=True)
+        ]
         src = src.select(
             W_LSN,
             W_SEQ,
             W_OP,
             *[F.col(mq(k)) for k in key],
             *[F.col(f"{W_CARRY}{i}.v").alias(names[c]) for i, c in enumerate(values)],
-            *[F.col(f"{W_CARRY}{i}").isNull().alias(f"{W_KEEP}{i}") for i in range(len(values))],
+            *[k.alias(f"{W_KEEP}{i}") for i, k in enumerate(keep)],
+            F.filter(F.array(*lacking, F.lit(None).cast("string")), lambda x: x.isNotNull()).alias(
+                W_UNFILLED
+            ),
         )
         newest = Window.partitionBy(*by_key).orderBy(F.col(W_LSN).desc(), F.col(W_SEQ).desc())
         src = (
             src.withColumn(W_RANK, F.row_number().over(newest)).where(F.col(W_RANK) == 1)
         ).persist()
         try:
+            table = DeltaTable.forPath(self.spark, str(path))
+            unfilled = UNFILLED in table.toDF().schema.fieldNames()
+            if not unfilled and src.where(F.size(W_UNFILLED) > 0).limit(1).count():
+                # the first partial row without a base: the mirror gets the column
+                self.spark.sql(
+                    f"ALTER TABLE delta.{quote(str(path))} ADD COLUMNS ({UNFILLED} array<string>)"
+                )
+                table, unfilled = DeltaTable.forPath(self.spark, str(path)), True
             # Null-safe: under REPLICA IDENTITY FULL without a primary key, the key is
             # every column, and a NULL value must still match its row.
             on = " AND ".join(f"t.{mq(k)} <=> s.{mq(k)}" for k in key)
@@ -909,12 +930,34 @@ class DeltaMirror:
             assign[LSN] = f"s.{W_LSN}"
             insert: dict[str, str | Column] = {mq(c): f"s.{mq(c)}" for c in columns}
             insert[LSN] = f"s.{W_LSN}"
+            merge = table.alias("t").merge(src.alias("s"), on)
+            merge = merge.whenMatchedDelete(condition=f"s.{W_OP} = 'delete' AND {newer}")
+            if unfilled:
+                # still unfilled: what the held row lacked and this one lacks too
+                still = (
+                    f"nullif(array_intersect(coalesce(t.{UNFILLED}, array()), s.{W_UNFILLED}),"
+                    " array())"
+                )
+                assign[UNFILLED] = still
+                insert[UNFILLED] = f"nullif(s.{W_UNFILLED}, array())"
+                # An older row fills the held row's unfilled columns; its version stays.
+                # (a column's name is a literal value here, never SQL text)
+                fill: dict[str, str | Column] = {
+                    mq(c): F.when(
+                        F.array_contains(F.col(f"t.{UNFILLED}"), F.lit(c))
+                        & ~F.col(f"s.{W_KEEP}{i}"),
+                        F.col(f"s.{mq(c)}"),
+                    ).otherwise(F.col(f"t.{mq(c)}"))
+                    for i, c in enumerate(values)
+                }
+                fill[UNFILLED] = still
+                merge = merge.whenMatchedUpdate(
+                    condition=f"s.{W_OP} <> 'delete' AND NOT ({newer})"
+                    f" AND size(coalesce(t.{UNFILLED}, array())) > 0",
+                    set=fill,
+                )
             (
-                DeltaTable.forPath(self.spark, str(path))
-                .alias("t")
-                .merge(src.alias("s"), on)
-                .whenMatchedDelete(condition=f"s.{W_OP} = 'delete' AND {newer}")
-                .whenMatchedUpdate(condition=f"s.{W_OP} <> 'delete' AND {newer}", set=assign)
+                merge.whenMatchedUpdate(condition=f"s.{W_OP} <> 'delete' AND {newer}", set=assign)
                 .whenNotMatchedInsert(condition=f"s.{W_OP} <> 'delete'", values=insert)
                 .execute()
             )
@@ -958,8 +1001,19 @@ class DeltaMirror:
         added = {col: t for col, t in after.items() if col not in current}
         numbers = column_numbers(columns)
         known: dict[str, int] = json.loads(self._properties(path).get(NUMBERS, "{}"))
+        # Columns of the event the mirror holds already, though no DDL it applied named
+        # them: rows older than this DDL carrying its new names brought them (see _fold).
+        early = [col for col in after if col in current and col not in known]
         # by column number, never guessed from the statement (shared.contract.ddl)
-        renames = ddl_renames(removed, added, known, numbers, str(ddl.get("statement") or ""))
+        statement = str(ddl.get("statement") or "")
+        renames = ddl_renames(removed, [*added, *early], known, numbers, statement)
+        folds = [(o, n) for o, n in renames if n not in added]
+        renames = [(o, n) for o, n in renames if n in added]
+        if folds:
+            self._fold(path, current, folds)
+        for old, new in folds:
+            changes.append(f"column {old} renamed to {new} (merged into its early copy)")
+            removed.remove(old)
         # Names for the renamed columns as for added ones: free of the kept columns' twins.
         kept = [f.name for c, f in current.items() if c not in removed]
         targets = mirror_names(kept, [n for _, n in renames])
@@ -1040,6 +1094,38 @@ class DeltaMirror:
         )  # fmt: skip
         gone = "" if removed is None else f"{removed} "
         return f"{name}: snapshot {sid} ended, {gone}rows older than it removed"
+
+    def _fold(
+        self, path: Path, current: dict[str, T.StructField], folds: list[tuple[str, str]]
+    ) -> None:
+        """Complete renames ``(old, new)`` whose ``new`` column the mirror holds already:
+        each row keeps ``new`` where it has a value, else takes ``old``'s; ``old`` goes.
+
+        How ``new`` got there before its DDL: a snapshot's ``read`` row is read from the
+        table as it is when its chunk is read — after a rename that committed meanwhile —
+        yet carries a version below that rename (the slot's restart position minus one),
+        so in LSN order it sorts before the DDL, and ``_merge`` added the column it
+        carries. Taken as a drop of ``old`` and an add of ``new``, the rename would leave
+        ``new`` NULL in every row whose read row was refused as older than the row
+        (issue 37, defect 3). Why the merge is exact, once the batch is applied: a value
+        under ``new`` comes from a change whose content is after the rename, one under
+        ``old`` from a change before it; per key the stream delivers every change before
+        the rename no later than a read row taken after it, so where ``new`` is NULL,
+        either no such read row landed (``old`` holds the row's value at the rename) or
+        it carried NULL, and then the newest change before the rename, merged too, left
+        ``old`` NULL as well; changes after the rename land after this DDL. Run again
+        after a crash (``old`` already gone): the caller no longer finds ``old``."""
+
+        def change(df: DataFrame) -> DataFrame:
+            for old, new in folds:
+                target = current[new]
+                merged = F.coalesce(
+                    F.col(quote(target.name)), F.col(quote(current[old].name)).cast(target.dataType)
+                )
+                df = df.withColumn(target.name, merged).drop(current[old].name)
+            return df
+
+        self._rewrite(path, change)
 
     def _rewrite(self, path: Path, change: Callable[[DataFrame], DataFrame]) -> None:
         """Rename / drop a column by rewriting the table (a new version; older ones stay

@@ -155,6 +155,40 @@ def read_row_version(below_unseen: int, floor: int | None) -> int:
     return below_unseen if floor is None else max(below_unseen, floor + 1)
 
 
+# The bookkeeping field (kafka2search) / column (kafka2spark) that names a held row's
+# columns the sink could not fill: see :func:`fill_unfilled`.
+UNFILLED = "_walcast_unfilled"
+
+
+def fill_unfilled(
+    held: dict[str, Any], unfilled: list[str], older: dict[str, Any], older_unfilled: list[str]
+) -> list[str]:
+    """The rule for partial rows, the same in every sink: **a sink never refuses a full
+    row in favour of a partial one.**
+
+    An update that left a TOAST value unchanged does not carry it (``unchanged_toast``);
+    a sink takes it from the row it holds. When it holds none — the row's earlier
+    versions reached it only as a snapshot's ``read`` row still to come (a read row's
+    version is *below* changes its content may already include:
+    :func:`read_row_version`), or as an insert-only table's rows before the table gained
+    its key — it writes the row without those columns and records them as ``unfilled``
+    (:data:`UNFILLED`). A row that arrives later at an *older* version is then not
+    refused outright: its values of the unfilled columns fill the held row, whose
+    version stays. That value is the current one: a change that altered the column
+    after the older row carries the column in full, and per-key order (one partition
+    per key) brings it before the partial change that needed it.
+
+    Moves into ``held`` the ``unfilled`` columns that ``older`` carries (and does not
+    itself lack: ``older_unfilled``); returns the columns still unfilled."""
+    rest: list[str] = []
+    for column in unfilled:
+        if column in older and column not in older_unfilled:
+            held[column] = older[column]
+        else:
+            rest.append(column)
+    return rest
+
+
 def append_only_id(epoch: int, commit_lsn: int, seq: int, snapshot: SnapshotInfo | None) -> str:
     """The identity of one row of an insert-only table (``append_only``), decided here
     for every sink: the same on every redelivery, different for every row, so a sink that

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import orjson
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient
 
@@ -70,6 +71,80 @@ def test_stale_counts_only_changes_not_newer_than_the_held_row_after_a_restart(
         ix.wait(lambda: ix.docs(t) == want, "the newer change applied")
         assert counted(ix, "stale") == 2
         assert counted(ix, "below_floor") == 1
+    finally:
+        for one in made:
+            one.stop()
+        client = AdminClient(config)  # must outlive the future
+        client.delete_topics([topic])[topic].result(30)
+
+
+def with_toast(value: bytes, big: str | None) -> bytes:
+    """The crafted event with a TOAST column ``big``: its value, or (None) left out as an
+    unchanged TOAST value, as pgoutput sends an update that did not touch it."""
+    ev = orjson.loads(value)
+    ev["types"]["big"] = "text"
+    if big is None:
+        ev["unchanged_toast"] = ["big"]
+    else:
+        ev["new"]["big"] = big
+    return orjson.dumps(ev)
+
+
+def test_a_full_row_older_than_a_partial_one_fills_it_after_a_restart(
+    make_indexer: IndexerFactory, unique_name: str
+) -> None:
+    """The partial-row rule (shared.contract.event.fill_unfilled), found by the
+    composition suite: an update that left a TOAST value unchanged reaches the index
+    before the snapshot's read row of that key, which carries a lower version (below
+    changes its content includes). The read row is the only full copy of the row: it
+    must fill the held document, not be refused as stale — also when the indexer was
+    restarted in between (what it knows is in the document)."""
+    topic = f"{unique_name}.cdc"
+    t = "docs"
+    first = make_indexer(topic)
+    config = first.settings.kafka.client_config()
+    ensure_topic(config, topic, 1, 1)
+    producer = Producer({"bootstrap.servers": first.settings.kafka.bootstrap_servers})
+    big = "x" * 5000
+
+    def send(*values: bytes) -> None:
+        for value in values:
+            producer.produce(topic, value, b"")
+        producer.flush(10)
+
+    made: list[Indexer] = [first]
+    try:
+        first.start()
+        send(
+            with_toast(change(t, "update", 300, 1), None),
+            with_toast(change(t, "update", 300, 2), None),
+        )
+        first.wait(lambda: len(first.docs(t)) == 2, "the partial rows indexed")
+        assert first.docs(t)["1"] == {"id": 1, "v": 300, "_walcast_unfilled": ["big"]}
+        first.stop()
+
+        ix = make_indexer(topic).start()
+        made.append(ix)
+        read = {"id": 1, "chunk": 0}
+        send(
+            with_toast(change(t, "read", 120, 1, snapshot=read), big),  # older, full: fills
+            change(t, "read", 120, 2, snapshot=read),  # older, without `big` either: stale
+        )
+        ix.wait(lambda: counted(ix, "filled") == 1 and counted(ix, "stale") == 1,
+                "the read rows settled")  # fmt: skip
+        assert ix.docs(t) == {
+            "1": {"id": 1, "v": 300, "big": big},  # the held version's values, filled
+            "2": {"id": 2, "v": 300, "_walcast_unfilled": ["big"]},
+        }
+        # the version stayed: a change between the two is still refused, a newer applied
+        send(
+            with_toast(change(t, "update", 200, 1), "older"),
+            with_toast(change(t, "update", 400, 2), None),
+        )
+        ix.wait(lambda: counted(ix, "stale") == 2, "the change older than the held one")
+        ix.wait(lambda: ix.docs(t)["2"]["v"] == 400, "the newer partial row")
+        assert ix.docs(t)["1"]["big"] == big
+        assert ix.docs(t)["2"] == {"id": 2, "v": 400, "_walcast_unfilled": ["big"]}
     finally:
         for one in made:
             one.stop()

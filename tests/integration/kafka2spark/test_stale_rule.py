@@ -8,6 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import orjson
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient
 from deltalake import DeltaTable
@@ -55,6 +56,67 @@ def test_after_a_restart_the_mirror_refuses_only_what_is_below_its_floor_or_olde
         )
         restarted.feed(1)  # the whole topic again: a replay too
         assert rows(path) == {4: row(4, 250), 5: row(5, 260)}
+    finally:
+        client = AdminClient(config)  # must outlive the future
+        client.delete_topics([topic])[topic].result(30)
+
+
+def with_toast(value: bytes, big: str | None) -> bytes:
+    """The crafted event with a TOAST column ``big``: its value, or (None) left out as an
+    unchanged TOAST value, as pgoutput sends an update that did not touch it."""
+    ev = orjson.loads(value)
+    ev["types"]["big"] = "text"
+    if big is None:
+        ev["unchanged_toast"] = ["big"]
+    else:
+        ev["new"]["big"] = big
+    return orjson.dumps(ev)
+
+
+def test_an_older_full_row_fills_what_a_partial_row_lacked_after_a_restart(
+    make_mirror: MirrorFactory, unique_name: str
+) -> None:
+    """The partial-row rule (shared.contract.event.fill_unfilled): an update without its
+    unchanged TOAST value reaches a mirror that does not hold the row (its snapshot read
+    row, at a lower version, comes later); the read row — the only full copy — fills it
+    instead of being refused, also from a restarted mirror, in a later batch."""
+    topic = f"{unique_name}.cdc"
+    t = "docs"
+    m = make_mirror(topic)
+    config = m.settings.kafka.client_config()
+    ensure_topic(config, topic, 1, 1)
+    producer = Producer({"bootstrap.servers": m.settings.kafka.bootstrap_servers})
+    big = "x" * 5000
+
+    def send(*values: bytes) -> None:
+        for value in values:
+            producer.produce(topic, value, b"k")
+        producer.flush(10)
+
+    try:
+        send(
+            with_toast(change(t, "insert", 100, 3), "three"),
+            with_toast(change(t, "update", 300, 1), None),
+            with_toast(change(t, "update", 300, 2), None),
+            with_toast(change(t, "update", 310, 3), None),  # its value held: filled at once
+        )
+        m.feed(0)
+        path = m.path(t)
+        got = rows(path)
+        assert got[1] == {**row(1, 300), "big": None, "_walcast_unfilled": ["big"]}
+        assert got[3] == {**row(3, 310), "big": "three", "_walcast_unfilled": None}
+        restarted = make_mirror(topic)
+        read = {"id": 1, "chunk": 0}
+        send(
+            with_toast(change(t, "read", 120, 1, snapshot=read), big),  # older, full: fills
+            with_toast(change(t, "read", 120, 2, snapshot=read), None),  # lacks it too
+            with_toast(change(t, "update", 400, 3), None),  # newer, partial: keeps "three"
+        )
+        restarted.feed(1)
+        got = rows(path)
+        assert got[1] == {**row(1, 300), "big": big, "_walcast_unfilled": None}
+        assert got[2] == {**row(2, 300), "big": None, "_walcast_unfilled": ["big"]}
+        assert got[3] == {**row(3, 400), "big": "three", "_walcast_unfilled": None}
     finally:
         client = AdminClient(config)  # must outlive the future
         client.delete_topics([topic])[topic].result(30)

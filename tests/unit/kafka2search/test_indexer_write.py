@@ -15,6 +15,7 @@ from prometheus_client import CollectorRegistry
 
 from services.kafka2search.app import Indexer, IndexState, Metrics
 from services.kafka2search.documents import Batch, Doc, Origin
+from services.kafka2search.engines import Stored
 from services.kafka2search.settings import Kafka2SearchSettings
 from shared.contract.event import decode
 from shared.errors import RetriableError
@@ -41,6 +42,7 @@ class FakeEngine(StrictEngine):
     ) -> None:
         self.answers: deque[Answer] = deque(answers)
         self.stored = stored or {}
+        self.versions: dict[str, dict[str, int]] = {}  # of stored documents (else 1)
         self.mget_failures: deque[Exception] = deque()
         self.bulks: list[list[tuple[str, dict[str, Any], dict[str, Any] | None]]] = []
         self.mgets: list[tuple[str, list[str]]] = []
@@ -80,13 +82,14 @@ class FakeEngine(StrictEngine):
         ]
         return results if failed else None  # the engines' "errors": false
 
-    def mget(self, index: str, ids: list[str]) -> dict[str, dict[str, Any]]:
+    def mget(self, index: str, ids: list[str]) -> dict[str, Stored]:
         self.log.append("mget")
         self.mgets.append((index, list(ids)))
         if self.mget_failures:
             raise self.mget_failures.popleft()
         docs = self.stored.get(index, {})
-        return {i: dict(docs[i]) for i in ids if i in docs}
+        versions = self.versions.get(index, {})
+        return {i: Stored(versions.get(i, 1), dict(docs[i])) for i in ids if i in docs}
 
     def sent(self, n: int = 0) -> list[tuple[str, str, int]]:
         """(action, id, version) of bulk request ``n``."""
@@ -381,7 +384,9 @@ def test_missing_toast_of_an_unknown_document_is_left_out_not_nulled(make: MakeH
     batch = batch_of(change("update", 1, 20, unchanged_toast=["bio"]))
     assert h.write(batch) == []
     source = h.engine.source("1")
-    assert source == {"id": 1, "name": "n1@20"}
+    # recorded as unfilled, for an older row to fill (fill_unfilled)
+    assert source == {"id": 1, "name": "n1@20", "_walcast_unfilled": ["bio"]}
+    assert h.metric("unfilled_documents_total") == 1
 
 
 def test_toast_known_to_the_batch_needs_no_read(make: MakeHarness) -> None:
@@ -487,22 +492,23 @@ def test_settle_sorts_item_results(make: MakeHarness) -> None:
         {},  # no status at all: refused for good
     ]
     rejected: list[Rejection] = []
-    retry = h.indexer._settle(docs, results, rejected)
+    older: list[Doc] = []
+    retry = h.indexer._settle(docs, results, rejected, older)
     assert [d.id for d in retry] == ["4", "5", "7"]
+    assert [d.id for d in older] == ["2"]  # a row held newer: stale unless it fills
     assert [(o.offset, r.split(":")[0]) for o, r in rejected] == [
         (6, "refused by the engine (400)"),
         (8, "refused by the engine (0)"),
     ]
     assert h.metric("documents_total", action="index") == 2
     assert h.metric("documents_total", action="delete") == 1
-    assert h.metric("stale_events_total") == 1
 
 
 def test_settle_appends_to_earlier_rejections(make: MakeHarness) -> None:
     h = make()
     earlier: Rejection = (Origin("t", 0, 99, None, b""), "earlier")
     rejected = [earlier]
-    h.indexer._settle([make_doc("1")], [{"status": 400, "error": ERROR_400}], rejected)
+    h.indexer._settle([make_doc("1")], [{"status": 400, "error": ERROR_400}], rejected, [])
     assert rejected[0] is earlier
     assert len(rejected) == 2
 
@@ -510,7 +516,7 @@ def test_settle_appends_to_earlier_rejections(make: MakeHarness) -> None:
 def test_settle_refuses_a_mismatched_answer(make: MakeHarness) -> None:
     h = make()
     with pytest.raises(RetriableError, match="0 items for 1 sent"):
-        h.indexer._settle([make_doc("1")], [], [])
+        h.indexer._settle([make_doc("1")], [], [], [])
 
 
 # -- rows that cannot be written as JSON (issue 36, finding 7) ------------------------------
@@ -563,3 +569,66 @@ def test_a_merged_row_beyond_the_depth_limit_is_refused_and_the_rest_written(
         )
     ]
     assert [a[1]["_id"] for a in h.engine.bulks[-1]] == ["2"]
+
+
+# -- a full row is never refused in favour of a partial one (fill_unfilled) -------------
+
+
+def test_an_older_full_row_fills_the_held_documents_unfilled_column(make: MakeHarness) -> None:
+    # Held: key 1 at version 20, written from an update without its TOAST value `bio`.
+    held = {"id": 1, "name": "n1@20", "_walcast_unfilled": ["bio"]}
+    h = make(answers=[{"1": 409}], stored={ALIAS: {"1": held}})
+    h.engine.versions[ALIAS] = {"1": 20}
+    read_row = change("insert", 1, 5, new={"id": 1, "name": "old name", "bio": "the bio"})
+    assert h.write(batch_of(read_row)) == []
+    # the held document completed at the version it has; its own values kept
+    assert h.engine.sent(1) == [("index", "1", 20)]
+    assert h.engine.bulks[1][0][1]["version_type"] == "external_gte"
+    assert h.engine.source("1", 1) == {"id": 1, "name": "n1@20", "bio": "the bio"}
+    assert h.metric("filled_documents_total") == 1
+    assert h.metric("stale_events_total") == 0
+
+
+def test_an_older_row_for_a_complete_document_is_stale_and_writes_nothing(
+    make: MakeHarness,
+) -> None:
+    h = make(answers=[{"1": 409}], stored={ALIAS: {"1": {"id": 1, "name": "x", "bio": "b"}}})
+    assert h.write(batch_of(change("insert", 1, 5))) == []
+    assert len(h.engine.bulks) == 1
+    assert h.metric("stale_events_total") == 1
+    assert h.metric("filled_documents_total") == 0
+
+
+def test_an_older_row_lacking_the_column_too_fills_nothing(make: MakeHarness) -> None:
+    held = {"id": 1, "name": "n", "_walcast_unfilled": ["bio"]}
+    h = make(answers=[{"1": 409}], stored={ALIAS: {"1": held}})
+    assert h.write(batch_of(change("update", 1, 5, unchanged_toast=["bio"]))) == []
+    assert len(h.engine.bulks) == 1
+    assert h.metric("stale_events_total") == 1
+
+
+def test_a_refused_delete_or_fill_is_stale_without_a_read(make: MakeHarness) -> None:
+    h = make(answers=[{"3": 409}])
+    assert h.write(batch_of(change("delete", 3, 5))) == []
+    assert h.engine.mgets == []
+    assert h.metric("stale_events_total") == 1
+    # a fill refused in turn (a newer write in between) is stale, not filled again
+    held = {"id": 1, "name": "n", "_walcast_unfilled": ["bio"]}
+    h = make(answers=[{"1": 409}, {"1": 409}], stored={ALIAS: {"1": held}})
+    assert h.write(batch_of(change("insert", 1, 5, new={"id": 1, "bio": "b"}))) == []
+    assert len(h.engine.bulks) == 2
+    assert h.metric("stale_events_total") == 1
+
+
+def test_an_older_full_row_later_in_the_batch_completes_the_newer_partial_one(
+    make: MakeHarness,
+) -> None:
+    h = make(stored={})
+    batch = batch_of(
+        change("update", 1, 20, unchanged_toast=["bio"]),
+        change("insert", 1, 5, new={"id": 1, "name": "read", "bio": "the bio"}),
+    )
+    assert h.write(batch) == []
+    assert h.engine.mgets == []  # nothing left to read
+    assert h.engine.sent() == [("index", "1", 20)]
+    assert h.engine.source("1") == {"id": 1, "name": "n1@20", "bio": "the bio"}

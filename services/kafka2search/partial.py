@@ -1,0 +1,85 @@
+"""Rows that lack columns: unchanged TOAST values the batch did not have, filled from the
+index, and what neither had, filled later by an older row
+(:func:`shared.contract.event.fill_unfilled`: a sink never refuses a full row in favour
+of a partial one).
+
+Both steps read stored documents through ``read`` (the indexer's retried ``mget``) and
+run on the writer thread, before and after a bulk write; nothing here writes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import orjson
+
+from services.kafka2search.documents import Doc
+from services.kafka2search.engines import Stored
+from shared.contract.event import UNFILLED, fill_unfilled
+
+Read = Callable[[str, list[str]], dict[str, Stored]]
+"""The stored documents of ``ids`` in an index (those that exist), retried as any engine
+call: an error raised is the write's failure."""
+
+
+def _by_index(docs: list[Doc]) -> dict[str, list[Doc]]:
+    groups: dict[str, list[Doc]] = {}
+    for d in docs:
+        groups.setdefault(d.index, []).append(d)
+    return groups
+
+
+def fill_from_stored(docs: list[Doc], read: Read) -> int:
+    """Fill each document's ``missing_toast`` columns from its stored document (one read
+    per index, for the documents that need it). A column the stored document lacks too
+    (it holds no such document, or holds it unfilled) is recorded in the row under
+    :data:`~shared.contract.event.UNFILLED`. Returns how many documents are written
+    with unfilled columns."""
+    unfilled_docs = 0
+    for index, group in _by_index([d for d in docs if d.missing_toast]).items():
+        stored = read(index, [d.id for d in group])
+        for d in group:
+            held = stored.get(d.id)
+            src = held.source if held is not None else {}
+            row = d.row()
+            unfilled = [c for c in d.missing_toast if c not in src]
+            for column in d.missing_toast:
+                if column in src:
+                    row[column] = src[column]
+            if unfilled:
+                row[UNFILLED] = unfilled
+                unfilled_docs += 1
+            d.missing_toast = ()
+    return unfilled_docs
+
+
+def fills(refused: list[Doc], read: Read) -> list[Doc]:
+    """Of the rows the engine refused as older than the document it holds (409), those
+    whose values fill columns the held document lacks: each becomes a write of the held
+    document, completed, at the version it has (``fill``: written ``external_gte``). The
+    others are stale: the caller counts them."""
+    out: list[Doc] = []
+    for index, group in _by_index(refused).items():
+        stored = read(index, [d.id for d in group])
+        for d in group:
+            held = stored.get(d.id)
+            unfilled = held.source.get(UNFILLED) if held is not None else None
+            if held is None or not isinstance(unfilled, list) or not unfilled:
+                continue
+            try:
+                older = d.row()
+            except orjson.JSONDecodeError:
+                continue  # nothing to take from it
+            lacking = older.get(UNFILLED)
+            source = dict(held.source)
+            rest = fill_unfilled(
+                source, unfilled, older, lacking if isinstance(lacking, list) else []
+            )
+            if len(rest) == len(unfilled):
+                continue
+            if rest:
+                source[UNFILLED] = rest
+            else:
+                del source[UNFILLED]
+            out.append(Doc(index, d.id, False, held.version, source, (), d.origin, fill=True))
+    return out
