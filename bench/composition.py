@@ -434,8 +434,8 @@ class Composition(Chaos):
         return self.shape(table, [r[0] for r in rows])
 
     def shape(self, table: str, rows: list[dict[str, Any]]) -> Rows:
-        if self.keys[table]:
-            return {str(r["id"]): self.clean(r) for r in rows}
+        if key := self.keys[table]:
+            return {str(r[key]): self.clean(r) for r in rows}
         return Counter(json.dumps(self.clean(r), sort_keys=True) for r in rows)
 
     def got(self, sink: str, table: str) -> Rows:
@@ -484,6 +484,7 @@ class Composition(Chaos):
         best: int | None = None
         history: list[tuple[float, dict[str, int]]] = []
         while True:
+            began = time.monotonic()
             diff = self.compare()
             now = time.monotonic()
             at = round(now - stopped, 1)
@@ -509,7 +510,9 @@ class Composition(Chaos):
                     s for s, n in per_sink.items() if n < old.get(s, 0)
                 )
                 return
-            time.sleep(3)
+            # reading every sink whole takes a while on a big table: never more than half
+            # the machine's time for the comparison, the sinks need the rest
+            time.sleep(max(3.0, now - began))
 
     # -- the run -------------------------------------------------------------------------
 

@@ -913,7 +913,7 @@ class DeltaMirror:
         try:
             table = DeltaTable.forPath(self.spark, str(path))
             unfilled = UNFILLED in table.toDF().schema.fieldNames()
-            if not unfilled and src.where(F.size(W_UNFILLED) > 0).limit(1).count():
+            if not unfilled and self._unheld_partial(src, table, [mq(k) for k in key]):
                 # the first partial row without a base: the mirror gets the column
                 self.spark.sql(
                     f"ALTER TABLE delta.{quote(str(path))} ADD COLUMNS ({UNFILLED} array<string>)"
@@ -964,6 +964,21 @@ class DeltaMirror:
             return int(src.count())
         finally:
             src.unpersist()
+
+    @staticmethod
+    def _unheld_partial(src: DataFrame, table: Any, key: list[str]) -> bool:
+        """Whether a row of ``src`` lacks unfilled columns (``W_UNFILLED``) and has no row
+        in ``table`` to take them from: only then does a mirror need the unfilled column
+        (the rows of a table with TOAST values usually find their base)."""
+        partial = src.where(F.size(W_UNFILLED) > 0)
+        if not partial.limit(1).count():
+            return False
+        held = table.toDF().select(*[F.col(k).alias(f"{W_KEY}{i}") for i, k in enumerate(key)])
+        on = [F.col(k).eqNullSafe(F.col(f"{W_KEY}{i}")) for i, k in enumerate(key)]
+        cond = on[0]
+        for c in on[1:]:
+            cond = cond & c
+        return bool(partial.join(held, cond, "left_anti").limit(1).count())
 
     # -- truncate, DDL and snapshot markers ----------------------------------------------
 
