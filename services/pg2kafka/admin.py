@@ -528,11 +528,14 @@ def snapshot_request(settings: Pg2KafkaSettings, tables: list[str]) -> list[int]
                 " AND schemaname = %s AND tablename = %s",
                 [pub, schema, table],
             ).fetchone()
-            if listed is None and conn.execute(
-                "SELECT 1 FROM pg_catalog.pg_publication_tables WHERE pubname = %s"
-                " AND schemaname = %s AND tablename = %s",
-                [inserts_publication(pub), schema, table],
-            ).fetchone():
+            if (
+                listed is None
+                and conn.execute(
+                    "SELECT 1 FROM pg_catalog.pg_publication_tables WHERE pubname = %s"
+                    " AND schemaname = %s AND tablename = %s",
+                    [inserts_publication(pub), schema, table],
+                ).fetchone()
+            ):
                 raise PermanentError(
                     f"{schema}.{table} has no primary key or replica identity: it streams as"
                     f" an insert-only table (publication {inserts_publication(pub)}), and an"

@@ -84,9 +84,10 @@ def test_insert_only_tables_reach_the_index_exactly_once_and_give_way_to_a_key(
         h.sql(f'ALTER TABLE "{schema}".log ADD PRIMARY KEY (id)')
         h.sql(f"""UPDATE "{schema}".log SET v = 'after' WHERE id <= 50""")
         deadline = time.monotonic() + 180
-        while admin.snapshot_status(h.settings)[:1] == [] or admin.snapshot_status(
-            h.settings
-        )[0]["state"] != "done":
+        while (
+            admin.snapshot_status(h.settings)[:1] == []
+            or admin.snapshot_status(h.settings)[0]["state"] != "done"
+        ):
             assert time.monotonic() < deadline, "the key's snapshot did not finish"
             time.sleep(0.5)
         old.execute("COMMIT")

@@ -118,8 +118,12 @@ def test_no_user_function_runs_in_any_pg2kafka_session(
         db.sql(db.app, "INSERT INTO app.orders VALUES (1000, 'streamed')")
         h.events(lambda seen: any(e["op"] == "insert" for e in seen))
         admin.snapshot_request(settings, ["app.orders"])  # incremental, while streaming
-        h.events(lambda seen: sum(e["op"] == "snapshot" and e["snapshot"]["phase"] == "end"
-                                  for e in seen) >= 2, timeout=120)  # initial, incremental
+        h.events(
+            lambda seen: (
+                sum(e["op"] == "snapshot" and e["snapshot"]["phase"] == "end" for e in seen) >= 2
+            ),
+            timeout=120,
+        )  # initial, incremental
         admin.status(settings)
         admin.snapshot_status(settings)
     finally:

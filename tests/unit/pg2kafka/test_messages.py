@@ -50,8 +50,10 @@ def test_a_signed_message_replayed_in_another_transaction_or_prefix_is_refused()
         sign(KEY, PREFIX, XID, BODY)[:-1] + b"!",  # body changed after signing
         sign(KEY, PREFIX, XID, BODY).replace(b":", b";", 2),  # separator broken
         b"walcast-sig-v2:" + b"0" * 64 + b":" + BODY,
-        b"walcast-sig-v1:" + hashlib.sha256(KEY + hashlib.sha256(BODY).digest()).hexdigest()
-        .encode() + b":" + BODY,  # the V013 form, valid then: refused now
+        b"walcast-sig-v1:"
+        + hashlib.sha256(KEY + hashlib.sha256(BODY).digest()).hexdigest().encode()
+        + b":"
+        + BODY,  # the V013 form, valid then: refused now
         b"walcast-sig-v1:",
         b"",
     ],
