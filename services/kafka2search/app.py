@@ -31,6 +31,7 @@ import time
 import urllib.parse
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future
+from concurrent.futures import wait as wait_futures
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
@@ -38,7 +39,7 @@ from typing import Any
 from confluent_kafka import Consumer, TopicPartition
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
-from services.kafka2search.documents import Batch, Doc, bulk_body, encode_sources
+from services.kafka2search.documents import Batch, Doc, Pending, bulk_body, encode_sources
 from services.kafka2search.engines import SearchEngine, Stored, engine_for
 from services.kafka2search.mapping import APPEND_ONLY, alias_name, index_name, properties
 from services.kafka2search.partial import Read, fill_from_stored, fills
@@ -216,11 +217,20 @@ class Indexer(BatchSink[Batch]):
         self.prepared: dict[str, Mapping[str, str]] = {}
         # (db, schema, table, types, alias) of the last data event: see index_for.
         self.last: _LastRun | None = None
+        self.lock = threading.Lock()
+        self.unwritten: list[Pending] = []  # batches handed over, their writes not finished
 
     # -- the BatchSink side ------------------------------------------------------------
 
     def new_batch(self) -> Batch:
-        return Batch()
+        """A batch that knows the writes handed over before it and not yet finished
+        (called on the loop's thread, when the batch before it is handed over)."""
+        batch = Batch()
+        with self.lock:
+            self.unwritten = [p for p in self.unwritten if not p.written.is_set()]
+            batch.earlier = list(self.unwritten)
+            self.unwritten.append(batch.mark)
+        return batch
 
     def add(self, batch: Batch, event: EventView, origin: Origin) -> str | None:
         return batch.add(self.index_for(event), event, origin)
@@ -470,6 +480,21 @@ class Indexer(BatchSink[Batch]):
         the writes handed over before this one, possibly still running). When this
         returns, every document is in the engine, stale, or returned as refused for good
         (the caller dead-letters those before committing); raises otherwise."""
+        try:
+            return self._write(batch, sleep, before)
+        finally:
+            batch.mark.written.set()
+
+    def _write(
+        self,
+        batch: Batch,
+        sleep: Callable[[float], object],
+        before: tuple[Future[list[Rejection]], ...],
+    ) -> list[Rejection]:
+        if batch.reads and any(p.partial and not p.written.is_set() for p in batch.earlier):
+            # Snapshot rows may fill what an earlier batch's rows lack: they go after it
+            # (written first, they would be overwritten by the partial rows unfilled).
+            wait_futures(before)
         docs = [d for d in batch.docs.values() if d.lsn > self.states[d.index].truncated_lsn]
         self.metrics.below_floor.inc(len(batch.docs) - len(docs))
         if batch.toast:
@@ -569,9 +594,11 @@ class Indexer(BatchSink[Batch]):
         )
 
     def _reader(self, sleep: Callable[[float], object]) -> Read:
-        def read(index: str, ids: list[str]) -> dict[str, Stored]:
+        def read(index: str, ids: list[str], fields: list[str] | None) -> dict[str, Stored]:
             stored: dict[str, Stored] = self.retry(
-                partial(self.engine.mget, index, ids), f"read stored documents of {index}", sleep
+                partial(self.engine.mget, index, ids, fields),
+                f"read stored documents of {index}",
+                sleep,
             )
             return stored
 

@@ -26,6 +26,7 @@ or the engine.
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -86,6 +87,17 @@ class Doc(msgspec.Struct, gc=False):
         return row
 
 
+class Pending:
+    """A batch's write as later batches see it: whether it holds rows that lack unchanged
+    TOAST columns, and whether it finished (successfully or not)."""
+
+    __slots__ = ("partial", "written")
+
+    def __init__(self) -> None:
+        self.partial = False
+        self.written = threading.Event()
+
+
 @dataclass
 class Batch:
     """Documents reduced from the data events in hand, and the size of what they came
@@ -95,12 +107,20 @@ class Batch:
     records: int = 0
     bytes: int = 0
     toast: int = 0  # documents added with unchanged TOAST columns (an upper bound after merges)
+    reads: int = 0  # snapshot read rows: older than changes before them, maybe filling them
+    # This batch's write, and the unwritten batches handed over before it (set by the
+    # indexer: the order of partial rows and the older rows that fill them, across the
+    # writes that overlap — services/kafka2search/partial.py).
+    mark: Pending = field(default_factory=lambda: Pending())
+    earlier: list[Pending] = field(default_factory=list)
 
     def add(self, index: str, ev: EventView, origin: Origin) -> str | None:
         """Fold one insert/update/delete in (a snapshot's read row is an insert); returns a
         reason when it cannot be indexed."""
         self.records += 1
         self.bytes += len(origin.value)
+        if ev.op == "read":
+            self.reads += 1
         try:
             # A row of an insert-only table: its id from its position (appended once,
             # whatever the redeliveries); any other row: its key.
@@ -127,6 +147,7 @@ class Batch:
                 if toast:
                     missing = tuple(toast)
                     self.toast += 1
+                    self.mark.partial = True
         current = self.docs.get((index, doc_id))
         if current is not None:
             if lsn < current.lsn:
@@ -170,6 +191,7 @@ class Batch:
         self.records = 0
         self.bytes = 0
         self.toast = 0
+        self.reads = 0
 
 
 def encode_sources(docs: list[Doc]) -> tuple[list[Doc], list[Rejection]]:

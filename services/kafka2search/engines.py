@@ -18,6 +18,7 @@ from typing import Any, NamedTuple, Protocol
 import orjson
 
 from services.kafka2search.settings import EngineSettings, IndexSettings
+from shared.contract.event import UNFILLED
 from shared.errors import PermanentError, RetriableError, Verdict, http_status_verdict
 
 
@@ -50,8 +51,11 @@ class SearchEngine(Protocol):
         index created on the fly."""
         ...
 
-    def mget(self, index: str, ids: list[str]) -> dict[str, Stored]:
-        """The documents of ``ids`` that exist, by id."""
+    def mget(
+        self, index: str, ids: list[str], fields: list[str] | None = None
+    ) -> dict[str, Stored]:
+        """The documents of ``ids`` that exist, by id (``fields``: only those of their
+        ``_source``)."""
         ...
 
     def count(self, index: str) -> int: ...
@@ -152,8 +156,11 @@ class HttpSearchEngine(SearchEngine):
         items = answer.get("items", [])
         return [next(iter(item.values())) for item in items]
 
-    def mget(self, index: str, ids: list[str]) -> dict[str, Stored]:
-        answer = self.request("POST", f"/{index}/_mget", body={"ids": ids})
+    def mget(
+        self, index: str, ids: list[str], fields: list[str] | None = None
+    ) -> dict[str, Stored]:
+        params = {"_source_includes": ",".join(fields)} if fields is not None else None
+        answer = self.request("POST", f"/{index}/_mget", body={"ids": ids}, params=params)
         return {
             d["_id"]: Stored(int(d.get("_version", 0)), d.get("_source", {}))
             for d in answer.get("docs", [])
@@ -234,7 +241,8 @@ class HttpSearchEngine(SearchEngine):
         query would miss fields mapped without an index, such as json columns); each page
         is read again in real time (``_mget``: the scroll's view may be minutes old, and a
         document deleted since must not come back) and the documents having ``field`` are
-        indexed again with it moved or removed, at their current version with
+        indexed again with it moved or removed (also where the document names it as
+        unfilled: :func:`shared.contract.event.fill_unfilled`), at their current version with
         ``external_gte``. A write newer than that read (another partition's consumer, after
         the DDL: already in the new shape) makes that rewrite a conflict, which is skipped;
         data writes use ``external``, so a change redelivered at the same version is still
@@ -261,11 +269,24 @@ class HttpSearchEngine(SearchEngine):
                 size = 0
                 for doc in now.get("docs", []):
                     source = doc.get("_source")
-                    if not doc.get("found") or not isinstance(source, dict) or field not in source:
+                    if not doc.get("found") or not isinstance(source, dict):
                         continue
-                    value = source.pop(field)
-                    if to is not None:
-                        source[to] = value
+                    unfilled = source.get(UNFILLED)
+                    names: list[Any] | None = (
+                        unfilled if isinstance(unfilled, list) and field in unfilled else None
+                    )
+                    if field not in source and names is None:
+                        continue
+                    if field in source:
+                        value = source.pop(field)
+                        if to is not None:
+                            source[to] = value
+                    if names is not None:  # a column still to be filled: its new name, or gone
+                        rest = [c if c != field else to for c in names if c != field or to]
+                        if rest:
+                            source[UNFILLED] = rest
+                        else:
+                            del source[UNFILLED]
                     line = (
                         b'{"index":{"_index":%b,"_id":%b,"version":%d,"version_type":'
                         b'"external_gte"}}\n%b\n'

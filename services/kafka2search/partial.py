@@ -17,9 +17,10 @@ from services.kafka2search.documents import Doc
 from services.kafka2search.engines import Stored
 from shared.contract.event import UNFILLED, fill_unfilled
 
-Read = Callable[[str, list[str]], dict[str, Stored]]
-"""The stored documents of ``ids`` in an index (those that exist), retried as any engine
-call: an error raised is the write's failure."""
+Read = Callable[[str, list[str], list[str] | None], dict[str, Stored]]
+"""The stored documents of ``ids`` in an index (those that exist; with a list of fields,
+only those of their source), retried as any engine call: an error raised is the write's
+failure."""
 
 
 def _by_index(docs: list[Doc]) -> dict[str, list[Doc]]:
@@ -37,7 +38,7 @@ def fill_from_stored(docs: list[Doc], read: Read) -> int:
     with unfilled columns."""
     unfilled_docs = 0
     for index, group in _by_index([d for d in docs if d.missing_toast]).items():
-        stored = read(index, [d.id for d in group])
+        stored = read(index, [d.id for d in group], None)
         for d in group:
             held = stored.get(d.id)
             src = held.source if held is not None else {}
@@ -60,7 +61,11 @@ def fills(refused: list[Doc], read: Read) -> list[Doc]:
     others are stale: the caller counts them."""
     out: list[Doc] = []
     for index, group in _by_index(refused).items():
-        stored = read(index, [d.id for d in group])
+        # Most refused rows are merely stale: first only the marker, then the documents
+        # that have one, whole.
+        marked = read(index, [d.id for d in group], [UNFILLED])
+        group = [d for d in group if d.id in marked and marked[d.id].source.get(UNFILLED)]
+        stored = read(index, [d.id for d in group], None) if group else {}
         for d in group:
             held = stored.get(d.id)
             unfilled = held.source.get(UNFILLED) if held is not None else None

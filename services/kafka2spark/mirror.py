@@ -96,7 +96,7 @@ W_LSN, W_SEQ, W_OP, W_TOAST, W_PRESENT = "__w_lsn", "__w_seq", "__w_op", "__w_to
 W_NEW, W_KEY, W_KAFKA, W_CARRY, W_KEEP, W_RANK, W_BEYOND = (
     "__w_new", "__w_key", "__w_", "__w_carry_", "__w_keep_", "__w_rank", "__w_beyond",
 )  # fmt: skip
-W_UNFILLED = "__w_unfilled"
+W_UNFILLED, W_SUPPLIED = "__w_unfilled", "__w_supplied"
 _TEMPORAL = (T.DateType, T.TimestampType, T.TimestampNTZType)
 _INFINITE = ("infinity", "-infinity")
 
@@ -902,8 +902,10 @@ class DeltaMirror:
             *[F.col(mq(k)) for k in key],
             *[F.col(f"{W_CARRY}{i}.v").alias(names[c]) for i, c in enumerate(values)],
             *[k.alias(f"{W_KEEP}{i}") for i, k in enumerate(keep)],
-            F.filter(F.array(*lacking, F.lit(None).cast("string")), lambda x: x.isNotNull()).alias(
-                W_UNFILLED
+            _names(lacking).alias(W_UNFILLED),
+            # the columns this row supplies: what it fills in a held row (fill_unfilled)
+            _names([F.when(~k, F.lit(c)) for k, c in zip(keep, values, strict=True)]).alias(
+                W_SUPPLIED
             ),
         )
         newest = Window.partitionBy(*by_key).orderBy(F.col(W_LSN).desc(), F.col(W_SEQ).desc())
@@ -933,10 +935,10 @@ class DeltaMirror:
             merge = table.alias("t").merge(src.alias("s"), on)
             merge = merge.whenMatchedDelete(condition=f"s.{W_OP} = 'delete' AND {newer}")
             if unfilled:
-                # still unfilled: what the held row lacked and this one lacks too
+                # still unfilled: what the held row lacked and this one does not supply
                 still = (
-                    f"nullif(array_intersect(coalesce(t.{UNFILLED}, array()), s.{W_UNFILLED}),"
-                    " array())"
+                    f"nullif(filter(coalesce(t.{UNFILLED}, array()),"
+                    f" x -> NOT array_contains(s.{W_SUPPLIED}, x)), array())"
                 )
                 assign[UNFILLED] = still
                 insert[UNFILLED] = f"nullif(s.{W_UNFILLED}, array())"
@@ -1042,6 +1044,8 @@ class DeltaMirror:
         if removed:
             self._rewrite(path, lambda df: df.drop(*[current[c].name for c in removed]))
             changes.append(f"dropped {', '.join(removed)}")
+        moved: dict[str, str | None] = {**dict(folds), **dict(renames)}
+        self._unfilled_after(path, {**moved, **dict.fromkeys(removed)})
         widened = {
             col: spark_type(t)
             for col, t in after.items()
@@ -1129,7 +1133,8 @@ class DeltaMirror:
         either no such read row landed (``old`` holds the row's value at the rename) or
         it carried NULL, and then the newest change before the rename, merged too, left
         ``old`` NULL as well; changes after the rename land after this DDL. Run again
-        after a crash (``old`` already gone): the caller no longer finds ``old``."""
+        after a crash (the batch replayed: its segment before the DDL may bring ``old``
+        back as a column): folded again, to the same result."""
 
         def change(df: DataFrame) -> DataFrame:
             for old, new in folds:
@@ -1141,6 +1146,21 @@ class DeltaMirror:
             return df
 
         self._rewrite(path, change)
+
+    def _unfilled_after(self, path: Path, moved: dict[str, str | None]) -> None:
+        """Columns renamed (old → new) or dropped (old → None) by a DDL: the rows that
+        still lack them (``_walcast_unfilled``) name them as they are now, so the older
+        row that carries them — under the new name — fills them, and a dropped one is
+        no longer waited for. Only the files holding such rows are rewritten."""
+        if not moved:
+            return
+        from delta.tables import DeltaTable
+
+        table = DeltaTable.forPath(self.spark, str(path))
+        if UNFILLED not in table.toDF().schema.fieldNames():
+            return
+        names = _renamed_in(F.col(UNFILLED), moved)
+        table.update(F.col(UNFILLED).isNotNull(), {UNFILLED: F.when(F.size(names) > 0, names)})
 
     def _rewrite(self, path: Path, change: Callable[[DataFrame], DataFrame]) -> None:
         """Rename / drop a column by rewriting the table (a new version; older ones stay
@@ -1165,6 +1185,26 @@ _WIDENINGS: dict[type[T.DataType], tuple[type[T.DataType], ...]] = {
     T.DateType: (T.TimestampNTZType, T.TimestampType, T.StringType),
     T.BooleanType: (T.StringType,),
 }
+
+
+def _names(maybe: list[Column]) -> Column:
+    """An array of the non-null values of ``maybe`` (column names, as literals)."""
+    return F.filter(F.array(*maybe, F.lit(None).cast("string")), lambda x: x.isNotNull())
+
+
+def _renamed_in(names: Column, moved: dict[str, str | None]) -> Column:
+    """``names`` (an array of Postgres column names) after renames and drops: ``moved``
+    maps an old name to its new one, or to None for a dropped column."""
+
+    def rename(old: str, new: str) -> Callable[[Column], Column]:
+        return lambda x: F.when(x == F.lit(old), F.lit(new)).otherwise(x)
+
+    def keep(old: str) -> Callable[[Column], Column]:
+        return lambda x: x != F.lit(old)
+
+    for old, new in moved.items():
+        names = F.filter(names, keep(old)) if new is None else F.transform(names, rename(old, new))
+    return names
 
 
 def _affected(result: DataFrame) -> int | None:

@@ -144,3 +144,23 @@ def test_rewrite_field_moves_an_unindexed_json_column(
     assert engine.bulk(body) is None
     assert engine.rewrite_field(concrete, "doc", "body") == 1
     assert sources(engine.mget(alias, ["1"])) == {"1": {"n": 1, "body": {"a": [1, 2]}}}
+
+
+def test_rewrite_field_renames_and_drops_a_column_a_document_still_lacks(
+    engine_and_alias: tuple[SearchEngine, str],
+) -> None:
+    """A document written without an unchanged TOAST value names the column as unfilled
+    (shared.contract.event.fill_unfilled); a rename or a drop of that column rewrites
+    the name it waits for, at the document's version — else the older row that carries
+    the column under its new name would fill nothing."""
+    engine, alias = engine_and_alias
+    concrete = f"{alias}-v1"
+    waiting = Doc(alias, "1", False, 30, {"k": 1, "_walcast_unfilled": ["n", "o"]}, (), ORIGIN)
+    assert engine.bulk(bulk_body([waiting, index(alias, "2", 12, 2)])) is None
+    assert engine.rewrite_field(concrete, "n", "m") == 2
+    held = engine.mget(alias, ["1", "2"])
+    assert held["1"] == Stored(30, {"k": 1, "_walcast_unfilled": ["m", "o"]})
+    assert held["2"].source == {"m": 2}
+    assert engine.rewrite_field(concrete, "o", None) == 1
+    assert engine.rewrite_field(concrete, "m", None) == 2
+    assert sources(engine.mget(alias, ["1", "2"])) == {"1": {"k": 1}, "2": {}}

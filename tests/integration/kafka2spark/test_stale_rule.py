@@ -98,7 +98,7 @@ def test_an_older_full_row_fills_what_a_partial_row_lacked_after_a_restart(
             with_toast(change(t, "insert", 100, 3), "three"),
             with_toast(change(t, "update", 300, 1), None),
             with_toast(change(t, "update", 300, 2), None),
-            with_toast(change(t, "update", 310, 3), None),  # its value held: filled at once
+            with_toast(change(t, "update", 310, 3), None),  # its value in the batch
         )
         m.feed(0)
         path = m.path(t)
@@ -117,6 +117,100 @@ def test_an_older_full_row_fills_what_a_partial_row_lacked_after_a_restart(
         assert got[1] == {**row(1, 300), "big": big, "_walcast_unfilled": None}
         assert got[2] == {**row(2, 300), "big": None, "_walcast_unfilled": ["big"]}
         assert got[3] == {**row(3, 400), "big": "three", "_walcast_unfilled": None}
+    finally:
+        client = AdminClient(config)  # must outlive the future
+        client.delete_topics([topic])[topic].result(30)
+
+
+def ddl(table: str, lsn: int, tag: str, statement: str, columns: list[str]) -> bytes:
+    """A DDL event as pg2kafka writes it: the table after ``statement``; ``columns`` as
+    ``name:num`` (types: int4, the TOAST column text)."""
+    ev = orjson.loads(change(table, "ddl", lsn))
+    cols = []
+    for c in columns:
+        name, num = c.split(":")
+        cols.append({"name": name, "num": int(num), "type": "int4" if num in "12" else "text"})
+    ev["ddl"] = {"tag": tag, "statement": statement, "columns": cols, "primary_key": ["id"]}
+    return orjson.dumps(ev)
+
+
+def test_a_column_waiting_to_be_filled_follows_its_rename_and_goes_with_its_drop(
+    make_mirror: MirrorFactory, unique_name: str
+) -> None:
+    """A row still lacking a TOAST value when that column is renamed waits for it under
+    the new name — the older row that brings it carries the new name — and stops waiting
+    when the column is dropped."""
+    topic = f"{unique_name}.cdc"
+    t = "docs"
+    m = make_mirror(topic)
+    config = m.settings.kafka.client_config()
+    ensure_topic(config, topic, 1, 1)
+    producer = Producer({"bootstrap.servers": m.settings.kafka.bootstrap_servers})
+
+    def send(*values: bytes) -> None:
+        for value in values:
+            producer.produce(topic, value, b"k")
+        producer.flush(10)
+
+    try:
+        send(
+            ddl(t, 50, "CREATE TABLE", f"CREATE TABLE {t} ()", ["id:1", "v:2", "big:3"]),
+            with_toast(change(t, "update", 300, 1), None),
+            with_toast(change(t, "update", 300, 2), None),
+            ddl(
+                t,
+                350,
+                "ALTER TABLE",
+                f"ALTER TABLE {t} RENAME big TO body",
+                ["id:1", "v:2", "body:3"],
+            ),
+        )
+        m.feed(0)
+        path = m.path(t)
+        got = rows(path)
+        assert got[1] == {**row(1, 300), "body": None, "_walcast_unfilled": ["body"]}
+        read = orjson.loads(change(t, "read", 120, 1, snapshot={"id": 1, "chunk": 0}))
+        read["types"]["body"] = "text"
+        read["new"]["body"] = "the value"
+        send(orjson.dumps(read))  # read after the rename, versioned below it
+        m.feed(1)
+        got = rows(path)  # filled under the new name
+        assert got[1] == {**row(1, 300), "body": "the value", "_walcast_unfilled": None}
+        assert got[2] == {**row(2, 300), "body": None, "_walcast_unfilled": ["body"]}
+        send(ddl(t, 400, "ALTER TABLE", f"ALTER TABLE {t} DROP body", ["id:1", "v:2"]))
+        m.feed(2)
+        assert rows(path)[2] == {**row(2, 300), "_walcast_unfilled": None}  # nothing to wait for
+    finally:
+        client = AdminClient(config)  # must outlive the future
+        client.delete_topics([topic])[topic].result(30)
+
+
+def test_a_mirror_gets_the_unfilled_column_only_for_a_partial_row_it_cannot_fill(
+    make_mirror: MirrorFactory, unique_name: str
+) -> None:
+    """Most partial rows find their value in the mirror: those leave its schema alone;
+    the first that does not adds ``_walcast_unfilled``. Two partitions, fed one at a
+    time, so the update's batch does not hold the insert."""
+    topic = f"{unique_name}.cdc"
+    t = "docs"
+    m = make_mirror(topic)
+    config = m.settings.kafka.client_config()
+    ensure_topic(config, topic, 2, 1)
+    producer = Producer({"bootstrap.servers": m.settings.kafka.bootstrap_servers})
+    try:
+        producer.produce(topic, with_toast(change(t, "insert", 100, 1), "one"), b"k", 0)
+        producer.produce(topic, with_toast(change(t, "update", 200, 1), None), b"k", 1)
+        producer.flush(10)
+        m.feed(0, [0])
+        m.feed(1, [1])
+        path = m.path(t)
+        assert rows(path) == {1: {**row(1, 200), "big": "one"}}  # no bookkeeping column
+        producer.produce(topic, with_toast(change(t, "update", 300, 2), None), b"k", 1)
+        producer.flush(10)
+        m.feed(2, [1])
+        got = rows(path)
+        assert got[1] == {**row(1, 200), "big": "one", "_walcast_unfilled": None}
+        assert got[2] == {**row(2, 300), "big": None, "_walcast_unfilled": ["big"]}
     finally:
         client = AdminClient(config)  # must outlive the future
         client.delete_topics([topic])[topic].result(30)
