@@ -170,6 +170,8 @@ class RunReport:
     lsn_order_violations: int = 0
     seconds: float = 0.0
     spark_starts_s: list[float] = field(default_factory=list)  # start to first batch
+    # a failed run: the last lines of each service's log (the files go with the clean-up)
+    log_tails: dict[str, list[str]] = field(default_factory=dict)
 
     @property
     def failed(self) -> bool:
@@ -537,6 +539,10 @@ class Composition(Chaos):
             timings = spark_timings(self.services["kafka2spark"].log)
             self.run_report.spark_starts_s = timings.get("start_to_first_batch_s", [])
         self.run_report.seconds = round(time.monotonic() - began, 1)
+        if self.run_report.failed:
+            for svc, s in self.services.items():
+                lines = s.log.read_text(errors="replace").splitlines() if s.log.exists() else []
+                self.run_report.log_tails[svc] = [line[:300] for line in lines[-25:]]
         return self.run_report
 
 
@@ -580,6 +586,10 @@ def print_run(r: RunReport) -> None:
         print(f"  still catching up at the deadline (slow, maybe not wrong): {r.still_moving}")
     for defect in r.defects:
         print(f"  DEFECT: {defect[:600]}")
+    for svc, lines in r.log_tails.items():
+        print(f"  --- the end of {svc}'s log:")
+        for line in lines:
+            print(f"    {line}")
     if r.lsn_order_violations:
         print(f"  per-key LSN order violations: {r.lsn_order_violations}")
     print(f"  -> {'FAIL: replay with --seed ' + str(r.seed) if r.failed else 'ok'}")
