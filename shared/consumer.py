@@ -595,6 +595,10 @@ class ConsumerLoop(Generic[B]):
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         if self.paused and partitions:
             consumer.pause(partitions)  # newly assigned during a backoff: paused as well
+        elif partitions:
+            # librdkafka keeps a partition's pause across losing and regaining it: one this
+            # member paused before a lost session or a revocation would never be fetched
+            consumer.resume(partitions)
         self.assigned = list(consumer.assignment())
         self.joined = True  # a member of the group, consuming what it was given
         log.info("assigned %s", _names(partitions))
@@ -630,6 +634,7 @@ class ConsumerLoop(Generic[B]):
         self.held = [m for m in self.held if not _in(m, partitions)]
         gone = {(tp.topic, tp.partition) for tp in partitions}
         self.unconfirmed = {k: o for k, o in self.unconfirmed.items() if k not in gone}
+        self._unpause(consumer, partitions)  # they may come back: not paused (_on_assign)
 
     def _on_lost(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         log.warning(
@@ -641,6 +646,18 @@ class ConsumerLoop(Generic[B]):
         self.positions = {}
         self.held = []
         self.unconfirmed = {}
+        # The writes that paused them are abandoned: nothing to wait for any more, and a
+        # pause would outlive the assignment (see _on_assign).
+        self._unpause(consumer, partitions)
+        self.paused = False
+
+    @staticmethod
+    def _unpause(consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        if partitions:
+            try:
+                consumer.resume(partitions)
+            except KafkaException as exc:  # not owned any more: nothing to resume
+                log.debug("resume of %s: %s", _names(partitions), exc)
 
     def _partitions(self, consumer: Consumer) -> list[TopicPartition]:
         parts: list[TopicPartition] = []

@@ -227,7 +227,8 @@ class Indexer(BatchSink[Batch]):
         (called on the loop's thread, when the batch before it is handed over)."""
         batch = Batch()
         with self.lock:
-            self.unwritten = [p for p in self.unwritten if not p.written.is_set()]
+            # every batch before this one is final (handed over, or dropped with a session)
+            self.unwritten = [p for p in self.unwritten if p.partial and not p.written.is_set()]
             batch.earlier = list(self.unwritten)
             self.unwritten.append(batch.mark)
         return batch

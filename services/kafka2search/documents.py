@@ -192,6 +192,7 @@ class Batch:
         self.bytes = 0
         self.toast = 0
         self.reads = 0
+        self.mark.partial = False
 
 
 def encode_sources(docs: list[Doc]) -> tuple[list[Doc], list[Rejection]]:

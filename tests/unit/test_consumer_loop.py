@@ -84,15 +84,20 @@ class FakeConsumer(Consumer):  # type: ignore[misc]
         self.owned = [TopicPartition(TOPIC, 0), TopicPartition(TOPIC, 1)]
         self.commits: list[dict[tuple[str, int], int]] = []
         self.revoke_on_poll: threading.Event | None = None
+        self.paused = set()
 
     def assignment(self) -> list[TopicPartition]:
         return list(self.owned)
 
+    # As librdkafka: a partition's pause is kept until resumed, across losing and
+    # regaining the partition.
+    paused: set[int]
+
     def pause(self, partitions: list[TopicPartition]) -> None:
-        pass
+        self.paused |= {tp.partition for tp in partitions}
 
     def resume(self, partitions: list[TopicPartition]) -> None:
-        pass
+        self.paused -= {tp.partition for tp in partitions}
 
     def poll(self, timeout: float | None = None) -> None:
         if self.revoke_on_poll is not None and not self.revoke_on_poll.is_set():
@@ -385,3 +390,45 @@ def test_an_avro_record_without_a_registry_stops_the_loop_saying_what_to_set() -
         assert loop.writer is not None
         loop.writer.shutdown(wait=True)
     assert (dead.sent, consumer.commits) == ([], [])
+
+
+@pytest.mark.parametrize("how", ["lost", "revoked"])
+def test_partitions_paused_by_a_slow_write_are_fetched_again_when_they_come_back(
+    how: str,
+) -> None:
+    """A slow write paused the partitions; the session then expired (Kafka restarted) or
+    they were revoked, and the group gave them back to this member. librdkafka keeps a
+    pause across that: unless the loop lifts it, nothing is ever fetched again, without
+    an error (seen once in the composition suite: kafka2search stalled for good)."""
+    loop, _, consumer, _ = make_loop()
+    try:
+        loop._pause()  # a write slower than a second (_await) or a backoff (wait)
+        assert consumer.paused == {0, 1}
+        parts = list(consumer.owned)
+        if how == "lost":
+            loop._on_lost(consumer, parts)
+        else:
+            loop._on_revoke(consumer, parts)
+        consumer.owned = []
+        loop.resume()  # a later flush finds nothing assigned
+        consumer.owned = parts
+        loop._on_assign(consumer, parts)
+        assert consumer.paused == set(), "the partitions came back paused: never fetched"
+    finally:
+        assert loop.writer is not None
+        loop.writer.shutdown(wait=True)
+
+
+def test_partitions_assigned_during_a_backoff_stay_paused_until_it_ends() -> None:
+    loop, _, consumer, _ = make_loop()
+    try:
+        loop._pause()
+        new = [TopicPartition(TOPIC, 2)]
+        consumer.owned.append(new[0])
+        loop._on_assign(consumer, new)
+        assert consumer.paused == {0, 1, 2}
+        loop.resume()
+        assert consumer.paused == set()
+    finally:
+        assert loop.writer is not None
+        loop.writer.shutdown(wait=True)

@@ -648,11 +648,14 @@ def test_snapshot_rows_wait_for_an_earlier_write_of_partial_rows(make: MakeHarne
     lack a TOAST value waits for it — written first, the read row would then be
     overwritten by the partial row, unfilled, and never fill it."""
     h = make(answers=[{}])
-    first, second = h.indexer.new_batch(), h.indexer.new_batch()
-    for b, ev in ((first, change("update", 1, 300, unchanged_toast=["bio"])),
-                  (second, change("read", 1, 120, new={"id": 1, "bio": "b"}))):  # fmt: skip
+    events = [change("update", 1, 300, unchanged_toast=["bio"]),
+              change("read", 1, 120, new={"id": 1, "bio": "b"})]  # fmt: skip
+    batches = []
+    for ev in events:  # as the loop does: a batch is filled, then the next one is made
+        batches.append(b := h.indexer.new_batch())
         value = orjson.dumps(ev)
         assert h.indexer.add(b, decode(value), Origin("t", 0, 1, None, value)) is None
+    first, second = batches
     pending: Future[list[Rejection]] = Future()
     done = threading.Event()
 
