@@ -598,7 +598,7 @@ class ConsumerLoop(Generic[B]):
         elif partitions:
             # librdkafka keeps a partition's pause across losing and regaining it: one this
             # member paused before a lost session or a revocation would never be fetched
-            consumer.resume(partitions)
+            self._unpause(consumer, partitions)
         self.assigned = list(consumer.assignment())
         self.joined = True  # a member of the group, consuming what it was given
         log.info("assigned %s", _names(partitions))
