@@ -542,6 +542,8 @@ class Composition(Chaos):
         if self.run_report.failed:
             for svc, s in self.services.items():
                 lines = s.log.read_text(errors="replace").splitlines() if s.log.exists() else []
+                # librdkafka's own connection lines ("%3|…") drown the service's
+                lines = [line for line in lines if not line.startswith("%")]
                 self.run_report.log_tails[svc] = [line[:300] for line in lines[-25:]]
         return self.run_report
 
