@@ -224,3 +224,15 @@ def crafted_event(
     if snapshot is not None:
         ev["snapshot"] = snapshot
     return orjson.dumps(ev)
+
+
+def crafted_toast(value: bytes, big: str | None) -> bytes:
+    """A :func:`crafted_event` with a TOAST column ``big``: its value, or (None) left out
+    as an unchanged TOAST value, as pgoutput sends an update that did not touch it."""
+    ev = orjson.loads(value)
+    ev["types"]["big"] = "text"
+    if big is None:
+        ev["unchanged_toast"] = ["big"]
+    else:
+        ev["new"]["big"] = big
+    return orjson.dumps(ev)

@@ -8,12 +8,12 @@ from __future__ import annotations
 
 from typing import Any
 
-import orjson
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient
 
 from shared.kafka import ensure_topic
 from tests.integration.conftest import crafted_event as change
+from tests.integration.conftest import crafted_toast as with_toast
 from tests.integration.kafka2search.conftest import Indexer, IndexerFactory
 
 
@@ -76,18 +76,6 @@ def test_stale_counts_only_changes_not_newer_than_the_held_row_after_a_restart(
             one.stop()
         client = AdminClient(config)  # must outlive the future
         client.delete_topics([topic])[topic].result(30)
-
-
-def with_toast(value: bytes, big: str | None) -> bytes:
-    """The crafted event with a TOAST column ``big``: its value, or (None) left out as an
-    unchanged TOAST value, as pgoutput sends an update that did not touch it."""
-    ev = orjson.loads(value)
-    ev["types"]["big"] = "text"
-    if big is None:
-        ev["unchanged_toast"] = ["big"]
-    else:
-        ev["new"]["big"] = big
-    return orjson.dumps(ev)
 
 
 def test_a_full_row_older_than_a_partial_one_fills_it_after_a_restart(

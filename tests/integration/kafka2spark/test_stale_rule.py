@@ -15,6 +15,7 @@ from deltalake import DeltaTable
 
 from shared.kafka import ensure_topic
 from tests.integration.conftest import crafted_event as change
+from tests.integration.conftest import crafted_toast as with_toast
 from tests.integration.kafka2spark.conftest import MirrorFactory
 
 
@@ -59,18 +60,6 @@ def test_after_a_restart_the_mirror_refuses_only_what_is_below_its_floor_or_olde
     finally:
         client = AdminClient(config)  # must outlive the future
         client.delete_topics([topic])[topic].result(30)
-
-
-def with_toast(value: bytes, big: str | None) -> bytes:
-    """The crafted event with a TOAST column ``big``: its value, or (None) left out as an
-    unchanged TOAST value, as pgoutput sends an update that did not touch it."""
-    ev = orjson.loads(value)
-    ev["types"]["big"] = "text"
-    if big is None:
-        ev["unchanged_toast"] = ["big"]
-    else:
-        ev["new"]["big"] = big
-    return orjson.dumps(ev)
 
 
 def test_an_older_full_row_fills_what_a_partial_row_lacked_after_a_restart(
