@@ -129,6 +129,9 @@ class Chunk:
     end_page: int | None
     lower_key: list[str] | None = None
     upper_key: list[str] | None = None
+    # Only these keys of the range (each as the events' key, JSON text): the keys of an
+    # earlier chunk read again (V019, services/pg2kafka/incremental.py). None: every row.
+    only_keys: list[str] | None = None
 
 
 @dataclass
@@ -353,7 +356,7 @@ class SnapshotStore:
                 " WHERE (c.snapshot_id, c.schema_name, c.table_name, c.chunk)"
                 "     = (n.snapshot_id, n.schema_name, n.table_name, n.chunk)"
                 " RETURNING c.schema_name, c.table_name, c.chunk, c.relation, c.first_page,"
-                "     c.end_page, c.lower_key, c.upper_key",
+                "     c.end_page, c.lower_key, c.upper_key, c.only_keys",
                 [job.id],
             ).fetchone()
             if row is None:
@@ -367,7 +370,8 @@ class SnapshotStore:
         return Chunk(job.id, str(row[0]), str(row[1]), int(row[2]),
                      None if row[3] is None else int(row[3]),
                      None if row[4] is None else int(row[4]),
-                     None if row[5] is None else int(row[5]), row[6], row[7])  # fmt: skip
+                     None if row[5] is None else int(row[5]), row[6], row[7],
+                     row[8])  # fmt: skip
 
     def chunk_done(self, chunk: Chunk, rows: int, version: int) -> bool:
         """Record a chunk whose every event Kafka acknowledged; True when it was its
@@ -394,6 +398,34 @@ class SnapshotStore:
             ],
         ).fetchone()
         return bool(row and row[0])
+
+    def read_again(self, chunk: Chunk, keys: list[str]) -> int | None:
+        """A new pending chunk of ``chunk``'s key range holding only ``keys`` (the events'
+        keys, JSON text), counted in its table's chunks; its number (None: ``chunk`` is
+        gone, its run cancelled). Called before ``chunk`` is recorded done, so the table
+        cannot be closed in between, and a crash before that reads both again (a read is
+        idempotent)."""
+        with self.conn.transaction():
+            row = self.conn.execute(
+                "INSERT INTO _walcast.snapshot_chunks (snapshot_id, schema_name, table_name,"
+                "   chunk, lower_key, upper_key, only_keys)"
+                " SELECT c.snapshot_id, c.schema_name, c.table_name, (SELECT max(x.chunk) + 1"
+                "   FROM _walcast.snapshot_chunks x WHERE (x.snapshot_id, x.schema_name,"
+                "   x.table_name) = (c.snapshot_id, c.schema_name, c.table_name)),"
+                "   c.lower_key, c.upper_key, %s"
+                " FROM _walcast.snapshot_chunks c WHERE c.snapshot_id = %s"
+                "   AND c.schema_name = %s AND c.table_name = %s AND c.chunk = %s"
+                " RETURNING chunk",
+                [Jsonb(keys), chunk.snapshot_id, chunk.schema, chunk.table, chunk.chunk],
+            ).fetchone()
+            if row is None:
+                return None
+            self.conn.execute(
+                "UPDATE _walcast.snapshot_tables SET chunks_total = chunks_total + 1"
+                " WHERE snapshot_id = %s AND schema_name = %s AND table_name = %s",
+                [chunk.snapshot_id, chunk.schema, chunk.table],
+            )
+        return int(row[0])
 
     def tables_to_close(self, job: Job) -> list[tuple[str, str, int, int]]:
         """Tables whose chunks are all done but whose end marker is not recorded sent:

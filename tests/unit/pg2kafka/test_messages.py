@@ -77,7 +77,7 @@ def test_a_low_watermark_opens_a_window_only_for_a_chunk_this_process_reads() ->
 
     import orjson
 
-    from services.pg2kafka.incremental import WATERMARK, Incremental
+    from services.pg2kafka.incremental import WATERMARK, Incremental, Window
     from services.pg2kafka.settings import Pg2KafkaSettings
 
     inc = Incremental(Pg2KafkaSettings(), threading.Event())
@@ -92,8 +92,8 @@ def test_a_low_watermark_opens_a_window_only_for_a_chunk_this_process_reads() ->
     inc.reading[(3, "public", "t", 7)] = "a2"
     inc.watermark(None, None, 12, msg)  # type: ignore[arg-type]
     inc.watermark(None, None, 13, msg)  # the same low mark streamed again
-    assert inc.windows == {(3, "public", "t", 7): set()}
+    assert inc.windows == {(3, "public", "t", 7): Window()}
     assert inc.window_tables == {("public", "t"): [(3, "public", "t", 7)]}
     high = pg.Message(True, 14, WATERMARK, orjson.dumps({**low, "attempt": "a1", "mark": "high"}))
     inc.watermark(None, None, 14, high)  # type: ignore[arg-type]  # an earlier attempt's
-    assert inc.windows == {(3, "public", "t", 7): set()}, "closed by another attempt's mark"
+    assert inc.windows == {(3, "public", "t", 7): Window()}, "closed by another attempt's mark"
