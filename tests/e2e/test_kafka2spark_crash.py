@@ -96,7 +96,7 @@ def batch_in_flight(checkpoint: Path) -> bool:
 
 def test_kill_9_mid_batch_then_restart(flow: Any, procs: list[Proc], tmp_path: Path) -> None:
     start(flow, procs, tmp_path, "pg2kafka")
-    write_rows(flow["dsn"], flow["table"], 1, 20000, updates=1)
+    write_rows(flow["dsn"], flow["table"], 1, 8000, updates=1)
     job = start(flow, procs, tmp_path, "kafka2spark")
     checkpoint = flow["spark"].delta.checkpoint_path()
     wait_until(
@@ -106,7 +106,7 @@ def test_kill_9_mid_batch_then_restart(flow: Any, procs: list[Proc], tmp_path: P
         interval=0.05,
     )
     job.kill9()
-    write_rows(flow["dsn"], flow["table"], 20001, 3000)
+    write_rows(flow["dsn"], flow["table"], 8001, 3000)
     with psycopg.connect(flow["dsn"], autocommit=True) as c:
         c.execute(f"DELETE FROM {flow['table']} WHERE id % 7 = 0")
         c.execute(f"UPDATE {flow['table']} SET v = v + 10 WHERE id % 5 = 0")
