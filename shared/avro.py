@@ -1,5 +1,8 @@
 """walcast's change event in Avro, in the Confluent wire format, with a schema registry.
 
+(Over 600 lines on purpose: the Avro encoding is decided in this one place — schemas,
+wire format, registry client and decoding — so no caller re-decides it.)
+
 **The wire format**: a zero byte, the schema's registry id (4 bytes, big-endian), then
 the Avro binary encoding of the record (fastavro) — what every Confluent-compatible
 consumer and registry-aware deserializer reads.

@@ -1,5 +1,9 @@
 """Snapshots: the rows tables already hold, into the stream as ``op: read`` events.
 
+(Over 600 lines, kept together for now: the store, the reader processes and the run share
+one chunk lifecycle; the split planned is the store (``SnapshotStore``) into its own
+module.)
+
 The initial snapshot (``snapshot.mode`` ``initial`` / ``initial_only``) runs when pg2kafka
 finds no slot: it creates the slot with an exported snapshot, reads every published
 table under that snapshot, and only then starts streaming. A transaction visible in the

@@ -1,4 +1,7 @@
-"""Debezium's PostgreSQL change-event values and their Kafka Connect schemas, from a
+"""(Over 600 lines on purpose: only this module knows Debezium's encodings, one
+function per type family, so the mapping is read and checked in one place.)
+
+Debezium's PostgreSQL change-event values and their Kafka Connect schemas, from a
 column's Postgres text output (as the replication connection writes it: ``DateStyle=ISO``,
 ``TimeZone=UTC``, ``IntervalStyle=iso_8601``, ``extra_float_digits=3``, ``bytea_output=hex``).
 
