@@ -55,7 +55,13 @@ from shared.contract.event import CONTROL_OPS, EventView, decode
 from shared.errors import PermanentError, RetriableError
 from shared.failpoints import failpoint
 from shared.interfaces import B, BatchSink, Origin, Rejection, Wait
-from shared.kafka import KafkaOffsetCheckpointer, KafkaSink, Outgoing, ensure_topic
+from shared.kafka import (
+    KafkaOffsetCheckpointer,
+    KafkaSink,
+    Outgoing,
+    close_consumer,
+    ensure_topic,
+)
 from shared.logs import SampledLog
 from shared.retry import BackoffPolicy, call_with_retry
 from shared.settings import BatchSettings, ConsumerSettings, KafkaSettings
@@ -317,7 +323,9 @@ class ConsumerLoop(Generic[B]):
         self.paused = False
         self.revoke_failure = None
         self.joined = self.start is not None  # a replay assigns its partitions itself
-        self.checkpointer = KafkaOffsetCheckpointer()
+        checkpointer = self.checkpointer = KafkaOffsetCheckpointer(
+            timeout_s=self.c.commit_timeout_s
+        )
         consumer = self.make_consumer(
             {**self.consumer_config(), "on_commit": self.checkpointer.on_commit}
         )
@@ -332,9 +340,9 @@ class ConsumerLoop(Generic[B]):
             else:
                 consumer.subscribe(
                     list(self.c.topics),
-                    on_assign=self._on_assign,
-                    on_revoke=self._on_revoke,
-                    on_lost=self._on_lost,
+                    on_assign=self._session_only(self._on_assign),
+                    on_revoke=self._session_only(self._on_revoke),
+                    on_lost=self._session_only(self._on_lost),
                 )
             b = self.b
             while not self.stop_event.is_set():
@@ -372,7 +380,9 @@ class ConsumerLoop(Generic[B]):
             self._abandon()
             writer.shutdown(wait=True)
             try:
-                consumer.close()
+                close_consumer(
+                    consumer, timeout_s=self.c.commit_timeout_s, stuck=checkpointer.stuck
+                )
             finally:
                 self.dead_letters.close()
 
@@ -591,6 +601,24 @@ class ConsumerLoop(Generic[B]):
         self.paused = False
 
     # -- group membership --------------------------------------------------------------
+
+    def _session_only(
+        self, callback: Callable[[Consumer, list[TopicPartition]], None]
+    ) -> Callable[[Consumer, list[TopicPartition]], None]:
+        """``callback`` served only while its consumer is this session's. The revocation
+        a closing consumer serves (after the session ended, maybe on a background thread:
+        see ``close_consumer``) must not touch the next session's state; the session's
+        last flush already committed what it wrote."""
+
+        def served(consumer: Consumer, partitions: list[TopicPartition]) -> None:
+            if consumer is self.consumer:
+                callback(consumer, partitions)
+            else:
+                log.debug(
+                    "%s of %s by a closing consumer: ignored", callback.__name__, _names(partitions)
+                )
+
+        return served
 
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         if self.paused and partitions:

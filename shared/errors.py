@@ -36,6 +36,12 @@ class RetriableError(WalcastError):
     """A transient failure: the operation may succeed if tried again later."""
 
 
+class NoAnswerError(RetriableError):
+    """A broker request got no answer within its deadline. The client that sent it may
+    be stuck (librdkafka can keep a request queued for a coordinator it never finds
+    again after a broker restart): the caller drops that client and builds a new one."""
+
+
 class RetriesExhaustedError(WalcastError):
     """A retriable operation kept failing until the backoff policy gave up."""
 

@@ -17,6 +17,7 @@ yet acknowledged. ``write`` blocks while the budget is used up, calling ``while_
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -31,7 +32,7 @@ from confluent_kafka.admin import (  # type: ignore[attr-defined]  # stubs omit 
 )
 from confluent_kafka.cimpl import NewTopic
 
-from shared.errors import PermanentError, RetriableError
+from shared.errors import NoAnswerError, PermanentError, RetriableError
 from shared.interfaces import Checkpointer, Sink
 
 log = logging.getLogger(__name__)
@@ -341,10 +342,19 @@ class KafkaOffsetCheckpointer(Checkpointer[dict[TopicPartitionKey, int]]):
     the broker; that is harmless — the new owner re-reads from the previous commit, and
     the sinks are idempotent — so it is logged, not raised. So is a failed asynchronous
     commit: the next one supersedes it, and a crash in between only re-reads more.
+
+    A waited-for commit has a deadline, ``timeout_s``: librdkafka's synchronous commit
+    has none, and after a Kafka restart it can wait for good on a coordinator connection
+    it never brings up again (seen: minutes, the request re-queued once a minute). Past
+    the deadline :class:`NoAnswerError` is raised and the consumer is *stuck*
+    (:attr:`stuck`): the caller stops using it, builds a new one, and closes the old one
+    with :func:`close_consumer` (which waits for the stuck commit to end first).
     """
 
-    def __init__(self, consumer: Consumer | None = None) -> None:
+    def __init__(self, consumer: Consumer | None = None, *, timeout_s: float = 30.0) -> None:
         self.consumer = consumer  # set later when on_commit must be in the consumer's config
+        self.timeout_s = timeout_s
+        self.stuck: threading.Thread | None = None  # a commit that got no answer in time
         self._committed: dict[TopicPartitionKey, int] = {}
 
     def commit(self, position: dict[TopicPartitionKey, int], *, wait: bool = True) -> None:
@@ -356,14 +366,44 @@ class KafkaOffsetCheckpointer(Checkpointer[dict[TopicPartitionKey, int]]):
             self.consumer.commit(offsets=offsets, asynchronous=True)
             return
         try:
-            result = self.consumer.commit(offsets=offsets, asynchronous=False)
+            result = self._commit_in_time(offsets)
         except KafkaException as exc:
             err = exc.args[0]
             if err.code() in _REBALANCE_CODES:
                 log.warning("offset commit refused during a rebalance: %s", err.str())
                 return
             raise
-        self._record(result or [])
+        self._record(result)
+
+    def _commit_in_time(self, offsets: list[TopicPartition]) -> list[TopicPartition]:
+        """The synchronous commit, on a thread of its own so its wait has a deadline."""
+        consumer = self.consumer
+        assert consumer is not None
+        if self.stuck is not None:
+            raise NoAnswerError("this consumer has an offset commit without an answer")
+        answer: list[list[TopicPartition]] = []
+        failure: list[BaseException] = []
+
+        def send() -> None:
+            try:
+                answer.append(consumer.commit(offsets=offsets, asynchronous=False) or [])
+            except BaseException as exc:  # noqa: BLE001 - handed to the waiting thread
+                failure.append(exc)
+
+        sender = threading.Thread(target=send, name="offset-commit", daemon=True)
+        sender.start()
+        sender.join(self.timeout_s)
+        if sender.is_alive():
+            self.stuck = sender
+            raise NoAnswerError(
+                f"the group coordinator did not answer an offset commit within"
+                f" {self.timeout_s:g} s (Kafka restarted or the coordinator moved, and the"
+                " client did not reach it again): reconnecting with a new consumer; records"
+                " not committed are read again"
+            )
+        if failure:
+            raise failure[0]
+        return answer[0]
 
     def on_commit(self, err: KafkaError | None, partitions: list[TopicPartition]) -> None:
         """The consumer's ``on_commit`` callback (served on the polling thread)."""
@@ -382,6 +422,34 @@ class KafkaOffsetCheckpointer(Checkpointer[dict[TopicPartitionKey, int]]):
 
     def committed(self) -> dict[TopicPartitionKey, int] | None:
         return dict(self._committed) or None
+
+
+def close_consumer(
+    consumer: Consumer, *, timeout_s: float, stuck: threading.Thread | None = None
+) -> None:
+    """Close ``consumer`` (it leaves the group), waiting ``timeout_s`` at most. A close
+    that takes longer (the coordinator does not answer) goes on in the background so the
+    caller can reconnect; with ``stuck`` (a commit without an answer, see
+    :class:`KafkaOffsetCheckpointer`) it starts only once that commit ended — closing a
+    client another thread is still calling into is not safe."""
+
+    def close() -> None:
+        if stuck is not None:
+            stuck.join()
+        try:
+            consumer.close()
+        except (KafkaException, RuntimeError) as exc:
+            log.warning("closing the consumer: %s", exc)
+
+    closer = threading.Thread(target=close, name="consumer-close", daemon=True)
+    closer.start()
+    closer.join(timeout_s)
+    if closer.is_alive():
+        log.warning(
+            "the consumer did not close within %g s (a commit or the group leave got no"
+            " answer); it goes on closing in the background",
+            timeout_s,
+        )
 
 
 _REBALANCE_CODES = (

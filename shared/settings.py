@@ -173,6 +173,11 @@ class ConsumerSettings(Section):
     group_instance_id: str | None = Field(default=None, min_length=1)
     # A write retried longer than this makes the group think the member died.
     max_poll_interval_ms: int = Field(default=600_000, ge=10_000)
+    # How long a waited-for offset commit (before partitions change owner, at a barrier,
+    # at shutdown) and a consumer's close may take. Past it the member reconnects with a
+    # new consumer (librdkafka's own wait has no end: after a Kafka restart it can wait
+    # for good on a coordinator it never reaches again).
+    commit_timeout_s: float = Field(default=30.0, gt=0, le=600)
 
 
 class SchemaRegistrySettings(Section):

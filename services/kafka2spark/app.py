@@ -25,9 +25,9 @@ from pyspark.sql.streaming.query import StreamingQuery
 
 from services.kafka2spark.mirror import BatchResult, DeltaMirror
 from services.kafka2spark.settings import Kafka2SparkSettings
-from shared.errors import PermanentError
+from shared.errors import NoAnswerError, PermanentError
 from shared.failpoints import failpoint
-from shared.kafka import KafkaOffsetCheckpointer
+from shared.kafka import KafkaOffsetCheckpointer, close_consumer
 from shared.retry import call_with_retry
 from shared.secrets import SENSITIVE_KEY_PATTERN
 from shared.service import Runner
@@ -191,15 +191,25 @@ class GroupCommitter:
 
     def __init__(self, settings: Kafka2SparkSettings, metrics: Metrics) -> None:
         self.metrics = metrics
-        self.consumer = Consumer(
-            {
-                **settings.kafka.client_config(),
-                "group.id": settings.source.group_id,
-                "enable.auto.commit": False,
-            }
-        )
+        self.config = {
+            **settings.kafka.client_config(),
+            "group.id": settings.source.group_id,
+            "enable.auto.commit": False,
+        }
+        self.consumer = Consumer(self.config)
         self.checkpointer = KafkaOffsetCheckpointer(self.consumer)
         self.retry = settings.retry
+
+    def _commit(self, offsets: dict[tuple[str, int], int]) -> None:
+        try:
+            self.checkpointer.commit(offsets)
+        except NoAnswerError:
+            # This client may never reach the coordinator again: the retry uses a new one.
+            old, stuck = self.consumer, self.checkpointer.stuck
+            self.consumer = Consumer(self.config)
+            self.checkpointer = KafkaOffsetCheckpointer(self.consumer)
+            close_consumer(old, timeout_s=self.checkpointer.timeout_s, stuck=stuck)
+            raise
 
     def __call__(self, result: BatchResult) -> None:
         if not result.offsets:
@@ -207,7 +217,7 @@ class GroupCommitter:
         # Transient broker errors (a coordinator loading or moving) are waited out here:
         # failing the batch would redo all of its Delta work.
         call_with_retry(
-            lambda: self.checkpointer.commit(result.offsets),
+            lambda: self._commit(result.offsets),
             policy=self.retry,
             what="commit the batch's offsets to the group",
         )

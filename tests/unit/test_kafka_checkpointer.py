@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import logging
+import threading
+import time
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
-from shared.kafka import KafkaOffsetCheckpointer
+from shared.errors import NoAnswerError
+from shared.kafka import KafkaOffsetCheckpointer, close_consumer
 
 
 class FakeConsumer(Consumer):  # type: ignore[misc]
@@ -18,12 +21,21 @@ class FakeConsumer(Consumer):  # type: ignore[misc]
     def __init__(self) -> None:  # no librdkafka handle
         self.commits: list[tuple[list[tuple[str, int, int]], bool]] = []
         self.fail: KafkaError | None = None
+        self.answer = threading.Event()  # cleared: a synchronous commit gets no answer
+        self.answer.set()
+        self.closed = threading.Event()
 
     def commit(self, *, offsets: list[TopicPartition], asynchronous: bool) -> Any:
         self.commits.append(([(t.topic, t.partition, t.offset) for t in offsets], asynchronous))
+        if not asynchronous:
+            self.answer.wait()
         if self.fail is not None:
             raise KafkaException(self.fail)
         return None if asynchronous else offsets
+
+    def close(self) -> None:
+        assert self.answer.is_set(), "closed while a commit was still waiting in it"
+        self.closed.set()
 
 
 def test_a_position_is_committed_as_the_next_offset_to_read() -> None:
@@ -82,3 +94,33 @@ def test_nothing_to_commit_sends_nothing() -> None:
     consumer = FakeConsumer()
     KafkaOffsetCheckpointer(consumer).commit({}, wait=False)
     assert consumer.commits == []
+
+
+def test_a_commit_without_an_answer_fails_at_its_deadline_and_the_client_is_stuck() -> None:
+    consumer = FakeConsumer()
+    consumer.answer.clear()
+    cp = KafkaOffsetCheckpointer(consumer, timeout_s=0.2)
+    began = time.monotonic()
+    with pytest.raises(NoAnswerError, match=r"within 0\.2 s"):
+        cp.commit({("t", 0): 1})
+    assert time.monotonic() - began < 5
+    assert cp.stuck is not None
+    assert cp.committed() is None
+    with pytest.raises(NoAnswerError):  # never sent on the stuck client again
+        cp.commit({("t", 0): 2})
+    assert len(consumer.commits) == 1
+    # The close waits for the stuck commit, in the background: the caller goes on.
+    close_consumer(consumer, timeout_s=0.2, stuck=cp.stuck)
+    assert not consumer.closed.is_set()
+    consumer.answer.set()
+    assert consumer.closed.wait(10), "the consumer was not closed once its commit ended"
+
+
+def test_a_close_without_an_answer_does_not_hold_the_caller() -> None:
+    consumer = FakeConsumer()
+    never = threading.Event()
+    consumer.close = lambda: never.wait()  # type: ignore[method-assign]
+    began = time.monotonic()
+    close_consumer(consumer, timeout_s=0.2)
+    assert time.monotonic() - began < 5
+    never.set()
