@@ -395,6 +395,13 @@ class KafkaOffsetCheckpointer(Checkpointer[dict[TopicPartitionKey, int]]):
         sender.join(self.timeout_s)
         if sender.is_alive():
             self.stuck = sender
+            if stuck_clients() >= MAX_STUCK_CLIENTS:
+                raise PermanentError(
+                    f"offset commits got no answer on {MAX_STUCK_CLIENTS + 1} Kafka"
+                    " consumers in a row, and the earlier ones are still waiting",
+                    hint="the Kafka client library is stuck: the process must restart (its"
+                    " supervisor starts it again); check the brokers' health",
+                )
             raise NoAnswerError(
                 f"the group coordinator did not answer an offset commit within"
                 f" {self.timeout_s:g} s (Kafka restarted or the coordinator moved, and the"
@@ -424,30 +431,58 @@ class KafkaOffsetCheckpointer(Checkpointer[dict[TopicPartitionKey, int]]):
         return dict(self._committed) or None
 
 
+MAX_STUCK_CLIENTS = 3
+"""Consumers closing in the background behind a commit without an answer, at most: each
+holds a librdkafka client and two threads until that commit ends. One more is a
+permanent failure — the process restarts (its supervisor starts it again)."""
+
+_stuck_lock = threading.Lock()
+_stuck_clients = 0
+
+
+def stuck_clients() -> int:
+    """Consumers still closing behind a commit that got no answer."""
+    return _stuck_clients
+
+
 def close_consumer(
     consumer: Consumer, *, timeout_s: float, stuck: threading.Thread | None = None
 ) -> None:
     """Close ``consumer`` (it leaves the group), waiting ``timeout_s`` at most. A close
     that takes longer (the coordinator does not answer) goes on in the background so the
-    caller can reconnect; with ``stuck`` (a commit without an answer, see
-    :class:`KafkaOffsetCheckpointer`) it starts only once that commit ended — closing a
-    client another thread is still calling into is not safe."""
+    caller can reconnect. With ``stuck`` (a commit without an answer, see
+    :class:`KafkaOffsetCheckpointer`) the close starts only once that commit ended —
+    closing a client another thread is still calling into is not safe — and the caller
+    does not wait for it at all."""
+    global _stuck_clients
+    behind = stuck is not None and stuck.is_alive()
+    if behind:
+        with _stuck_lock:
+            _stuck_clients += 1
 
     def close() -> None:
-        if stuck is not None:
-            stuck.join()
+        global _stuck_clients
         try:
+            if stuck is not None:
+                stuck.join()
             consumer.close()
         except (KafkaException, RuntimeError) as exc:
             log.warning("closing the consumer: %s", exc)
+        finally:
+            if behind:
+                with _stuck_lock:
+                    _stuck_clients -= 1
 
     closer = threading.Thread(target=close, name="consumer-close", daemon=True)
     closer.start()
+    if behind:
+        log.warning("a consumer with an unanswered offset commit closes in the background")
+        return
     closer.join(timeout_s)
     if closer.is_alive():
         log.warning(
-            "the consumer did not close within %g s (a commit or the group leave got no"
-            " answer); it goes on closing in the background",
+            "the consumer did not close within %g s (the group leave got no answer); it"
+            " goes on closing in the background",
             timeout_s,
         )
 

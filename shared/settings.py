@@ -25,7 +25,7 @@ from contextvars import ContextVar
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, model_validator
 from pydantic_settings import (
     BaseSettings,
     EnvSettingsSource,
@@ -177,7 +177,17 @@ class ConsumerSettings(Section):
     # at shutdown) and a consumer's close may take. Past it the member reconnects with a
     # new consumer (librdkafka's own wait has no end: after a Kafka restart it can wait
     # for good on a coordinator it never reaches again).
-    commit_timeout_s: float = Field(default=30.0, gt=0, le=600)
+    # At most half the poll interval: the member must not be thought dead while it waits.
+    commit_timeout_s: float = Field(default=30.0, gt=0, le=120)
+
+    @model_validator(mode="after")
+    def _commit_within_poll_interval(self) -> ConsumerSettings:
+        if self.commit_timeout_s * 2000 > self.max_poll_interval_ms:
+            raise ValueError(
+                f"commit_timeout_s ({self.commit_timeout_s:g}) must be at most half of"
+                f" max_poll_interval_ms ({self.max_poll_interval_ms}) in seconds"
+            )
+        return self
 
 
 class SchemaRegistrySettings(Section):

@@ -206,9 +206,9 @@ class GroupCommitter:
         except NoAnswerError:
             # This client may never reach the coordinator again: the retry uses a new one.
             old, stuck = self.consumer, self.checkpointer.stuck
+            close_consumer(old, timeout_s=self.checkpointer.timeout_s, stuck=stuck)
             self.consumer = Consumer(self.config)
             self.checkpointer = KafkaOffsetCheckpointer(self.consumer)
-            close_consumer(old, timeout_s=self.checkpointer.timeout_s, stuck=stuck)
             raise
 
     def __call__(self, result: BatchResult) -> None:
@@ -231,7 +231,8 @@ class GroupCommitter:
             log.debug("lag not updated: %s", exc)
 
     def close(self) -> None:
-        self.consumer.close()
+        cp = self.checkpointer
+        close_consumer(self.consumer, timeout_s=cp.timeout_s, stuck=cp.stuck)
 
 
 @dataclass

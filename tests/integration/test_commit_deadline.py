@@ -54,19 +54,33 @@ def _kafka_pid() -> int:
     pytest.skip("Kafka is not a local process here (containers backend): it cannot be frozen")
 
 
+@dataclass
+class _Freeze:
+    """``freeze``: set it to stop Kafka; ``frozen``: set once the broker is stopped."""
+
+    freeze: threading.Event = field(default_factory=threading.Event)
+    frozen: threading.Event = field(default_factory=threading.Event)
+
+    def now(self) -> None:
+        """Stop Kafka and return once it is stopped."""
+        self.freeze.set()
+        assert self.frozen.wait(10), "Kafka was not stopped within 10 s"
+
+
 @contextmanager
-def _frozen_until_released(max_s: float = 30.0) -> Iterator[threading.Event]:
-    """Yields an event: set it to freeze Kafka. The broker is let go on exit, or after
+def _frozen_until_released(max_s: float = 30.0) -> Iterator[_Freeze]:
+    """Kafka, to be frozen (SIGSTOP) by the test. The broker is let go on exit, or after
     ``max_s`` whatever the test's thread is doing (so a commit without a deadline ends
     and the test fails, instead of hanging with the broker stopped)."""
     pid = _kafka_pid()
-    freeze, release = threading.Event(), threading.Event()
+    state, release = _Freeze(), threading.Event()
 
     def watch() -> None:
-        freeze.wait()
+        state.freeze.wait()
         if release.is_set():
             return
         os.kill(pid, signal.SIGSTOP)
+        state.frozen.set()
         try:
             release.wait(max_s)
         finally:
@@ -75,10 +89,10 @@ def _frozen_until_released(max_s: float = 30.0) -> Iterator[threading.Event]:
     watcher = threading.Thread(target=watch, daemon=True)
     watcher.start()
     try:
-        yield freeze
+        yield state
     finally:
         release.set()
-        freeze.set()
+        state.freeze.set()
         watcher.join(10)
         os.kill(pid, signal.SIGCONT)
 
@@ -130,9 +144,8 @@ def test_a_commit_the_broker_never_answers_fails_at_its_deadline(
           lambda: f"only {len(got)} of 10 records consumed")  # fmt: skip
     checkpointer = KafkaOffsetCheckpointer(consumer, timeout_s=DEADLINE_S)
     checkpointer.commit({(topic, 0): 4})  # answered: the broker is up
-    with _frozen_until_released() as freeze:
-        freeze.set()
-        time.sleep(0.5)  # the SIGSTOP is sent by the watcher thread
+    with _frozen_until_released() as kafka:
+        kafka.now()
         began = time.monotonic()
         with pytest.raises(NoAnswerError, match="did not answer an offset commit"):
             checkpointer.commit({(topic, 0): 9})
@@ -166,7 +179,7 @@ class _ListSink:
     """Keeps the ids in the order written; freezes Kafka when the first control event
     is applied — right before the loop commits it with a waited-for commit."""
 
-    freeze: threading.Event
+    kafka: _Freeze
     written: list[int] = field(default_factory=list)
     controls: list[int] = field(default_factory=list)  # len(written) at each control
 
@@ -187,7 +200,8 @@ class _ListSink:
 
     def control(self, event: EventView) -> None:
         self.controls.append(len(self.written))
-        self.freeze.set()
+        if len(self.controls) == 1:
+            self.kafka.now()
 
 
 def test_a_member_whose_commit_gets_no_answer_reconnects_and_loses_nothing(
@@ -200,8 +214,8 @@ def test_a_member_whose_commit_gets_no_answer_reconnects_and_loses_nothing(
     values += [_event("ddl", 0, 200)]
     values += [_event("insert", i, 200 + i) for i in range(21, 41)]
     _produce(bootstrap, topic, values)
-    with _frozen_until_released() as freeze:
-        sink = _ListSink(freeze)
+    with _frozen_until_released() as kafka:
+        sink = _ListSink(kafka)
         checkpointers: list[KafkaOffsetCheckpointer] = []
         stop = threading.Event()
 
@@ -237,7 +251,11 @@ def test_a_member_whose_commit_gets_no_answer_reconnects_and_loses_nothing(
         runner = threading.Thread(target=run, daemon=True)
         runner.start()
         try:
-            _wait(freeze.is_set, 120, lambda: f"no DDL reached the sink: {len(sink.written)} ids")
+            _wait(
+                kafka.frozen.is_set,
+                120,
+                lambda: f"no DDL reached the sink: {len(sink.written)} ids",
+            )
             frozen_at = time.monotonic()
             _wait(
                 lambda: checkpointers[0].stuck is not None,
@@ -247,8 +265,9 @@ def test_a_member_whose_commit_gets_no_answer_reconnects_and_loses_nothing(
                     f" {time.monotonic() - frozen_at:.0f} s after Kafka froze"
                 ),
             )
-        finally:
-            freeze.set()
+        except BaseException:
+            stop.set()  # the loop ends with the test
+            raise
     # Kafka answers again: a new consumer reads from the last commit and finishes.
     try:
         _wait(

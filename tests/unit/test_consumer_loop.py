@@ -432,3 +432,22 @@ def test_partitions_assigned_during_a_backoff_stay_paused_until_it_ends() -> Non
     finally:
         assert loop.writer is not None
         loop.writer.shutdown(wait=True)
+
+
+def test_rebalance_callbacks_of_a_consumer_not_the_sessions_are_ignored() -> None:
+    """A closing consumer (the session over, maybe on a background thread) serves a
+    revocation: it must not flush or clear the next session's state."""
+    loop, sink, consumer, _ = make_loop()
+    on_revoke = loop._session_only(loop._on_revoke)
+    try:
+        loop.handle(Msg(0, 1, event(doc_id=1)))
+        on_revoke(FakeConsumer(loop), [TopicPartition(TOPIC, 0)])  # another consumer
+        assert len(loop.batch) == 1  # the session's batch untouched, nothing written
+        assert sink.log == []
+        assert consumer.commits == []
+        on_revoke(consumer, [TopicPartition(TOPIC, 0)])  # the session's own: flushed
+        assert sink.log == [("write", [1])]
+        assert committed(consumer) == {(TOPIC, 0): 2}
+    finally:
+        assert loop.writer is not None
+        loop.writer.shutdown(wait=True)

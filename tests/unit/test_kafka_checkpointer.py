@@ -10,9 +10,11 @@ from typing import Any
 
 import pytest
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
+from pydantic import ValidationError
 
-from shared.errors import NoAnswerError
-from shared.kafka import KafkaOffsetCheckpointer, close_consumer
+from shared.errors import NoAnswerError, PermanentError
+from shared.kafka import MAX_STUCK_CLIENTS, KafkaOffsetCheckpointer, close_consumer, stuck_clients
+from shared.settings import ConsumerSettings
 
 
 class FakeConsumer(Consumer):  # type: ignore[misc]
@@ -124,3 +126,39 @@ def test_a_close_without_an_answer_does_not_hold_the_caller() -> None:
     close_consumer(consumer, timeout_s=0.2)
     assert time.monotonic() - began < 5
     never.set()
+
+
+def test_a_fourth_stuck_client_in_a_row_is_a_permanent_failure() -> None:
+    """Each stuck client is kept until its commit ends: past a few, the process must
+    restart rather than pile up clients."""
+    deadline = time.monotonic() + 10
+    while stuck_clients() and time.monotonic() < deadline:  # another test's, closing
+        time.sleep(0.01)
+    stuck = [FakeConsumer() for _ in range(MAX_STUCK_CLIENTS + 1)]
+    try:
+        for consumer in stuck[:MAX_STUCK_CLIENTS]:
+            consumer.answer.clear()
+            cp = KafkaOffsetCheckpointer(consumer, timeout_s=0.05)
+            with pytest.raises(NoAnswerError):
+                cp.commit({("t", 0): 1})
+            close_consumer(consumer, timeout_s=0.05, stuck=cp.stuck)
+        assert stuck_clients() == MAX_STUCK_CLIENTS
+        last = stuck[-1]
+        last.answer.clear()
+        with pytest.raises(PermanentError, match="the process must restart"):
+            KafkaOffsetCheckpointer(last, timeout_s=0.05).commit({("t", 0): 1})
+    finally:
+        for consumer in stuck:
+            consumer.answer.set()
+    for consumer in stuck[:MAX_STUCK_CLIENTS]:
+        assert consumer.closed.wait(10)
+    deadline = time.monotonic() + 10
+    while stuck_clients() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert stuck_clients() == 0
+
+
+def test_a_commit_deadline_must_fit_in_the_poll_interval() -> None:
+    with pytest.raises(ValidationError, match="at most half of max_poll_interval_ms"):
+        ConsumerSettings(commit_timeout_s=10, max_poll_interval_ms=10_000)
+    assert ConsumerSettings(commit_timeout_s=5, max_poll_interval_ms=10_000).commit_timeout_s == 5
