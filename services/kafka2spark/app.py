@@ -23,6 +23,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from pyspark.sql import SparkSession
 from pyspark.sql.streaming.query import StreamingQuery
 
+from services.kafka2spark.checkpoint import clear_unstarted
 from services.kafka2spark.mirror import BatchResult, DeltaMirror
 from services.kafka2spark.settings import Kafka2SparkSettings
 from shared.errors import NoAnswerError, PermanentError
@@ -262,6 +263,7 @@ class Service:
             .option("minPartitions", s.source.min_partitions())
             .load()
         )
+        clear_unstarted(s.delta.checkpoint_path())
         writer = (
             stream.writeStream.foreachBatch(self.mirror)
             .queryName("walcast_mirror")
