@@ -349,6 +349,13 @@ class Indexer(BatchSink[Batch]):
             self.engine.put_mapping(st.index, {}, meta)
         st.columns = columns
 
+    def _held_state(self, alias: str, ev: EventView) -> IndexState | None:
+        """The state of ``alias``'s index if it exists (never creates one)."""
+        st = self.states.get(alias)
+        if st is None and self.retry(lambda: self.engine.resolve_alias(alias), f"find {alias}"):
+            st = self.state(alias, ev, {})
+        return st
+
     def _save_meta(self, st: IndexState) -> None:
         self.engine.put_mapping(st.index, {}, st.to_meta())
 
@@ -405,10 +412,28 @@ class Indexer(BatchSink[Batch]):
         )  # fmt: skip
 
     def ddl(self, ev: EventView) -> None:
+        """A schema change, applied once and never behind one applied already: under
+        primary-key partitioning every partition carries a copy, and a consumer reading
+        several partitions meets the copies of older schema changes after newer ones. The
+        event's ``columns`` are the table's whole schema after it, so the newest change
+        applied covers the older ones; applying an older copy after it would revert the
+        schema — clearing the values of the columns it lacks, renaming columns back (seen:
+        a composition run under primary-key partitioning lost a renamed column's values
+        that way). The version of the last change applied is kept in the index's
+        ``_meta`` (``schema_at``), recorded with the schema it produced."""
         d = ev.ddl
         alias = self.alias_for(ev)
         self.prepared.clear()  # the index's columns, or the index itself, change
         self.last = None
+        version = ev.version()
+        held = self._held_state(alias, ev)
+        if held is not None and version <= int(held.meta.get("schema_at", 0)):
+            log.info(
+                "schema change at version %d of %s skipped: %s is at version %s already (a"
+                " copy from another partition, or a redelivery)",
+                version, alias, alias, held.meta.get("schema_at"),
+            )  # fmt: skip
+            return
         if d.get("dropped"):
             self.metrics.schema_changes.labels("drop_table").inc()
             if self.s.index.on_drop_table == "delete":
@@ -428,7 +453,6 @@ class Indexer(BatchSink[Batch]):
         after = {str(c["name"]): str(c["type"]) for c in columns if isinstance(c, dict)}
         numbers = column_numbers(columns)
         st = self.state(alias, ev, {})
-        version = ev.version()
         recreated = str(d.get("tag", "")).upper() == "CREATE TABLE" and version > st.truncated_lsn
         if recreated:
             # Created (again): the documents of a table dropped under this name go.
@@ -463,9 +487,9 @@ class Indexer(BatchSink[Batch]):
             )
             log.info("column %s dropped from %s: %d documents cleared", old, alias, cleared)
             self.metrics.schema_changes.labels("drop_column").inc()
-        if removed or renames or numbers or recreated:
-            st.columns = {c: t for c, t in st.columns.items() if c in after}
-            self.retry(lambda: self._save_meta(st), f"record the schema of {alias}")
+        st.meta["schema_at"] = version
+        st.columns = {c: t for c, t in st.columns.items() if c in after}
+        self.retry(lambda: self._save_meta(st), f"record the schema of {alias}")
         if added:
             self.metrics.schema_changes.labels("add_column").inc()
 

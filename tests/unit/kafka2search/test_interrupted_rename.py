@@ -55,8 +55,8 @@ class MetaEngine(IndexEngine):
         return super().rewrite_field(index, field, to)
 
 
-def alter(columns: list[tuple[str, str, int]], statement: str) -> EventView:
-    ev = {"v": 1, "op": "ddl", "db": "app", "schema": "public", "table": "users", "lsn": 5,
+def alter(columns: list[tuple[str, str, int]], statement: str, lsn: int = 5) -> EventView:
+    ev = {"v": 1, "op": "ddl", "db": "app", "schema": "public", "table": "users", "lsn": lsn,
           "ddl": {"tag": "ALTER TABLE", "statement": statement,
                   "columns": [{"name": n, "type": t, "num": num} for n, t, num in columns],
                   "primary_key": ["id"]}}  # fmt: skip
@@ -75,7 +75,7 @@ def test_an_interrupted_rename_is_a_rename_again_after_a_restart(
     first = indexer(settings_with, engine)
     first.ddl(alter([("id", "int4", 1), ("note", "text", 2)], "ALTER TABLE users ADD note text"))
     rename = alter([("id", "int4", 1), ("remark", "text", 2)],
-                   "ALTER TABLE users RENAME note TO remark")  # fmt: skip
+                   "ALTER TABLE users RENAME note TO remark", lsn=9)  # fmt: skip
     engine.crash_on_rename = True
     with pytest.raises(PermanentError, match="killed"):
         first.ddl(rename)  # the process dies here; the event was not committed
