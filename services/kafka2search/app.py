@@ -42,6 +42,8 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from services.kafka2search.documents import Batch, Doc, Pending, bulk_body, encode_sources
 from services.kafka2search.engines import SearchEngine, Stored, engine_for
 from services.kafka2search.mapping import APPEND_ONLY, alias_name, index_name, properties
+from services.kafka2search.moves import moves_of, translate
+from services.kafka2search.moves import record as record_moves
 from services.kafka2search.partial import Read, fill_from_stored, fills
 from services.kafka2search.settings import Kafka2SearchSettings
 from shared.avro import RegistryDecoder
@@ -234,6 +236,10 @@ class Indexer(BatchSink[Batch]):
         return batch
 
     def add(self, batch: Batch, event: EventView, origin: Origin) -> str | None:
+        alias = self.alias_for(event)
+        st = self.states.get(alias) or self._held_state(alias, event)  # never creates it
+        if st is not None and "moves" in st.meta:  # a column was renamed or dropped
+            event = translate(event, moves_of(st.meta))
         return batch.add(self.index_for(event), event, origin)
 
     def control(self, event: EventView) -> None:
@@ -487,6 +493,7 @@ class Indexer(BatchSink[Batch]):
             )
             log.info("column %s dropped from %s: %d documents cleared", old, alias, cleared)
             self.metrics.schema_changes.labels("drop_column").inc()
+        record_moves(st.meta, renames, removed, version)  # for rows older than this DDL
         st.meta["schema_at"] = version
         st.columns = {c: t for c, t in st.columns.items() if c in after}
         self.retry(lambda: self._save_meta(st), f"record the schema of {alias}")

@@ -65,3 +65,43 @@ def test_a_late_copy_of_an_older_schema_keeps_the_newer_columns_values(
         "1": {"id": 1, "v": 150, "extra": "kept"},
         "2": {"id": 2, "v": 160, "extra": "two"},
     }
+
+
+def test_a_row_older_than_a_rename_met_after_it_lands_under_the_new_name(
+    make_indexer: IndexerFactory, unique_name: str
+) -> None:
+    """Partition 0 renames ``note`` to ``remark``; partition 1's row, changed before the
+    rename, comes after it: its value must land in ``remark`` (as the rename moved the
+    documents already indexed), not bring ``note`` back."""
+    topic = f"{unique_name}.cdc"
+    t = "notes"
+    ix = make_indexer(topic)
+    ensure_topic(ix.settings.kafka.client_config(), topic, 2, 1)
+    producer = Producer({"bootstrap.servers": ix.settings.kafka.bootstrap_servers})
+    old_types = {"id": "int4", "v": "int4", "note": "text"}
+    new_types = {"id": "int4", "v": "int4", "remark": "text"}
+    add = _ddl(
+        t, 50, [("id", "int4"), ("v", "int4"), ("note", "text")], "ALTER TABLE notes ADD note text"
+    )
+    rename = _ddl(t, 100, [("id", "int4"), ("v", "int4"), ("remark", "text")],
+                  "ALTER TABLE notes RENAME note TO remark")  # fmt: skip
+
+    def send(partition: int, *values: bytes) -> None:
+        for value in values:
+            producer.produce(topic, value, b"notes", partition=partition)
+        assert producer.flush(30) == 0
+
+    send(0, add, _insert(t, 70, {"id": 1, "v": 70, "note": "one"}, old_types), rename,
+         _insert(t, 150, {"id": 2, "v": 150, "remark": "two"}, new_types))  # fmt: skip
+    ix.start()
+    ix.wait(lambda: ix.docs(t).get("2", {}).get("remark") == "two", "partition 0 indexed")
+    # Partition 1: a row changed before the rename, late; the DDL copies; a row after.
+    send(1, add, _insert(t, 80, {"id": 3, "v": 80, "note": "three"}, old_types), rename,
+         _insert(t, 160, {"id": 4, "v": 160, "remark": "four"}, new_types))  # fmt: skip
+    ix.wait(lambda: "4" in ix.docs(t), "partition 1 indexed")
+    assert ix.docs(t) == {
+        "1": {"id": 1, "v": 70, "remark": "one"},
+        "2": {"id": 2, "v": 150, "remark": "two"},
+        "3": {"id": 3, "v": 80, "remark": "three"},
+        "4": {"id": 4, "v": 160, "remark": "four"},
+    }
