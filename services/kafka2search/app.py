@@ -42,7 +42,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from services.kafka2search.documents import Batch, Doc, Pending, bulk_body, encode_sources
 from services.kafka2search.engines import SearchEngine, Stored, engine_for
 from services.kafka2search.mapping import APPEND_ONLY, alias_name, index_name, properties
-from services.kafka2search.moves import moves_of, translate
+from services.kafka2search.moves import Moves, translate
 from services.kafka2search.moves import record as record_moves
 from services.kafka2search.partial import Read, fill_from_stored, fills
 from services.kafka2search.settings import Kafka2SearchSettings
@@ -127,6 +127,17 @@ class IndexState:
     # version is the LSN in epoch 0 (its stored name predates epochs).
     truncated_lsn: int = 0
     meta: dict[str, Any] = field(default_factory=dict)
+    # (meta["moves"], parsed): see moves()
+    _moves: tuple[object, Moves] | None = field(default=None, repr=False, compare=False)
+
+    def moves(self) -> Moves:
+        """The renames and drops the index applied (``moves.Moves``), parsed once per
+        change of ``meta["moves"]`` (checked by identity: ``record`` replaces the list)."""
+        raw = self.meta.get("moves")
+        cached = self._moves
+        if cached is None or cached[0] is not raw:
+            cached = self._moves = (raw, Moves.of(self.meta))
+        return cached[1]
 
     def to_meta(self) -> dict[str, Any]:
         return {
@@ -237,9 +248,9 @@ class Indexer(BatchSink[Batch]):
 
     def add(self, batch: Batch, event: EventView, origin: Origin) -> str | None:
         alias = self.alias_for(event)
-        st = self.states.get(alias) or self._held_state(alias, event)  # never creates it
+        st = self._held_state(alias, event)  # never creates it
         if st is not None and "moves" in st.meta:  # a column was renamed or dropped
-            event = translate(event, moves_of(st.meta))
+            event = translate(event, st.moves(), st.columns)
         return batch.add(self.index_for(event), event, origin)
 
     def control(self, event: EventView) -> None:
@@ -452,6 +463,9 @@ class Indexer(BatchSink[Batch]):
                 self.states.pop(alias, None)
             else:
                 log.info("table dropped: index %s retained (index.on_drop_table)", alias)
+                if held is not None:  # later copies of this DROP are skipped, as above
+                    held.meta["schema_at"] = version
+                    self.retry(lambda: self._save_meta(held), f"record the drop of {alias}")
             return
         columns = d.get("columns")
         if not isinstance(columns, list):
@@ -464,6 +478,9 @@ class Indexer(BatchSink[Batch]):
             # Created (again): the documents of a table dropped under this name go.
             gone = self.retry(lambda: self.engine.delete_older(st.index, version), f"clear {alias}")
             st.truncated_lsn = version
+            # the old table's column numbers and moves say nothing of the new one's
+            st.meta.pop("numbers", None)
+            st.meta.pop("moves", None)
             if gone:
                 log.info("table %s created again: %d documents of the old one removed", alias, gone)
         removed = [c for c in st.columns if c not in after]
@@ -493,7 +510,8 @@ class Indexer(BatchSink[Batch]):
             )
             log.info("column %s dropped from %s: %d documents cleared", old, alias, cleared)
             self.metrics.schema_changes.labels("drop_column").inc()
-        record_moves(st.meta, renames, removed, version)  # for rows older than this DDL
+        if not recreated:  # for rows older than this DDL (a new table's rows never are)
+            record_moves(st.meta, renames, removed, version)
         st.meta["schema_at"] = version
         st.columns = {c: t for c, t in st.columns.items() if c in after}
         self.retry(lambda: self._save_meta(st), f"record the schema of {alias}")

@@ -8,24 +8,52 @@ leave the new one empty. The index keeps every rename and drop it applied, with 
 version, in ``_meta`` (``moves``: ``[old, new or None, version]`` in the order applied);
 a row older than a move gets it on the way in — renamed, or the column left out — as the
 documents already in the index got it from the DDL itself.
+
+A snapshot's ``read`` row is the exception to "older by version is older in schema": its
+version is the slot's restart position minus one (docs/events.md), usually below schema
+changes its read already saw. Its ``types`` are the table's columns when it was read, so:
+
+- a rename ``old → new`` is applied only to a row that has no column ``new`` (any row
+  with both was written after the rename: a column named ``old`` was added again);
+- a drop of a column a read row still has is applied only when the index holds no column
+  of that name again: a name dropped and added again keeps the read's value (it may be
+  the new column's; the other reading would lose it).
+
+Translation never fails a record: a row that is no JSON object is handed on unchanged,
+and the batch reports it as unreadable as it would any other.
 """
 
 from __future__ import annotations
 
+from collections.abc import Container
+from dataclasses import dataclass
 from typing import Any
 
 import msgspec
-import orjson
 
 from shared.contract.event import EventView
 
 Move = tuple[str, str | None, int]
 
+_decode_row = msgspec.json.Decoder(dict[str, msgspec.Raw]).decode
+_encode = msgspec.json.encode
 
-def moves_of(meta: dict[str, Any]) -> list[Move]:
-    """The moves recorded in an index's ``_meta`` (``[]`` when none)."""
-    return [(str(old), None if new is None else str(new), int(at))
-            for old, new, at in meta.get("moves") or []]  # fmt: skip
+
+@dataclass(frozen=True)
+class Moves:
+    """The moves of one index, parsed once (``latest``: the newest move's version, so a
+    row at or above it — nearly every row — is recognised with one comparison)."""
+
+    items: tuple[Move, ...]
+    latest: int
+
+    @classmethod
+    def of(cls, meta: dict[str, Any]) -> Moves:
+        items = tuple(
+            (str(old), None if new is None else str(new), int(at))
+            for old, new, at in meta.get("moves") or []
+        )
+        return cls(items, max((at for _o, _n, at in items), default=0))
 
 
 def record(meta: dict[str, Any], renames: list[tuple[str, str]], drops: list[str], at: int) -> None:
@@ -37,34 +65,53 @@ def record(meta: dict[str, Any], renames: list[tuple[str, str]], drops: list[str
     meta["moves"] = moves
 
 
-def translate(ev: EventView, moves: list[Move]) -> EventView:
+def translate(ev: EventView, moves: Moves, held: Container[str] = ()) -> EventView:
     """``ev`` with every move newer than it applied to its row, types and unchanged
-    TOAST columns; ``ev`` itself when none concerns it (the common case: one comparison
-    per move)."""
+    TOAST columns; ``ev`` itself when none concerns it. ``held``: the columns the index
+    maps now (decides a read row's drops, see the module's text)."""
+    if not moves.items or ev.op == "delete":
+        return ev
     version = ev.version()
-    due = [(old, new) for old, new, at in moves if version < at]
-    if not due or ev.op == "delete":
+    if version >= moves.latest:
         return ev
-    types = dict(ev.column_types())
-    if not any(old in types for old, _ in due):
-        return ev
-    row: dict[str, Any] | None = orjson.loads(bytes(ev.new)) if ev.new else None
-    toast: list[str] = [str(c) for c in ev.unchanged_toast or []]
-    for old, new in due:
-        if old not in types:
+    try:
+        types = dict(ev.column_types())
+    except (msgspec.DecodeError, ValueError):
+        return ev  # the batch reports it
+    due: list[tuple[str, str | None]] = []
+    for old, new, at in moves.items:
+        if version >= at or old not in types:
             continue
-        kind = types.pop(old)
-        if new is not None:
-            types.setdefault(new, kind)
+        if new is None:
+            if ev.op == "read" and old in held:
+                continue
+            del types[old]
+        else:
+            if new in types:
+                continue
+            types[new] = types.pop(old)
+        due.append((old, new))
+    if not due:
+        return ev
+    row: dict[str, msgspec.Raw] | None = None
+    toast: list[str] = []
+    try:
+        if ev.new:
+            row = _decode_row(bytes(ev.new))
+        if ev.unchanged_toast:
+            toast = msgspec.convert(ev.unchanged_toast, list[str])
+    except (msgspec.DecodeError, RecursionError):
+        return ev  # not a row walcast can move: the batch reports it
+    for old, new in due:
         if row is not None and old in row:
             value = row.pop(old)
             if new is not None:
-                row.setdefault(new, value)
+                row[new] = value
         if old in toast:
             toast = [c for c in toast if c != old] + ([new] if new is not None else [])
     return msgspec.structs.replace(
         ev,
-        types=msgspec.Raw(orjson.dumps(types)),
-        new=msgspec.Raw(orjson.dumps(row)) if row is not None else ev.new,
+        types=msgspec.Raw(_encode(types)),
+        new=msgspec.Raw(_encode(row)) if row is not None else ev.new,
         unchanged_toast=toast or None,
     )

@@ -81,3 +81,41 @@ def test_a_late_copy_of_a_drop_never_deletes_the_table_created_again(
     ix.ddl(_create(20))  # and of the creation
     assert engine.resolve_alias("w-public.users") == created
     assert [c for c in engine.calls if c.startswith(("delete", "create"))] == []
+
+
+def test_a_late_copy_of_a_drop_is_skipped_when_the_index_is_retained(
+    settings_with: SettingsFactory,
+) -> None:
+    engine = RecreatingEngine()
+    settings = settings_with(
+        index={"name_template": "w-{schema}.{table}", "on_drop_table": "retain"}
+    )
+    ix = Indexer(settings, engine, Metrics(CollectorRegistry()), lambda _: None)
+    ix.ddl(_create(3))
+    ix.ddl(_drop(15))
+    index = engine.resolve_alias("w-public.users")
+    assert index is not None
+    assert engine.metas[index]["walcast"]["schema_at"] == 15
+    drops = ix.metrics.schema_changes.labels("drop_table")._value.get()
+    ix.ddl(_drop(15))  # another partition's copy
+    assert ix.metrics.schema_changes.labels("drop_table")._value.get() == drops
+
+
+def test_a_table_created_again_starts_without_the_old_ones_moves(
+    settings_with: SettingsFactory,
+) -> None:
+    engine = RecreatingEngine()
+    settings = settings_with(
+        index={"name_template": "w-{schema}.{table}", "on_drop_table": "retain"}
+    )
+    ix = Indexer(settings, engine, Metrics(CollectorRegistry()), lambda _: None)
+    ix.ddl(_create(3))
+    ix.ddl(alter(ADD, "ALTER TABLE users ADD note text", lsn=5))
+    ix.ddl(alter(RENAMED, "ALTER TABLE users RENAME note TO remark", lsn=9))
+    st = ix.states["w-public.users"]
+    assert st.meta["moves"] == [["note", "remark", 9]]
+    ix.ddl(_drop(15))
+    ix.ddl(_create(20))  # the new table's column 2, were it there, is no rename of "remark"
+    assert "moves" not in st.meta
+    assert st.meta["numbers"] == {"id": 1}
+    assert set(st.columns) == {"id"}
