@@ -6,7 +6,7 @@ Every service derives what it knows about a type from :data:`TYPES`:
 * pg2kafka converts a column's text output by the row's ``kind`` and labels the column
   with ``name`` (arrays: ``"_" + name``, as ``pg_type`` names them). The kinds are
   implemented once, in pg2kafka's compiled per-event path
-  (``services/pg2kafka/native/src/lib.rs``; see :data:`KINDS`);
+  (``services/pg2kafka/native/src/conv.rs``; see :data:`KINDS`);
 * kafka2search maps a column to the row's ``search`` field mapping (arrays like their
   elements: the engines index arrays of any field);
 * kafka2spark declares a column as the row's ``spark`` type (arrays as arrays of it).
