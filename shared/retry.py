@@ -26,16 +26,24 @@ log = logging.getLogger(__name__)
 class BackoffPolicy(BaseModel):
     """How long to wait between attempts; ``disabled`` means a single attempt."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
 
     kind: Literal["exponential", "constant", "disabled"] = "exponential"
+    """The shape of the waits between attempts at a transient failure; `disabled`: one
+    attempt."""
     initial_s: PositiveFloat = 0.2
+    """The first wait, in seconds (every wait, with `constant`)."""
     max_s: PositiveFloat = 30.0
+    """The longest wait, in seconds."""
     multiplier: float = Field(default=2.0, ge=1.0)
+    """Each wait is the previous one times this (`exponential`)."""
     jitter: float = Field(default=0.2, ge=0.0, le=1.0)
-    # 0 = no limit on attempts; give_up_after_s bounds the total time instead.
+    """Each wait varies randomly by up to this fraction of it."""
     max_attempts: int = Field(default=0, ge=0)
+    """Attempts before giving up; 0: no limit (`give_up_after_s` bounds the time)."""
     give_up_after_s: float = Field(default=300.0, ge=0.0)
+    """Seconds of failing attempts before giving up (the error is then permanent); 0: never
+    give up."""
 
     def delays(self) -> Iterator[float]:
         """Successive waits before attempt 2, 3, ...; ends when attempts are exhausted."""

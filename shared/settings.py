@@ -49,7 +49,7 @@ _env_file: ContextVar[Path | None] = ContextVar("walcast_env_file", default=None
 class Section(BaseModel):
     """Base for nested settings groups: frozen, unknown keys rejected."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
 
 
 # libpq options every walcast Postgres session starts with (see PostgresSettings.conninfo).
@@ -60,16 +60,25 @@ class PostgresSettings(Section):
     """Where the source database is. ``conninfo()`` contains the password: never log it."""
 
     host: str = "127.0.0.1"
+    """The server's host name, address or Unix socket directory."""
     port: int = Field(default=5432, ge=1, le=65535)
+    """The server's port."""
     database: str = "postgres"
+    """The database to stream (a slot belongs to one database)."""
     user: str = "postgres"
+    """The role walcast connects as (its privileges: [security.md](security.md))."""
     password: SecretStr = SecretStr("")
+    """The role's password (a secret: masked everywhere); empty: none, or `~/.pgpass`."""
     sslmode: Literal["disable", "allow", "prefer", "require", "verify-ca", "verify-full"] = "prefer"
-    # The CA certificate file (PEM) that verify-ca / verify-full check the server against
-    # (libpq's sslrootcert; "system": the system's trusted CAs). None: libpq's default.
+    """libpq's `sslmode`: whether TLS is used and how the server is verified."""
     sslrootcert: str | None = None
+    """The CA certificate file (PEM) that `verify-ca` / `verify-full` check the server
+    against (libpq's `sslrootcert`; `system`: the system's trusted CAs); unset: libpq's
+    default."""
     connect_timeout_s: int = Field(default=10, ge=1)
+    """Seconds a connection attempt may take."""
     application_name: str = "walcast"
+    """The name sessions show in `pg_stat_activity`."""
 
     def conninfo(self, **extra: str) -> str:
         """libpq key=value string (values quoted), for psycopg; contains the secret.
@@ -112,14 +121,23 @@ class KafkaSettings(Section):
     """Connection to the Kafka cluster, shared by producers and consumers."""
 
     bootstrap_servers: str = "127.0.0.1:9092"
+    """Brokers to start from, `host:port` separated by commas."""
     client_id: str = "walcast"
+    """The client id the brokers log and meter."""
     security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = "PLAINTEXT"
+    """How to talk to the brokers: TLS, SASL authentication, both or neither."""
     sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"] | None = None
+    """The SASL mechanism (with a `SASL_*` protocol)."""
     sasl_username: str | None = None
+    """The SASL user name."""
     sasl_password: SecretStr | None = None
+    """The SASL password (a secret: masked everywhere)."""
     ssl_ca_location: Path | None = None
-    # Passed verbatim to librdkafka, for settings walcast has no field for.
+    """The CA certificate file (PEM) the brokers' certificates are checked against; unset:
+    the system's."""
     extra: dict[str, str] = Field(default_factory=dict)
+    """Any librdkafka setting walcast has no field for, passed verbatim (applied last; keys
+    that name a secret are masked)."""
 
     def client_config(self) -> dict[str, Any]:
         """librdkafka configuration common to producers, consumers and admin clients."""
@@ -146,39 +164,41 @@ class ConsumerSettings(Section):
     default."""
 
     topics: list[str] = Field(default_factory=lambda: ["walcast.cdc"], min_length=1)
-    # What the topics hold: walcast's change events, Debezium records (the PostgreSQL
-    # connector's, JSON converter with schemas), or either, told apart record by record
-    # (shared.contract.debezium_input). walcast's events in Avro (the Confluent wire
-    # format) are read under "walcast" and "auto" when schema_registry.url is set.
+    """The topics to read."""
     input_format: InputFormat = "walcast"
+    """What the topics hold: walcast's change events, Debezium records (the PostgreSQL
+    connector's, JSON converter with schemas), or either, told apart record by record
+    (`auto`). walcast's events in Avro (the Confluent wire format) are read under
+    `walcast` and `auto` when `schema_registry.url` is set ([events.md](events.md))."""
     group_id: str = Field(default="walcast-consumer", min_length=1)
-    # Poison messages and records the sink refuses for good go here, with the reason.
+    """The consumer group the instances share (partitions are divided among them)."""
     dlq_topic: str = Field(default="walcast.cdc.dlq", min_length=1)
-    # The dead-letter topic is created with these when missing.
+    """The dead-letter topic: unreadable records and records the sink refuses for good go
+    there, with the reason in a header; created when missing."""
     dlq_partitions: int = Field(default=1, ge=1)
+    """Partitions of the dead-letter topic when walcast creates it."""
     dlq_replication_factor: int = Field(default=1, ge=1)
-    # Where a group without committed offsets starts.
+    """Replication factor of the dead-letter topic when walcast creates it."""
     auto_offset_reset: Literal["earliest", "latest"] = "earliest"
-    # librdkafka's prefetch budget: the bytes of fetched messages held before the service
-    # takes them. With the batch budget below it bounds the consumer's memory.
+    """Where a group without committed offsets starts."""
     max_queue_bytes: int = Field(default=32 * 1024 * 1024, ge=1024 * 1024)
-    # How long the group waits for a member that stopped heartbeating (killed, or its
-    # host gone) before its partitions go to the others: after a kill -9 and restart,
-    # the restarted member waits this long for its partitions (30 s before; see
-    # docs/kafka2search.md, "restarts"). Heartbeats come from a client thread every 3 s.
+    """librdkafka's prefetch budget: bytes of fetched records held before the service takes
+    them (with the batch budget, the consumer's memory bound; at least 1 MiB)."""
     session_timeout_ms: int = Field(default=10_000, ge=6000)
-    # Static membership (Kafka's group.instance.id): a member restarted under the same id
-    # within the session timeout gets its partitions back without a rebalance. Give each
-    # replica a stable, unique id (a StatefulSet pod name); unset: dynamic membership.
+    """How long the group waits for a member that stopped heartbeating (killed, host gone)
+    before its partitions go to the others; a member killed and restarted waits about as
+    long for its partitions (at least 6000)."""
     group_instance_id: str | None = Field(default=None, min_length=1)
-    # A write retried longer than this makes the group think the member died.
+    """Static membership (Kafka's `group.instance.id`): a member restarted under the same
+    id within the session timeout gets its partitions back without a rebalance. Give each
+    replica a stable, unique id (a StatefulSet pod name); unset: dynamic membership."""
     max_poll_interval_ms: int = Field(default=600_000, ge=10_000)
-    # How long a waited-for offset commit (before partitions change owner, at a barrier,
-    # at shutdown) and a consumer's close may take. Past it the member reconnects with a
-    # new consumer (librdkafka's own wait has no end: after a Kafka restart it can wait
-    # for good on a coordinator it never reaches again).
-    # At most half the poll interval: the member must not be thought dead while it waits.
+    """How long one write (with its retries) may hold the loop before the group thinks the
+    member died."""
     commit_timeout_s: float = Field(default=30.0, gt=0, le=120)
+    """How long a waited-for offset commit (before partitions change owner, at a barrier,
+    at shutdown) or a consumer's close may take; past it the member reconnects with a new
+    consumer. At most half of `max_poll_interval_ms` and 120."""
 
     @model_validator(mode="after")
     def _commit_within_poll_interval(self) -> ConsumerSettings:
@@ -197,13 +217,18 @@ class SchemaRegistrySettings(Section):
     that client's in-memory registry (tests)."""
 
     url: str | None = Field(default=None, pattern=r"^(https?|mock)://")
+    """The registry (`http(s)://...`; `mock://name`: the client's in-memory one, for
+    tests); unset: no Avro."""
     username: str | None = None
+    """Basic-auth user name."""
     password: SecretStr | None = None
+    """Basic-auth password (a secret: masked everywhere)."""
     ssl_ca_location: Path | None = None
-    # Subjects: "topic" (<topic>-value, Confluent's default: one table per topic),
-    # "record" (the record's name) or "topic_record" (<topic>-<record name>: several
-    # tables in one topic).
+    """The CA certificate file (PEM) an `https` registry is checked against."""
     subject_name_strategy: Literal["topic", "record", "topic_record"] = "topic"
+    """Subject names: `topic` (`<topic>-value`, Confluent's default: one table per topic),
+    `record` (the record's name) or `topic_record` (`<topic>-<record name>`: several
+    tables in one topic)."""
 
     def client(self) -> Any:
         """confluent-kafka's ``SchemaRegistryClient`` (holds the password: never log it)."""
@@ -224,25 +249,36 @@ class BatchSettings(Section):
     """When the records in hand are written: whichever limit comes first."""
 
     max_docs: int = Field(default=2000, ge=1)
+    """Records in one write at most."""
     max_bytes: int = Field(default=8 * 1024 * 1024, ge=1024)
+    """Bytes of records in one write at most."""
     max_wait_s: float = Field(default=0.25, gt=0)
-    # Writes in flight at once: while some are written, the next batch is read. For a
-    # search engine, more than it indexes at once (its write pool: one per core), so that
-    # it never waits for the next request. Memory: (concurrency + 1) batch budgets.
+    """Seconds the first record of a batch waits for more before the batch is written."""
+    # For a search engine, more than it indexes at once (its write pool: one per core),
+    # so that it never waits for the next request.
     concurrency: int = Field(default=4, ge=1, le=8)
+    """Writes in flight at once (1 to 8): while some are written, the next batch is read.
+    Memory: `concurrency` + 1 batch budgets."""
 
 
 class HttpSettings(Section):
     """The /metrics, /health and /ready endpoint of a service."""
 
     enabled: bool = True
+    """Serve `/metrics` (Prometheus), `/health` and `/ready`."""
     host: str = "127.0.0.1"
+    """The address to listen on (`0.0.0.0` in a container)."""
     port: int = Field(default=9187, ge=0, le=65535)
+    """The port to listen on (0: any free port, logged at start)."""
 
 
 class LoggingSettings(Section):
+    """The service's log, on standard error."""
+
     level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+    """The least severe level written."""
     format: Literal["json", "text"] = "json"
+    """`json`: one object per line; `text`: for people."""
 
 
 class ServiceSettings(BaseSettings):
@@ -254,6 +290,7 @@ class ServiceSettings(BaseSettings):
         env_nested_delimiter="__",
         case_sensitive=False,
         env_file_encoding="utf-8",
+        use_attribute_docstrings=True,
     )
 
     log: LoggingSettings = LoggingSettings()

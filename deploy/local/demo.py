@@ -381,7 +381,7 @@ def run_services(env: dict[str, str], env_file: Path) -> None:
     run_kafka2spark(env_file)
     for name in SERVICES:
         if importlib.util.find_spec(f"services.{name}") is None:
-            print(f"  {name:<14}not built yet (see README, feature table)")
+            print(f"  {name:<14}not built yet (see docs/status.md)")
 
 
 def summary(env: dict[str, str]) -> None:
@@ -461,7 +461,7 @@ def pictures(results: Path = REPO / "bench" / "results") -> list[str]:
     if not plots:
         return [
             f"  no plots yet: `{PLOT_COMMAND}` draws live writes, lag and",
-            "  commit → searchable percentiles into bench/results/ (README, Benchmarks)",
+            "  commit → searchable percentiles into bench/results/ (docs/benchmarks.md)",
         ]
     return [f"  {p.relative_to(REPO) if p.is_relative_to(REPO) else p}" for p in plots]
 

@@ -63,7 +63,7 @@ DEBEZIUM_PORT = int(os.environ.get("WALCAST_STACK_DEBEZIUM_PORT", "18083"))
 SOCKET_MODE = 0o700
 PG_IDENT_MAP = "walcast_owner"
 PG_USER = "walcast"
-PG_PASSWORD = "walcast"  # local development only; documented in README  # noqa: S105
+PG_PASSWORD = "walcast"  # local development only; documented in docs/local-stack.md  # noqa: S105
 PG_DATABASE = "walcast"
 
 START_TIMEOUT_S = float(os.environ.get("WALCAST_STACK_START_TIMEOUT", "180"))
@@ -915,7 +915,7 @@ def search_env(key: str, url: str) -> dict[str, str]:
     env = {key: url}
     if key == "WALCAST_OPENSEARCH_URL":
         # kafka2search's default engine in the local stack (Elasticsearch: set
-        # KAFKA2SEARCH_ENGINE__KIND and __URLS, see README).
+        # KAFKA2SEARCH_ENGINE__KIND and __URLS, see docs/kafka2search.md).
         env["KAFKA2SEARCH_ENGINE__URLS"] = f'["{url}"]'
     return env
 

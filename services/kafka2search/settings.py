@@ -1,4 +1,5 @@
-"""kafka2search's settings: env prefix ``KAFKA2SEARCH_``, optional YAML file (see README)."""
+"""kafka2search's settings: env prefix ``KAFKA2SEARCH_``, optional YAML file; the reference in
+docs/kafka2search.md is generated from this model."""
 
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ from shared.settings import (
 
 class Kafka2SearchConsumer(ConsumerSettings):
     group_id: str = Field(default="walcast-kafka2search", min_length=1)
+    """The consumer group the instances share (partitions are divided among them)."""
 
 
 class EngineSettings(Section):
@@ -31,17 +33,26 @@ class EngineSettings(Section):
     whose major version must match the server's)."""
 
     kind: Literal["opensearch", "elasticsearch"] = "opensearch"
+    """The engine: OpenSearch, or Elasticsearch 8.x (elasticsearch-py 8.x)."""
     urls: list[str] = Field(default_factory=lambda: ["http://127.0.0.1:9200"], min_length=1)
+    """The engine's nodes (`https://` enables TLS)."""
     username: str | None = None
+    """Basic-auth user name (with `password`)."""
     password: SecretStr | None = None
-    # Elasticsearch API key, as "id:key" or the base64 "encoded" form the API returns.
+    """Basic-auth password (a secret: masked everywhere)."""
     api_key: SecretStr | None = None
-    # TLS: https URLs verify the server against ca_certs (or the system store).
+    """An Elasticsearch API key, as `id:key` or the base64 `encoded` form the API returns
+    (a secret; not with `username`; Elasticsearch only)."""
     verify_certs: bool = True
+    """Verify an `https` engine's certificate (against `ca_certs`, or the system's)."""
     ca_certs: Path | None = None
+    """The CA certificate file (PEM) the engine's certificate is checked against."""
     client_cert: Path | None = None
+    """A client certificate (PEM) for mutual TLS."""
     client_key: Path | None = None
+    """The client certificate's key (PEM)."""
     request_timeout_s: float = Field(default=60.0, gt=0)
+    """Seconds one request may take."""
 
     @field_validator("urls")
     @classmethod
@@ -69,16 +80,20 @@ class EngineSettings(Section):
 class IndexSettings(Section):
     """How tables become indices (see docs/kafka2search.md)."""
 
-    # Alias readers use; the index behind it is "<alias>-v1" (a reindex swaps it). Fields:
-    # {db}, {schema}, {table}; the result is lower-cased and made a valid index name.
     name_template: str = "walcast-{schema}.{table}"
+    """The alias per table that readers use (`{db}`, `{schema}`, `{table}`; lower-cased and
+    made a valid index name); the index behind it is `<alias>-v1`."""
     shards: int = Field(default=1, ge=1)
+    """Primary shards of an index walcast creates."""
     replicas: int = Field(default=0, ge=0)
+    """Replicas of an index walcast creates."""
     refresh_interval: str = "1s"
-    # How long the engine remembers a deleted document's version: a redelivered older
-    # event for it within this window is recognised as stale, not resurrected.
+    """How soon a written document is searchable (the index's `refresh_interval`)."""
     gc_deletes: str = "1h"
+    """How long the engine remembers a deleted document's version: an older event for it
+    redelivered within this window stays stale instead of bringing the row back."""
     on_drop_table: Literal["delete", "retain"] = "retain"
+    """What becomes of a dropped table's index: kept as it was, or deleted."""
 
     @field_validator("name_template")
     @classmethod
@@ -90,11 +105,13 @@ class Kafka2SearchHttpSettings(HttpSettings):
     # A section given in the environment or YAML is built from the class defaults, so
     # the service's own defaults live on subclasses, not on default instances.
     port: int = Field(default=9188, ge=0, le=65535)
+    """The port to listen on (0: any free port, logged at start)."""
 
 
 class Kafka2SearchRetry(BackoffPolicy):
-    # 0 = never give up: a consumer waits out an engine outage (partitions paused).
     give_up_after_s: float = Field(default=0.0, ge=0.0)
+    """Seconds of failing attempts before giving up; 0 (the default here): never — the
+    consumer waits out an engine outage with its partitions paused."""
 
 
 class Kafka2SearchSettings(ServiceSettings):

@@ -1,4 +1,5 @@
-"""kafka2spark's settings: env prefix ``KAFKA2SPARK_``, optional YAML file (see README)."""
+"""kafka2spark's settings: env prefix ``KAFKA2SPARK_``, optional YAML file; the reference in
+docs/kafka2spark.md is generated from this model."""
 
 from __future__ import annotations
 
@@ -24,42 +25,59 @@ class SourceSettings(Section):
     """The CDC topic(s), read with Spark's own Kafka source."""
 
     topics: list[str] = Field(default_factory=lambda: ["walcast.cdc"], min_length=1)
-    # What the topics hold: walcast's change events, Debezium records (the PostgreSQL
-    # connector's, JSON converter with schemas), or either, told apart record by record
-    # (shared.contract.debezium_input).
+    """The CDC topics to read (a JSON list in env vars)."""
     input_format: InputFormat = "walcast"
-    # Where a query without a checkpoint starts.
+    """What the topics hold, as kafka2search's `consumer.input_format`: walcast's change
+    events (`walcast`), Debezium records (`debezium`: the PostgreSQL connector's, JSON
+    converter with schemas), or either, told apart record by record (`auto`). With
+    `schema_registry.url` set, Avro records (the Confluent wire format) are decoded first;
+    unreadable records go to the quarantine."""
     starting_offsets: Literal["earliest", "latest"] = "earliest"
-    # Records per micro-batch at most (Spark's maxOffsetsPerTrigger); bounds batch memory.
+    """Where a query without a checkpoint starts: `earliest`, the oldest records the topics
+    hold; `latest`, only records written after the start. A checkpoint, once there, is
+    where the job resumes."""
     max_offsets_per_trigger: int = Field(default=200_000, ge=1)
-    # Records per Spark task at most: a batch is read in at least
-    # ceil(max_offsets_per_trigger / records_per_task) tasks (the Kafka source's
-    # minPartitions), so no task, and no cached block of the batch, holds more. One
-    # 500,000-record block made a 1 GB driver heap run out (the JVM exits on that).
+    """Records per micro-batch at most (Spark's `maxOffsetsPerTrigger`): bounds a batch's
+    memory, and so the wait of a change that arrives while one runs."""
+    # One 500,000-record block made a 1 GB driver heap run out (the JVM exits on that).
     records_per_task: int = Field(default=100_000, ge=1_000)
+    """Records per Spark task at most, at least 1000: a batch is read in at least
+    `max_offsets_per_trigger` / `records_per_task` tasks, rounded up (the Kafka source's
+    `minPartitions`), which bounds the memory of one task and of one cached block of the
+    batch."""
 
     def min_partitions(self) -> int:
         return -(-self.max_offsets_per_trigger // self.records_per_task)
 
-    # After each batch its offsets are also committed to this consumer group, so the lag
-    # shows in standard Kafka tooling. The checkpoint, not the group, is where the job
-    # resumes from.
     group_id: str = Field(default="walcast-kafka2spark", min_length=1)
+    """The consumer group each batch's offsets are committed to once it is written, so the
+    lag shows in standard Kafka tooling. The job resumes from its checkpoint, never from
+    the group."""
 
 
 class DeltaSettings(Section):
     """Where the tables live: one mirror per source table, the changelog, the quarantine."""
 
     root: Path = Path("delta")
-    # Mirror table directory under ``root``, per source table.
+    """The directory the tables live in, with the default checkpoint and walcast's lists of
+    mirrors and held tables (the local stack sets `.stack/delta`)."""
     table_template: str = "{schema}.{table}"
+    """A mirror's directory under `root`, per source table: a template over `{db}`,
+    `{schema}` and `{table}` (`{table}` required). A name that is not plain `[a-z0-9_]`
+    gets a sanitised name with a hash suffix, so no two tables share a mirror."""
     changelog_table: str = "_changelog"
+    """The changelog's directory under `root`: every change event, partitioned by source
+    table and commit date."""
     quarantine_table: str = "_quarantine"
-    # The query's checkpoint (offsets, batch ids); default ``<root>/_checkpoints/mirror``.
+    """The quarantine's directory under `root`: the records that are not change events or
+    cannot be applied, with the reason and their topic, partition and offset."""
     checkpoint: Path | None = None
-    # ``maintain``: files older than this and no longer referenced are vacuumed.
+    """The query's checkpoint (offsets, batch ids), where the job resumes from; unset:
+    `<root>/_checkpoints/mirror`."""
     # At least a day: a shorter window could remove files a running MERGE just wrote.
     vacuum_retention_hours: int = Field(default=168, ge=24)
+    """`maintain` vacuums the files no longer referenced and older than this many hours (at
+    least 24, so files a running MERGE just wrote are never removed)."""
 
     @field_validator("table_template")
     @classmethod
@@ -71,10 +89,14 @@ class DeltaSettings(Section):
 
 
 class TriggerSettings(Section):
-    # processing_time: a batch every ``interval_s``; available_now: everything in the
-    # topic at start, then stop (a catch-up run, e.g. from cron).
+    """When micro-batches run."""
+
     mode: Literal["processing_time", "available_now"] = "processing_time"
+    """`processing_time`: a micro-batch every `interval_s` until stopped; `available_now`:
+    everything the topics hold at start, then the job ends (a catch-up run, e.g. from
+    cron)."""
     interval_s: float = Field(default=5.0, gt=0)
+    """Seconds between micro-batches (`processing_time` mode)."""
 
 
 _CONF_KEY = re.compile(r"^[A-Za-z0-9_.\-]+$")
@@ -85,16 +107,25 @@ class SparkSettings(Section):
     for more than one machine."""
 
     master: str = "local[2]"
+    """The Spark master: `local[2]` is local mode with two threads (the driver on
+    127.0.0.1); any other master (`spark://…`, `k8s://…`) runs the job on a cluster."""
     app_name: str = "walcast-kafka2spark"
+    """The Spark application's name."""
     shuffle_partitions: int = Field(default=2, ge=1)
-    # The Kafka source and Delta jars, comma-separated local paths (the local stack
-    # resolves them from Maven Central into its env file), or empty to let
-    # ``packages`` fetch them.
+    """Partitions of Spark's shuffles (`spark.sql.shuffle.partitions`, also the partitions
+    Delta reads its log with): few, for one machine."""
     jars: str = ""
+    """The Kafka source and Delta jars, comma-separated local paths (the local stack
+    resolves them from Maven Central into its env file, so the job starts offline); empty
+    to let `packages` fetch them."""
     packages: str = ""
+    """The Kafka source and Delta jars as comma-separated Maven coordinates, fetched at
+    start (`spark.jars.packages`); empty: nothing fetched."""
     ui: bool = False
-    # Passed to the session as is (spark.* keys), after walcast's own.
+    """Serve the Spark UI."""
     conf: dict[str, str] = Field(default_factory=dict)
+    """Any Spark settings (`spark.*` keys, e.g. `spark.driver.memory`), passed to the
+    session as they are after walcast's own, so they take precedence."""
 
     @field_validator("conf")
     @classmethod
@@ -106,9 +137,12 @@ class SparkSettings(Section):
 
 
 class Kafka2SparkHttpSettings(HttpSettings):
+    """The /metrics, /health and /ready endpoint of a service."""
+
     # A section given in the environment or YAML is built from the class defaults, so
     # the service's own defaults live on subclasses, not on default instances.
     port: int = Field(default=9189, ge=0, le=65535)
+    """The port to listen on (0: any free port, logged at start)."""
 
 
 class Kafka2SparkSettings(ServiceSettings):

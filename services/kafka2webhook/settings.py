@@ -1,4 +1,5 @@
-"""kafka2webhook's settings: env prefix ``KAFKA2WEBHOOK_``, optional YAML file (see README).
+"""kafka2webhook's settings: env prefix ``KAFKA2WEBHOOK_``, optional YAML file; the reference
+in docs/kafka2webhook.md is generated from this model.
 
 Endpoints are a list (in env vars, JSON: ``KAFKA2WEBHOOK_ENDPOINTS='[{"name": ...}]'``);
 each endpoint's signing secret may also come alone from ``secrets.<name>``
@@ -38,9 +39,16 @@ class Condition(Section):
     values, or ``exists`` (present and not null) or not. Data, never code."""
 
     field: str = Field(min_length=1)
+    """The dotted path of the field tested (`new.status`, `old.total`, `table`; with
+    `input: events`, a path in the payload). A field the event does not have fails every
+    test but `exists: false`."""
     equals: Any = None
+    """Holds when the field equals this JSON value."""
     one_of: list[Any] | None = None
+    """Holds when the field equals one of these JSON values."""
     exists: bool | None = None
+    """`true`: holds when the field is present and not null; `false`: when it is absent or
+    null."""
 
     @model_validator(mode="after")
     def _one_test(self) -> Condition:
@@ -56,27 +64,45 @@ class EndpointSettings(Section):
     """One receiver: what it subscribes to, and how it is called."""
 
     name: str
+    """The endpoint's name, unique: 1-63 of a-z, 0-9 and `_`, not starting with `_`. It
+    names its consumer group (`<consumer.group_id>.<name>`), its metrics (label `webhook`)
+    and its secret's env var."""
     url: str
-    # The key events are signed with (Standard Webhooks: docs/kafka2webhook.md): at
-    # least 16 bytes, or whsec_ + strict base64 of at least 24 bytes. Or in ``secrets``
-    # under the endpoint's name.
+    """The `http://` or `https://` URL events are POSTed to, checked at start-up (a host
+    and a port the client can use, visible ASCII only). Redirects are not followed."""
     secret: SecretStr | None = None
-    # What it reads: change events ("cdc": consumer.topics) or the subscription events
-    # topic ("events": events_topic), whose payloads the subscriptions shaped.
+    """The key its events are signed with (Standard Webhooks, see
+    [What a receiver gets](#what-a-receiver-gets)): at least 16 bytes without surrounding
+    whitespace or control characters, or `whsec_` + strict base64 of at least 24 bytes.
+    Unset: `secrets.<name>`, which must then be set."""
     input: Literal["cdc", "events"] = "cdc"
-    # cdc: schema.table patterns (* a wildcard); events: subscription keys (tg_name).
+    """What it reads: `cdc`, the change events of `consumer.topics`; `events`, the
+    subscription events topic (`events_topic`), whose payloads the subscriptions shaped
+    ([subscriptions.md](subscriptions.md))."""
     tables: list[str] = Field(default_factory=lambda: ["*.*"], min_length=1)
+    """With `input: cdc`: the tables whose change events it gets, as `schema.table`
+    patterns (`*` matches any text). Ignored with `input: events`."""
     subscriptions: list[str] = Field(default_factory=lambda: ["*"], min_length=1)
+    """With `input: events`: the subscription keys (`tg_name`) whose events it gets (`*`
+    matches any text). Ignored with `input: cdc`."""
     operations: list[Operation] = Field(
         default_factory=lambda: list[Operation](["insert", "update", "delete"]), min_length=1
     )
-    # Every condition must hold (AND); none: every event of the tables and operations.
+    """With `input: cdc`: the operations it gets (`read`: snapshot rows; a `truncate` or
+    `ddl` comes after every event before it; `event` matches no change event). Ignored
+    with `input: events`."""
     filter: list[Condition] = Field(default_factory=list)
-    # 1: one POST per event (its body the event). More: up to this many events per POST,
-    # a JSON array, events of one key in order within it.
+    """Conditions on the event's fields, all of which must hold (AND); empty: every event
+    the tables and operations (or subscriptions) choose."""
     batch_size: int = Field(default=1, ge=1, le=1000)
-    # Extra request headers (not secrets: they are logged with the settings).
+    """Events per POST at most (1 to 1000). `1`: one POST per event, its body the event;
+    more: a JSON array of `{"webhook_id": <id>, "event": <event>}`, a key's events in
+    order."""
     headers: dict[str, str] = Field(default_factory=dict)
+    """Extra request headers, not secrets (they are logged with the settings): names HTTP
+    tokens, values visible ASCII, spaces and tabs. `content-type`, `webhook-id`,
+    `webhook-timestamp`, `webhook-signature` and `walcast-*` are refused (set by
+    kafka2webhook)."""
 
     @field_validator("name")
     @classmethod
@@ -125,26 +151,38 @@ class EndpointSettings(Section):
 
 
 class DeliverySettings(Section):
-    """How each event is delivered: timeouts, the retry budget, parallelism, memory."""
+    """How each event is delivered: the attempt deadline, retries and their budget,
+    parallelism."""
 
-    # The deadline of one attempt, all of it: connecting, TLS, sending, the answer's
-    # status, headers and body. Past it the attempt failed (retried); a stopping service
-    # waits this long at most for the requests in flight.
     timeout_s: float = Field(default=10.0, ge=0.1, le=300)
-    # Retries (connection errors, timeouts, 408, 425, 429, 5xx): exponential from
-    # initial_s to max_s with jitter; a Retry-After answer is honoured (up to max_s).
+    """Seconds one attempt may take, all of it: connecting, TLS, sending, the answer's
+    status, headers and body; past it the attempt failed (retried), and a stopping service
+    waits this long at most for the requests in flight. 0.1 to 300, and at most
+    `give_up_after_s`."""
     initial_backoff_s: float = Field(default=0.5, gt=0)
+    """Seconds before the first retry; the wait doubles after each failed attempt, up to
+    `max_backoff_s`. Retried: connection failures, attempts past their deadline, malformed
+    answers, 408, 425, 429, 5xx and statuses below 200 or above 599; any other answer is
+    final."""
     max_backoff_s: float = Field(default=60.0, gt=0)
+    """The longest wait between attempts, in seconds, also for a `Retry-After` answer
+    (which is honoured up to it); at least `initial_backoff_s`."""
     jitter: float = Field(default=0.5, ge=0, le=1)
-    # The retry budget of one event: after this long (or max_attempts, 0 = no count) it
-    # goes to the dead-letter topic with its last status and body excerpt.
+    """Random spread of each backoff wait, as a fraction of it (0.5: ±50 %), 0 to 1; a
+    `Retry-After` wait is not spread."""
     give_up_after_s: float = Field(default=900.0, gt=0)
+    """An event's retry budget in seconds, from its first attempt: when the next wait would
+    end past it, the event goes to the dead-letter topic with its last status and an
+    excerpt of the answer's body."""
     max_attempts: int = Field(default=0, ge=0)
-    # Keys delivered at once per endpoint (events of one key: one after another).
+    """Attempts per event at most before it goes to the dead-letter topic; 0: no count,
+    only `give_up_after_s`."""
     parallel_keys: int = Field(default=8, ge=1, le=256)
-    # Replay protection the receivers are told about (docs): signatures older than this
-    # should be refused by them; sent as a header for their information.
+    """Lanes delivering at once per endpoint (1 to 256), keys spread over them: the events
+    of one key go through one lane, one after another."""
     signature_tolerance_s: int = Field(default=300, ge=1)
+    """Not used by kafka2webhook: no header carries it and nothing checks it. Meant as the
+    replay tolerance in seconds that receivers apply, refusing older signatures."""
 
     @model_validator(mode="after")
     def _backoff(self) -> DeliverySettings:
@@ -159,10 +197,18 @@ class DeliverySettings(Section):
 
 
 class Kafka2WebhookConsumer(ConsumerSettings):
-    # Each endpoint is its own consumer group, "<group_id>.<endpoint name>": an endpoint
-    # that is slow or down holds back only its own offsets.
+    """The CDC topic(s) the `cdc` endpoints read, and their consumer groups (the shared
+    consumer loop). `input_format` must be `walcast`: kafka2webhook posts walcast's JSON
+    change events, and Avro topics are not read."""
+
     group_id: str = Field(default="walcast-kafka2webhook", min_length=1)
+    """The prefix of the endpoints' consumer groups: each endpoint reads with its own,
+    `<group_id>.<endpoint name>`, so one that is slow or down holds back only its own
+    offsets."""
     dlq_topic: str = Field(default="walcast.webhooks.dlq", min_length=1)
+    """The dead-letter topic: events given up on, as they were read, with the endpoint,
+    the source position and the reason in headers, and unreadable records; created when
+    missing."""
 
 
 class Kafka2WebhookBatch(BatchSettings):
@@ -170,8 +216,23 @@ class Kafka2WebhookBatch(BatchSettings):
     key's order across batches (and bounds what a stalled endpoint holds: one batch)."""
 
     max_docs: int = Field(default=500, ge=1)
+    """Records read per endpoint before a delivery round at most, wanted by it or not;
+    bounds what an endpoint holds while its receiver is down."""
     max_wait_s: float = Field(default=0.1, gt=0)
+    """Seconds the first record of a batch waits for more before the delivery round."""
     concurrency: int = Field(default=1, ge=1, le=1)
+    """Delivery rounds in flight per endpoint: always 1, which keeps each key's order
+    across batches."""
+
+
+class Kafka2WebhookHttpSettings(HttpSettings):
+    """The /metrics, /health and /ready endpoint of a service."""
+
+    # A section given in the environment or YAML is built from the class defaults, so
+    # the service's own defaults live on subclasses, not on default instances (a default
+    # instance lost port 9190 as soon as any http.* key was set).
+    port: int = Field(default=9190, ge=0, le=65535)
+    """The port to listen on (0: any free port, logged at start)."""
 
 
 class Kafka2WebhookSettings(ServiceSettings):
@@ -181,12 +242,17 @@ class Kafka2WebhookSettings(ServiceSettings):
     consumer: Kafka2WebhookConsumer = Kafka2WebhookConsumer()
     batch: Kafka2WebhookBatch = Kafka2WebhookBatch()
     events_topic: str = Field(default="walcast.events", min_length=1)
+    """The subscription events topic (pg2kafka's `subscriptions.topic`), read by the
+    endpoints with `input: events`."""
     endpoints: list[EndpointSettings] = Field(default_factory=list)
-    # Signing secrets by endpoint name (KAFKA2WEBHOOK_SECRETS__ORDERS=...), for endpoints
-    # that do not carry their own.
+    """The receivers (a JSON list in env vars), with unique names; each reads with its own
+    consumer group."""
     secrets: dict[str, SecretStr] = Field(default_factory=dict)
+    """Signing secrets by endpoint name (`KAFKA2WEBHOOK_SECRETS__ORDERS` for `orders`), for
+    endpoints without their own `secret`, which takes precedence; the same rules as
+    `endpoints[].secret`. A name no endpoint has is refused."""
     delivery: DeliverySettings = DeliverySettings()
-    http: HttpSettings = HttpSettings(port=9190)
+    http: Kafka2WebhookHttpSettings = Kafka2WebhookHttpSettings()
 
     @model_validator(mode="after")
     def _endpoints(self) -> Kafka2WebhookSettings:

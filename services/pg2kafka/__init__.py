@@ -1,4 +1,4 @@
-"""pg2kafka: a Postgres logical replication slot into Kafka (see README.md)."""
+"""pg2kafka: a Postgres logical replication slot into Kafka (see docs/pg2kafka.md)."""
 
 try:
     from services.pg2kafka import _native  # noqa: F401 - built by pip install (Rust)

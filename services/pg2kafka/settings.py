@@ -1,4 +1,5 @@
-"""pg2kafka's settings: env prefix ``PG2KAFKA_``, optional YAML file (see README)."""
+"""pg2kafka's settings: env prefix ``PG2KAFKA_``, optional YAML file; the reference in
+docs/pg2kafka.md is generated from this model."""
 
 from __future__ import annotations
 
@@ -47,30 +48,32 @@ class ReplicationSettings(Section):
     """The slot and publication pg2kafka streams from (created by ``pg2kafka init``)."""
 
     slot: str = "walcast"
+    """The logical replication slot (a-z, 0-9, _)."""
     publication: str = "walcast"
-    # Seconds between standby status updates; must stay well under the server's
-    # wal_sender_timeout (60 s by default) or Postgres drops the connection.
+    """The publication `init` creates: the tables the filters match."""
     status_interval_s: float = Field(default=5.0, gt=0, le=30)
-    # Override the server's wal_sender_timeout for pg2kafka's replication connection
-    # (seconds; unset = the server's). Must stay above status_interval_s.
+    """Seconds between standby status updates; must stay well under the server's
+    wal_sender_timeout (60 s by default) or Postgres drops the connection."""
     wal_sender_timeout_s: float | None = Field(default=None, gt=0)
-    # Seconds between heartbeat messages written into this database's WAL, so the slot
-    # advances even when nothing published changes (idle or fully filtered). 0 = off.
+    """Override the server's wal_sender_timeout for pg2kafka's replication connection
+    (seconds; unset = the server's). Must stay above status_interval_s."""
     heartbeat_interval_s: float = Field(default=30.0, ge=0)
-    # High availability: any number of pg2kafka processes may run for one slot; the one
-    # holding a Postgres advisory lock streams, the others check every standby_poll_s.
+    """Seconds between heartbeat messages written into this database's WAL, so the slot
+    advances even when nothing published changes (idle or fully filtered). 0 = off."""
     standby_poll_s: float = Field(default=1.0, gt=0, le=60)
-    # A leader that finds the slot streamed by someone else waits this long (a dead
-    # leader's walsender takes a moment to go), then stops: another consumer owns it.
+    """High availability: any number of pg2kafka processes may run for one slot; the one
+    holding a Postgres advisory lock streams, the others check every standby_poll_s."""
     slot_busy_grace_s: float = Field(default=30.0, ge=0)
-    # Changes to tables without replica identity columns: emit them with an empty key,
-    # or skip them (counted in walcast_pg2kafka_skipped_no_identity_total).
+    """A leader that finds the slot streamed by someone else waits this long (a dead
+    leader's walsender takes a moment to go), then stops: another consumer owns it."""
     no_identity: Literal["emit", "skip"] = "emit"
-    # Text that is not UTF-8 (a SQL_ASCII database, whose bytes have no encoding; other
-    # encodings are converted to UTF-8 by the server): decoded as Latin-1, byte for byte
-    # ("database"), or with U+FFFD for what does not decode ("replace"); counted in
-    # walcast_pg2kafka_undecodable_values_total, never a stop.
+    """Changes to tables without replica identity columns: emit them with an empty key, or
+    skip them (counted in walcast_pg2kafka_skipped_no_identity_total)."""
     invalid_text: Literal["database", "replace"] = "database"
+    """Text that is not UTF-8 (a SQL_ASCII database, whose bytes have no encoding; other
+    encodings are converted to UTF-8 by the server): decoded as Latin-1, byte for byte
+    ("database"), or with U+FFFD for what does not decode ("replace"); counted in
+    walcast_pg2kafka_undecodable_values_total, never a stop."""
 
     @model_validator(mode="after")
     def _timeouts(self) -> ReplicationSettings:
@@ -100,8 +103,15 @@ class FilterSettings(Section):
     """
 
     include: list[str] = Field(default_factory=lambda: ["*.*"], min_length=1)
+    """Tables to stream, as `schema.table` patterns (`*` a wildcard)."""
     exclude: list[str] = Field(default_factory=list)
+    """Tables left out although `include` matches them (patterns as there)."""
     keyless_tables: Literal["inserts", "skip", "full_identity"] = "inserts"
+    """A matching table without a primary key or replica identity: `inserts` (in a
+    second, insert-and-truncate publication `<publication>_ins`: its inserts stream as
+    `append_only` rows, the application's UPDATE and DELETE work but are not
+    streamed), `skip` (left out) or `full_identity` (made `REPLICA IDENTITY FULL` and
+    published whole) ([Tables without a key](#tables-without-a-key))."""
 
     @field_validator("include", "exclude")
     @classmethod
@@ -135,39 +145,49 @@ class ProducerSettings(Section):
     """
 
     topic: str = "walcast.cdc"
-    # Optional per-table routing: a topic name built from {db}, {schema} and {table}
-    # (for example "cdc.{schema}.{table}"). Unset: every table goes to `topic`.
+    """The CDC topic."""
     topic_template: str | None = None
+    """Optional per-table routing: a topic name built from {db}, {schema} and {table} (for
+    example "cdc.{schema}.{table}"). Unset: every table goes to `topic`."""
     partition_key: Literal["schema", "table", "primary_key"] = "schema"
-    # Producer batching: a batch goes when it holds batch_messages or batch_bytes, or
-    # after linger_ms — whichever comes first.
+    """What keys a record, so what stays in order in one partition: a schema's changes,
+    a table's, or a row's (its primary key; table-wide events then go to every
+    partition)."""
     linger_ms: int = Field(default=20, ge=0, le=10_000)
+    """Producer batching: a batch goes when it holds batch_messages or batch_bytes, or
+    after linger_ms — whichever comes first."""
     batch_bytes: int = Field(default=1_048_576, ge=1024)
+    """Bytes in one producer batch at most."""
     batch_messages: int = Field(default=10_000, ge=1, le=1_000_000)
+    """Records in one producer batch at most."""
     compression: Literal["none", "gzip", "snappy", "lz4", "zstd"] = "lz4"
-    # Memory guard: bytes handed to Kafka but not yet acknowledged. When full, pg2kafka
-    # stops reading the slot until acks free room (backpressure, nothing dropped).
+    """How producer batches are compressed."""
     max_inflight_bytes: int = Field(default=100 * 1024 * 1024, ge=1024 * 1024)
-    # How long librdkafka keeps retrying one message before reporting it failed; a
-    # failure stops the pipeline, which restarts from the last confirmed LSN.
+    """Memory guard: bytes handed to Kafka but not yet acknowledged. When full, pg2kafka
+    stops reading the slot until acks free room (backpressure, nothing dropped)."""
     delivery_timeout_ms: int = Field(default=300_000, ge=1000)
-    # Largest message the producer accepts (librdkafka message.max.bytes); the topic's
-    # max.message.bytes must allow it too. 1 MB rows plus their envelope need headroom.
+    """How long librdkafka keeps retrying one message before reporting it failed; a failure
+    stops the pipeline, which restarts from the last confirmed LSN."""
     max_message_bytes: int = Field(default=16 * 1024 * 1024, ge=1_000_000)
+    """Largest message the producer accepts (librdkafka message.max.bytes); the topic's
+    max.message.bytes must allow it too. 1 MB rows plus their envelope need headroom."""
     create_topic: bool = False
-    # The records' shape: walcast's change event (docs/events.md) or Debezium's envelope
-    # (the ``debezium`` section).
+    """Create the topic(s) at `init` and start when missing."""
     format: Literal["walcast", "debezium"] = "walcast"
-    # How records are written: JSON, or Avro in the Confluent wire format with the
-    # schemas in a registry (the schema_registry section; docs/events.md, "Avro").
+    """The records' shape: walcast's change event (docs/events.md) or Debezium's envelope
+    (the ``debezium`` section)."""
     encoding: Literal["json", "avro"] = "json"
-    # walcast's own compacted topic (created when missing, one partition): per stream
-    # (keyed by `topic`) the source it carries, its epoch and how far it got — how
-    # pg2kafka tells a restored or promoted database from the one it streamed
-    # (docs/snapshots.md, "A different source").
+    """How records are written: JSON, or Avro in the Confluent wire format with the schemas
+    in a registry (the schema_registry section; docs/events.md, "Avro")."""
     source_topic: str = Field(default="walcast.sources", min_length=1, max_length=249)
+    """walcast's own compacted topic (created when missing, one partition): per stream
+    (keyed by `topic`) the source it carries, its epoch and how far it got — how
+    pg2kafka tells a restored or promoted database from the one it streamed
+    (docs/snapshots.md, "A different source")."""
     topic_partitions: int = Field(default=6, ge=1)
+    """Partitions of a topic pg2kafka creates."""
     topic_replication_factor: int = Field(default=1, ge=1)
+    """Replication factor of a topic pg2kafka creates."""
 
     @field_validator("topic_template")
     @classmethod
@@ -181,13 +201,14 @@ class DebeziumSettings(Section):
     format"): one topic per table, ``<topic_prefix>.<schema>.<table>``, keyed by the
     primary key's struct."""
 
-    # Debezium's topic.prefix: the first part of every topic and schema name.
     topic_prefix: str = Field(default="walcast", min_length=1, max_length=200)
-    # The JSON converter's schemas.enable: {"schema", "payload"} records, or bare payloads.
+    """Debezium's topic.prefix: the first part of every topic and schema name."""
     schemas: bool = True
-    # Debezium's tombstones.on.delete: a delete is followed by a record with the same key
-    # and no value, so a compacted topic forgets the row.
+    """The JSON converter's schemas.enable: {"schema", "payload"} records, or bare
+    payloads."""
     tombstones: bool = True
+    """Debezium's tombstones.on.delete: a delete is followed by a record with the same key
+    and no value, so a compacted topic forgets the row."""
 
     @field_validator("topic_prefix")
     @classmethod
@@ -203,11 +224,11 @@ class DebeziumSettings(Section):
 class DdlSettings(Section):
     """DDL events (``op: ddl``): what of the captured statement text they carry."""
 
-    # The statement is current_query(): everything the client sent at once, so an ALTER
-    # TABLE may carry an ALTER ROLE ... PASSWORD '...' sent with it. On: the literals of
-    # PASSWORD clauses, secret OPTIONS (password '...') and CONNECTION '...' become '***'
-    # (services/pg2kafka/ddl_secrets.py). Off: the statement verbatim.
     scrub_secrets: bool = True
+    """The statement is current_query(): everything the client sent at once, so an ALTER
+    TABLE may carry an ALTER ROLE ... PASSWORD '...' sent with it. On: the literals of
+    PASSWORD clauses, secret OPTIONS (password '...') and CONNECTION '...' become '***'
+    (services/pg2kafka/ddl_secrets.py). Off: the statement verbatim."""
 
 
 def _default_workers() -> int:
@@ -226,23 +247,32 @@ class SnapshotSettings(Section):
     """
 
     mode: Literal["initial", "never", "initial_only"] = "initial"
-    # Readers working at once, across tables and within one (default: the cores, at most 4).
-    workers: int = Field(default_factory=_default_workers, ge=1, le=64)
-    # Heap pages per chunk (8 kB each): the unit of progress, of resumption and of work
-    # shared between readers. 4096 pages = 32 MB of table.
+    """With no slot yet: `initial` (create it with an exported snapshot, read every
+    published table, then stream), `initial_only` (the same, then drop the slot and
+    stop: a one-off copy) or `never` (`init` creates the slot; changes only)."""
+    workers: int = Field(
+        default_factory=_default_workers,
+        ge=1,
+        le=64,
+        json_schema_extra={"doc_default": "the cores, at most 4"},
+    )
+    """Readers working at once, across tables and within one (default: the cores, at most
+    4)."""
     chunk_pages: int = Field(default=4096, ge=1)
-    # Rows per chunk of an incremental snapshot (a key range): held in memory between the
-    # chunk's watermarks, so it bounds what one reader holds.
+    """Heap pages per chunk (8 kB each): the unit of progress, of resumption and of work
+    shared between readers. 4096 pages = 32 MB of table."""
     chunk_rows: int = Field(default=10_000, ge=1, le=1_000_000)
-    # Snapshot a table by itself when it joins the publication with rows already in it
-    # (it gained a primary key or replica identity, was created from a query, or the
-    # filters grew): requests the DDL trigger and init write are taken, else declined.
+    """Rows per chunk of an incremental snapshot (a key range): held in memory between the
+    chunk's watermarks, so it bounds what one reader holds."""
     automatic: bool = True
-    # Upper bound on rows read per second, all readers together (unset: as fast as Kafka
-    # acknowledges, within the memory guard).
+    """Snapshot a table by itself when it joins the publication with rows already in it (it
+    gained a primary key or replica identity, was created from a query, or the filters
+    grew): requests the DDL trigger and init write are taken, else declined."""
     max_rows_per_s: float | None = Field(default=None, gt=0)
-    # How often the run log and the metrics show progress.
+    """Upper bound on rows read per second, all readers together (unset: as fast as Kafka
+    acknowledges, within the memory guard)."""
     progress_interval_s: float = Field(default=10.0, gt=0)
+    """How often the run log and the metrics show progress."""
 
 
 class SubscriptionSettings(Section):
@@ -253,26 +283,36 @@ class SubscriptionSettings(Section):
     """
 
     enabled: bool = False
+    """Also stream `_walcast.events` of `stream_id` ([subscriptions.md](subscriptions.md))."""
     stream_id: int = Field(default=1, ge=1)
+    """The events stream this process carries."""
     slot: str = "walcast_events"
+    """The events stream's own slot (never the CDC slot: neither holds the other's WAL)."""
     publication: str = "walcast_events"
+    """The events stream's publication (a row filter on `stream_id`)."""
     topic: str = "walcast.events"
-    # Kafka key: this payload field (dotted path, e.g. "group_id"), when present; else the
-    # subscription key (tg_name).
+    """The topic events go to."""
     key_field: str | None = None
+    """Kafka key: this payload field (dotted path, e.g. "group_id"), when present; else the
+    subscription key (tg_name)."""
     premake_days: int = Field(default=7, ge=0, le=366)
+    """Daily partitions of `_walcast.events` made ahead."""
     retention_days: int = Field(default=7, ge=1, le=3660)
+    """Days of daily partitions kept."""
     maintenance_interval_s: float = Field(default=3600.0, gt=0)
-    # Failover: no acknowledgement for this long with events waiting means Kafka is
-    # unavailable; events are then queued in the table (WAL released) and replayed once
-    # a probe every probe_interval_s finds Kafka again.
+    """Seconds between partition maintenance runs."""
     failover_after_s: float = Field(default=30.0, gt=0)
+    """Failover: no acknowledgement for this long with events waiting means Kafka is
+    unavailable; events are then queued in the table (WAL released) and replayed once a
+    probe every probe_interval_s finds Kafka again."""
     probe_interval_s: float = Field(default=5.0, gt=0)
+    """Seconds between probes for Kafka while events are queued."""
     replay_batch: int = Field(default=50_000, ge=1)
-    # Invalidated-slot recovery: how often a delivered-snapshot candidate is taken. The
-    # stored snapshot trails delivery by about this much; after an invalidation, events
-    # delivered within that window are sent again (at least once), none is lost.
+    """Queued events per replay batch (each acknowledged as a whole)."""
     snapshot_interval_s: float = Field(default=5.0, gt=0)
+    """Invalidated-slot recovery: how often a delivered-snapshot candidate is taken. The
+    stored snapshot trails delivery by about this much; after an invalidation, events
+    delivered within that window are sent again (at least once), none is lost."""
 
     _names = field_validator("slot", "publication")(lambda v: plain_name(v))
 
@@ -298,13 +338,21 @@ class TransformRule(Section):
     """
 
     column: str
+    """`schema.table.column`, `*` a wildcard in any part."""
     action: Literal["drop", "mask", "hash", "redact", "truncate", "null", "fake"]
+    """What the rule does to the column's values ([Transformers](#transformers))."""
     keep: int = Field(default=0, ge=0)
+    """`mask`: characters kept (never more than half the value)."""
     keep_from: Literal["start", "end"] = "end"
+    """`mask`: the end the kept characters are at."""
     mask_char: str = Field(default="*", min_length=1, max_length=1)
+    """`mask`: the character that replaces the others."""
     value: str = "REDACTED"
+    """`redact`: the constant written instead."""
     length: int | None = Field(default=None, ge=0)
+    """`truncate`: characters kept (required by it)."""
     kind: Literal["email", "phone"] | None = None
+    """`fake`: what kind of value is made (required by it)."""
 
     @field_validator("column")
     @classmethod
@@ -345,9 +393,11 @@ class TransformSettings(Section):
     payloads' ``new`` / ``old`` (docs/pg2kafka.md, "Transformers")."""
 
     rules: list[TransformRule] = Field(default_factory=list)
-    # The HMAC key of ``hash`` and ``fake`` (at least 16 characters). Changing it changes
-    # every hashed value: sinks then hold two spellings of one input.
+    """Column rules, the first match applying ([Transformers](#transformers)); JSON list
+    in the environment."""
     hash_key: SecretStr | None = None
+    """The HMAC key of ``hash`` and ``fake`` (at least 16 characters). Changing it changes
+    every hashed value: sinks then hold two spellings of one input."""
 
     @model_validator(mode="after")
     def _key(self) -> TransformSettings:

@@ -265,3 +265,14 @@ def test_settings_refuse_what_cannot_work(monkeypatch: pytest.MonkeyPatch) -> No
     for overrides, message in bad:
         with pytest.raises(ConfigError, match=message):
             load_settings(Kafka2WebhookSettings, **overrides)
+
+
+def test_a_service_keeps_its_port_when_another_http_key_is_set(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # a default instance (HttpSettings(port=9190)) was replaced by one built from the
+    # class defaults: port 9187, pg2kafka's
+    from services.kafka2webhook.settings import Kafka2WebhookSettings
+
+    monkeypatch.setenv("KAFKA2WEBHOOK_HTTP__HOST", "127.0.0.2")
+    assert Kafka2WebhookSettings().http.port == 9190
