@@ -95,7 +95,7 @@ def test_pgbench_reloads_under_primary_key_partitioning(
         args = ["--env-file", str(flow["env_file"]), "run"]
         procs.append(Proc(service, args, flow[service], tmp_path / f"{service}.log"))
     pgbench = flow["pgbench"]
-    for _ in range(3):
+    for _ in range(2):  # the second truncate lands on rows the first load indexed
         pgbench.run("-i", "-I", "g", "-s", "1")  # TRUNCATE + COPY, one transaction
         pgbench.run("-n", "-c", "4", "-j", "2", "-t", "200")  # TPC-B
     converge(flow, procs, "the search index", index_rows)
