@@ -12,13 +12,13 @@ which reports them; the insert-only publication has its own module.)
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
 import psycopg
 from psycopg import sql
 
+from services.pg2kafka.init_report import InitReport
 from services.pg2kafka.inserts_publication import (
     drop_inserts_publication,
     report_appended,
@@ -53,14 +53,6 @@ def check_server(conn: psycopg.Connection[tuple[Any, ...]]) -> None:
             "the role has no REPLICATION attribute",
             hint="ALTER ROLE <user> REPLICATION (or connect as a role that has it)",
         )
-
-
-@dataclass
-class InitReport:
-    created: list[str] = field(default_factory=list)
-    existing: list[str] = field(default_factory=list)
-    warnings: list[str] = field(default_factory=list)
-    later: list[str] = field(default_factory=list)
 
 
 def install_ddl_capture(conn: psycopg.Connection[tuple[Any, ...]]) -> bool:

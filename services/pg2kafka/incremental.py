@@ -39,7 +39,7 @@ import secrets
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import orjson
 import psycopg
@@ -69,7 +69,6 @@ from shared.contract.event import ChangeEvent, SnapshotInfo, read_row_version
 from shared.failpoints import failpoint
 
 if TYPE_CHECKING:
-    from services.pg2kafka.cdc import CdcHandler
     from services.pg2kafka.metrics import Metrics
     from services.pg2kafka.session import ReplicationSession
 
@@ -82,6 +81,21 @@ ChunkId = tuple[int, str, str, int]  # (run, schema, table, chunk)
 
 def chunk_id(chunk: Chunk) -> ChunkId:
     return (chunk.snapshot_id, chunk.schema, chunk.table, chunk.chunk)
+
+
+class Sender(Protocol):
+    """What an incremental snapshot sends its rows and markers through (the CDC handler:
+    the stream's own path, so a row goes out in the stream's order, encoded and routed as
+    every change)."""
+
+    def send(self, session: ReplicationSession, ev: ChangeEvent) -> None:
+        """Send one event to its partition (by the configured key)."""
+        ...
+
+    def send_table_wide(self, session: ReplicationSession, ev: ChangeEvent) -> None:
+        """Send an event that concerns the whole table (a marker) to every partition the
+        table's rows can be in."""
+        ...
 
 
 @dataclass
@@ -195,7 +209,7 @@ class Incremental:
         self._store().record_floor(self.settings.replication.slot, schema, table, lsn)
 
     def watermark(
-        self, session: ReplicationSession, handler: CdcHandler, lsn: int, msg: pg.Message
+        self, session: ReplicationSession, handler: Sender, lsn: int, msg: pg.Message
     ) -> None:
         try:
             mark = orjson.loads(msg.content)
@@ -283,7 +297,7 @@ class Incremental:
                  " (updated inside its window without their TOAST values)", chunk.snapshot_id,
                  len(keys), chunk.schema, chunk.table, chunk.chunk, number)  # fmt: skip
 
-    def housekeeping(self, session: ReplicationSession, handler: CdcHandler) -> None:
+    def housekeeping(self, session: ReplicationSession, handler: Sender) -> None:
         """Record the chunks Kafka acknowledged (their transaction is confirmable), take
         new requests, keep readers running while there is work. A role that may not use
         the snapshot tables (pg2kafka not run as their owner, or migrations older than
@@ -300,7 +314,7 @@ class Incremental:
                 str(exc).splitlines()[0],
             )
 
-    def _housekeeping(self, session: ReplicationSession, handler: CdcHandler) -> None:
+    def _housekeeping(self, session: ReplicationSession, handler: Sender) -> None:
         if not self.floors_loaded:
             store = self._store()
             self.floors = store.floors(self.settings.replication.slot)

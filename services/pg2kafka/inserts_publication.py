@@ -5,15 +5,13 @@ puts the matching tables without a replica identity in it; tear-down drops it.""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import psycopg
 from psycopg import sql
 
+from services.pg2kafka.init_report import InitReport
 from services.pg2kafka.settings import Pg2KafkaSettings, inserts_publication
-
-if TYPE_CHECKING:
-    from services.pg2kafka.admin import InitReport
 
 
 def sync_inserts_publication(

@@ -22,6 +22,7 @@ from confluent_kafka.admin import AdminClient
 from psycopg import sql
 
 from services.pg2kafka import admin
+from services.pg2kafka.init_report import InitReport
 from services.pg2kafka.settings import Pg2KafkaSettings
 from tests.integration.conftest import make_settings
 
@@ -42,7 +43,7 @@ class SecurityDb:
     author: Role
     app: Role
     settings: Pg2KafkaSettings
-    init_report: admin.InitReport
+    init_report: InitReport
     stream: int
 
     def dsn(self, role: Role | None = None) -> str:
