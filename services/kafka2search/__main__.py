@@ -7,8 +7,9 @@ import json
 import sys
 
 from services.kafka2search import admin
-from services.kafka2search.app import build, forget
+from services.kafka2search.app import build
 from services.kafka2search.engines import engine_for
+from services.kafka2search.indices import forget
 from services.kafka2search.settings import Kafka2SearchSettings
 from shared.cli import add_replay_range, base_parser, run_command
 from shared.service import serve

@@ -14,7 +14,7 @@ from pathlib import Path
 import yaml
 from prometheus_client import CollectorRegistry
 
-from services.kafka2search.app import Metrics as SearchMetrics
+from services.kafka2search.metrics import Metrics as SearchMetrics
 from services.kafka2spark.app import Metrics as SparkMetrics
 from services.kafka2webhook.delivery import DeliveryMetrics
 from services.pg2kafka.app import build as build_pg2kafka

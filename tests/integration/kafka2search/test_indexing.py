@@ -15,7 +15,7 @@ from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient
 
 from services.kafka2search import admin
-from services.kafka2search.app import forget
+from services.kafka2search.indices import forget
 from shared.errors import PermanentError
 from shared.kafka import ensure_topic
 from tests.e2e.conftest import free_port

@@ -10,7 +10,8 @@ from __future__ import annotations
 import orjson
 from prometheus_client import CollectorRegistry
 
-from services.kafka2search.app import Indexer, Metrics
+from services.kafka2search.indexer import Indexer
+from services.kafka2search.metrics import Metrics
 from shared.contract.event import EventView, decode
 from tests.unit.kafka2search.conftest import SettingsFactory
 from tests.unit.kafka2search.test_interrupted_rename import MetaEngine, alter, indexer

@@ -13,7 +13,9 @@ import orjson
 import pytest
 from prometheus_client import CollectorRegistry
 
-from services.kafka2search.app import REGISTRY, Indexer, Metrics, forget
+from services.kafka2search.indexer import Indexer
+from services.kafka2search.indices import REGISTRY, forget
+from services.kafka2search.metrics import Metrics
 from services.kafka2search.settings import IndexSettings
 from shared.contract.event import EventView, decode
 from shared.errors import PermanentError
@@ -115,13 +117,13 @@ def test_a_run_of_one_tables_events_is_not_looked_up_again(
 ) -> None:
     indexer, _engine = make(settings_with)
     lookups: list[str] = []
-    alias_for = indexer.alias_for
+    alias_for = indexer.indices.alias_for
 
     def counted(ev: EventView) -> str:
         lookups.append(f"{ev.schema}.{ev.table}")
         return alias_for(ev)
 
-    monkeypatch.setattr(indexer, "alias_for", counted)
+    monkeypatch.setattr(indexer.indices, "alias_for", counted)
     for _ in range(3):
         indexer.index_for(data())
     assert lookups == ["public.users"]
@@ -196,8 +198,8 @@ def test_an_index_deleted_outside_walcast_is_never_created_again_empty(
     indexer.index_for(data())
     assert engine.registry == {"w-public.users"}
     engine.aliases_.clear()  # deleted by someone else
-    fresh, _ = make(settings_with)  # a restart
-    fresh.engine = engine
+    settings = settings_with(index={"name_template": "w-{schema}.{table}"})
+    fresh = Indexer(settings, engine, Metrics(CollectorRegistry()), lambda _: None)  # a restart
     with pytest.raises(PermanentError, match="deleted outside walcast") as err:
         fresh.index_for(data())
     assert "kafka2search forget --alias w-public.users" in str(err.value)

@@ -13,9 +13,11 @@ import orjson
 import pytest
 from prometheus_client import CollectorRegistry
 
-from services.kafka2search.app import Indexer, IndexState, Metrics
 from services.kafka2search.documents import Batch, Doc, Origin
 from services.kafka2search.engines import Stored
+from services.kafka2search.indexer import Indexer
+from services.kafka2search.indices import IndexState
+from services.kafka2search.metrics import Metrics
 from services.kafka2search.settings import Kafka2SearchSettings
 from shared.contract.event import decode
 from shared.errors import RetriableError

@@ -11,7 +11,8 @@ import orjson
 import pytest
 from prometheus_client import CollectorRegistry
 
-from services.kafka2search.app import Indexer, Metrics
+from services.kafka2search.indexer import Indexer
+from services.kafka2search.metrics import Metrics
 from services.kafka2search.settings import IndexSettings
 from shared.contract.event import EventView, decode
 from shared.errors import PermanentError
