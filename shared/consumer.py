@@ -6,11 +6,11 @@ interleave with a flush; its pieces are only correct together.)
 
 The loop, per consumer-group member:
 
-1. take records (``consume``); decode each through the event contract
-   (:func:`shared.contract.event.decode`): poison — a record any decoder fails on, for
-   whatever reason, or that breaks a size limit (:mod:`shared.contract.limits`) — goes
-   to the dead-letter topic with the reason, a data event is folded into the sink's batch
-   (:meth:`BatchSink.add`);
+1. take records (``consume``); decode each with the service's
+   :class:`~shared.records.RecordDecoder` (chosen once, at wiring): poison — a record
+   the decoder fails on, for whatever reason, or that breaks a size limit
+   (:mod:`shared.contract.limits`) — goes to the dead-letter topic with the reason, a data
+   event is folded into the sink's batch (:meth:`BatchSink.add`);
 2. when the batch reaches ``batch.max_docs`` / ``max_bytes`` / ``max_wait_s`` — or a
    truncate / DDL event arrives, or partitions are revoked — *flush*: hand the batch to a
    writer thread (:meth:`BatchSink.write`) while this thread goes on reading the next
@@ -48,13 +48,11 @@ from typing import Any, Generic, Protocol
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from shared.avro import RegistryDecoder
 from shared.contract import limits
-from shared.contract.debezium_input import is_debezium, translate
-from shared.contract.event import CONTROL_OPS, EventView, decode
+from shared.contract.event import CONTROL_OPS, EventView
 from shared.errors import PermanentError, RetriableError
 from shared.failpoints import failpoint
-from shared.interfaces import B, BatchSink, Origin, Rejection, Wait
+from shared.interfaces import B, BatchSink, Origin, Rejection
 from shared.kafka import (
     KafkaOffsetCheckpointer,
     KafkaSink,
@@ -63,6 +61,7 @@ from shared.kafka import (
     ensure_topic,
 )
 from shared.logs import SampledLog
+from shared.records import RecordDecoder, change_events
 from shared.retry import BackoffPolicy, call_with_retry
 from shared.settings import BatchSettings, ConsumerSettings, KafkaSettings
 
@@ -192,16 +191,46 @@ class DeadLetters:
 
 
 ConsumerFactory = Callable[[dict[str, Any]], Consumer]
+Check = Callable[[], tuple[bool, str]]
+"""An ops check: healthy or not, and what it saw (``shared.service.Runner``)."""
+
+
+class LoopLink:
+    """What a sink, built before its loop, calls on that loop once it runs: :meth:`wait`
+    (back off on the loop's thread with the partitions paused and the membership kept:
+    :meth:`ConsumerLoop.wait`) and :meth:`dead_letter` (a record the sink refuses out of
+    band, sent to the dead-letter topic before the sink goes on). Made first, handed to
+    the sink, then to the loop, which attaches itself; until then ``wait`` sleeps on the
+    stop event and ``dead_letter`` is an error (no sink refuses a record before it runs)."""
+
+    def __init__(self, stop_event: threading.Event) -> None:
+        self.stop_event = stop_event
+        self.loop: ConsumerLoop[Any] | None = None
+
+    def wait(self, seconds: float) -> None:
+        loop = self.loop
+        if loop is None:
+            self.stop_event.wait(seconds)
+        else:
+            loop.wait(seconds)
+
+    def dead_letter(self, origin: Origin, reason: str) -> None:
+        loop = self.loop
+        if loop is None:
+            raise RetriableError("a dead letter before the consumer loop runs")
+        loop.dead_letters.send(origin, reason, "rejected")
+        loop.dead_letters.flush(60)
 
 
 class ConsumerLoop(Generic[B]):
     """One consumer-group member feeding one sink (see the module doc).
 
-    ``make_sink`` receives the loop's :meth:`wait` (a sink backs off with it on the loop
-    thread). ``make_consumer`` builds the Kafka consumer from its configuration (tests
-    pass fakes). A replay passes ``start`` (position the partitions instead of using the
-    group's offsets; nothing is committed) and ``until`` (stop once every partition
-    reached this offset).
+    ``sink`` is built before the loop; ``link`` (a :class:`LoopLink`), when the sink holds
+    one, is how it backs off on the loop's thread. ``decoder`` reads each record
+    (:mod:`shared.records`). ``make_consumer`` builds the Kafka consumer from its
+    configuration (tests pass fakes). A replay passes ``start`` (position the partitions
+    instead of using the group's offsets; nothing is committed) and ``until`` (stop once
+    every partition reached this offset).
     """
 
     def __init__(
@@ -213,31 +242,23 @@ class ConsumerLoop(Generic[B]):
         batch: BatchSettings,
         retry: BackoffPolicy,
         metrics: ConsumerMetrics,
-        make_sink: Callable[[Wait], BatchSink[B]],
+        sink: BatchSink[B],
         stop_event: threading.Event,
         group_id: str | None = None,
         start: Callable[[Consumer, list[TopicPartition]], None] | None = None,
         until: dict[tuple[str, int], int] | None = None,
         make_consumer: ConsumerFactory = Consumer,
         dead_letters: DeadLetters | None = None,
-        avro: RegistryDecoder | None = None,
-        decode_record: Callable[[Message], list[EventView]] | None = None,
+        decoder: RecordDecoder | None = None,
         dead_letter_headers: list[tuple[str, bytes]] | None = None,
+        link: LoopLink | None = None,
     ) -> None:
         self.name = name
-        # A sink that reads records other than change events (the subscription events
-        # topic) or needs more of them than the contract's view (headers, the whole
-        # event) decodes them itself; any failure but a WalcastError other than
-        # EventDecodeError makes the record poison (shared.contract.limits.passes).
-        self.decode_record = decode_record
+        # What a record is (shared.records): chosen by the service; by default walcast's
+        # change events as consumer.input_format says, without a schema registry.
+        self.decoder = decoder or change_events(consumer.input_format, None)
         self.kafka = kafka
         self.c = consumer
-        # What the topics hold (shared.contract.debezium_input): walcast events are
-        # decoded as they are, Debezium records translated into them first.
-        self.input_format = consumer.input_format
-        # walcast's events in Avro (the Confluent wire format: a first byte of 0, which
-        # no JSON record starts with): decoded to the JSON event through the registry.
-        self.avro = avro
         self.b = batch
         self.retry = retry
         self.metrics = metrics
@@ -257,7 +278,9 @@ class ConsumerLoop(Generic[B]):
             metrics,
             dead_letter_headers,
         )
-        self.sink = make_sink(self.wait)
+        self.sink = sink
+        if link is not None:
+            link.loop = self
         self.batch: B = self.sink.new_batch()
         self.positions: dict[tuple[str, int], int] = {}
         self.batch_started = 0.0
@@ -281,6 +304,24 @@ class ConsumerLoop(Generic[B]):
     def tick(self) -> None:
         """The loop is alive (liveness: ``/health``)."""
         self.last_loop = time.monotonic()
+
+    def checks(self) -> tuple[Check, Check]:
+        """This member's ops checks, the same in every service: *alive* (``/health``) —
+        the loop went round within max(120 s, ``consumer.max_poll_interval_ms``), and
+        *consuming* (``/ready``) — the member joined the group and got its assignment (a
+        restart after a kill waits up to ``consumer.session_timeout_ms`` for the old
+        member's share; an assignment may be empty with more members than partitions)."""
+        stall = max(120.0, self.c.max_poll_interval_ms / 1000)
+
+        def alive() -> tuple[bool, str]:
+            ago = time.monotonic() - self.last_loop
+            return ago < stall, f"last loop {ago:.1f}s ago"
+
+        def consuming() -> tuple[bool, str]:
+            ok = self.consumer is not None and self.joined
+            return ok, f"{len(self.assigned)} partitions assigned" if ok else "joining the group"
+
+        return alive, consuming
 
     def consumer_config(self) -> dict[str, Any]:
         c = self.c
@@ -402,19 +443,7 @@ class ConsumerLoop(Generic[B]):
             self.batch_first_ms = msg.timestamp()[1]
         origin = Origin(topic, partition, offset, msg.key(), value or b"")
         try:
-            if self.decode_record is not None:
-                views = self.decode_record(msg)
-            elif value and value[0] == 0:  # Avro's wire format (no JSON starts so)
-                if self.avro is None:
-                    raise PermanentError(
-                        f"{topic}[{partition}]@{offset} is an Avro record (Confluent wire"
-                        " format) and no schema registry is configured",
-                        hint="set schema_registry.url to the registry its producer uses",
-                    )
-                value = self.avro.decode(value)
-                views = self._views(msg, value)
-            else:
-                views = self._views(msg, value)
+            views = self.decoder(msg)
         except Exception as exc:
             # The one per-record boundary: whatever a decoder fails with on this record
             # makes it a dead letter with the reason, never a stop of the sink (which would
@@ -429,17 +458,6 @@ class ConsumerLoop(Generic[B]):
             self._mark(topic, partition, offset)
         for ev in views:
             self.apply(ev, origin)
-
-    def _views(self, msg: Message, value: bytes | None) -> list[EventView]:
-        """The record's events: a walcast event as it is, Debezium records translated."""
-        if self.input_format == "walcast" or (
-            self.input_format == "auto" and not is_debezium(value)
-        ):
-            return [decode(value)]
-        key = msg.key()
-        if key and key[0] == 0 and self.avro is not None:  # an Avro Debezium key
-            key = self.avro.decode(key)
-        return [decode(v) for v in translate(key, value)]
 
     def apply(self, ev: EventView, origin: Origin) -> None:
         """One decoded event of the record at ``origin``: a control event is a barrier

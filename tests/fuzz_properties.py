@@ -45,6 +45,7 @@ from shared.avro import ConnectRegistryEncoder, RegistryDecoder, RegistryEncoder
 from shared.contract.debezium_input import translate
 from shared.contract.event import EventDecodeError, EventView, decode
 from shared.contract.limits import MAX_REASON_CHARS
+from shared.records import change_events
 
 MAX_SECONDS = 5.0
 """The CPU time one record may take on the decoding thread: a bound far above any
@@ -477,8 +478,9 @@ def _loop() -> tuple[Any, list[Any]]:
         name="fuzz", kafka=KafkaSettings(bootstrap_servers="127.0.0.1:1"),
         consumer=ConsumerSettings.model_validate({"input_format": "auto"}),
         batch=BatchSettings(concurrency=1), retry=BackoffPolicy(),
-        metrics=ConsumerMetrics(CollectorRegistry(), "fuzz"), make_sink=lambda _w: _Sink(),
-        stop_event=threading.Event(), dead_letters=Dead(), avro=_registry()[1],
+        metrics=ConsumerMetrics(CollectorRegistry(), "fuzz"), sink=_Sink(),
+        stop_event=threading.Event(), dead_letters=Dead(),
+        decoder=change_events("auto", _registry()[1]),
     )  # fmt: skip
     consumer = FakeConsumer(loop)
     loop.consumer = consumer

@@ -13,7 +13,6 @@ older than a rename or drop).
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -27,8 +26,8 @@ from services.kafka2search.metrics import PREFIX, Metrics
 from services.kafka2search.settings import Kafka2SearchSettings
 from shared.avro import RegistryDecoder
 from shared.cli import tune_gc_for_records
-from shared.consumer import ConsumerLoop, ConsumerMetrics
-from shared.interfaces import Wait
+from shared.consumer import ConsumerLoop, ConsumerMetrics, LoopLink
+from shared.records import change_events
 from shared.service import Runner
 
 
@@ -67,13 +66,8 @@ def consumer_loop(
 ) -> tuple[ConsumerLoop[Batch], Indexer]:
     """The shared consumer loop feeding an :class:`Indexer` (``run``, and ``replay`` with
     ``start`` / ``until``)."""
-    metrics = Metrics(registry)
-    made: list[Indexer] = []
-
-    def make_sink(wait: Wait) -> Indexer:
-        made.append(Indexer(settings, engine, metrics, wait))
-        return made[0]
-
+    link = LoopLink(stop_event)
+    indexer = Indexer(settings, engine, Metrics(registry), link.wait)
     loop = ConsumerLoop[Batch](
         name="consume and index",
         kafka=settings.kafka,
@@ -81,18 +75,20 @@ def consumer_loop(
         batch=settings.batch,
         retry=settings.retry,
         metrics=ConsumerMetrics(registry, PREFIX),
-        make_sink=make_sink,
+        sink=indexer,
+        link=link,
         stop_event=stop_event,
         group_id=group_id,
         start=start,
         until=until,
-        avro=(
+        decoder=change_events(
+            settings.consumer.input_format,
             RegistryDecoder(settings.schema_registry.client())
             if settings.schema_registry.url is not None
-            else None
+            else None,
         ),
     )
-    return loop, made[0]
+    return loop, indexer
 
 
 def build(settings: Kafka2SearchSettings) -> Service:
@@ -101,24 +97,10 @@ def build(settings: Kafka2SearchSettings) -> Service:
     runner = Runner(settings.http)
     engine = engine_for(settings.engine)
     loop, indexer = consumer_loop(settings, engine, runner.registry, runner.stop_event)
-    stall = max(120.0, settings.consumer.max_poll_interval_ms / 1000)
-    runner.health(
-        "loop",
-        lambda: (
-            time.monotonic() - loop.last_loop < stall,
-            f"last loop {time.monotonic() - loop.last_loop:.1f}s ago",
-        ),
-    )
+    alive, consuming = loop.checks()
+    runner.health("loop", alive)
     runner.ready("engine", lambda: (engine.ping(), engine.name))
-    # Ready = consuming: the member joined the group and got its assignment (a restart
-    # after kill -9 waits up to consumer.session_timeout_ms for the old member's share).
-    runner.ready(
-        "consuming",
-        lambda: (
-            loop.consumer is not None and loop.joined,
-            f"{len(loop.assigned)} partitions assigned" if loop.joined else "joining the group",
-        ),
-    )
+    runner.ready("consuming", consuming)
     return Service(settings, runner, loop, indexer, engine)
 
 

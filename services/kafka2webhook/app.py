@@ -16,7 +16,6 @@ from __future__ import annotations
 import hashlib
 import logging
 import threading
-import time
 import zlib
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
@@ -40,7 +39,7 @@ from services.kafka2webhook.settings import (
     Kafka2WebhookSettings,
 )
 from services.kafka2webhook.untrusted import clean, id_part
-from shared.consumer import ConsumerLoop, ConsumerMetrics
+from shared.consumer import ConsumerLoop, ConsumerMetrics, LoopLink
 from shared.contract.event import EventDecodeError, EventView, decode
 from shared.errors import ConfigError
 from shared.interfaces import BatchSink, Origin, Rejection, Wait
@@ -349,15 +348,10 @@ def endpoint_loop(
     topics = [settings.events_topic] if endpoint.input == "events" else settings.consumer.topics
     consumer = settings.consumer.model_copy(update={"topics": topics})
     metrics = consumer_metrics.member(endpoint.name)
-    holder: list[ConsumerLoop[Batch]] = []
-
-    def dead_letter(origin: Origin, reason: str) -> None:
-        holder[0].dead_letters.send(origin, reason, "rejected")
-        holder[0].dead_letters.flush(60)
-
-    def make_sink(wait: Wait) -> WebhookSink:
-        return WebhookSink(endpoint, deliverer, settings.delivery.parallel_keys, wait, dead_letter)
-
+    link = LoopLink(stop_event)
+    sink = WebhookSink(
+        endpoint, deliverer, settings.delivery.parallel_keys, link.wait, link.dead_letter
+    )
     loop = ConsumerLoop[Batch](
         name=f"deliver to {endpoint.name}",
         kafka=settings.kafka,
@@ -365,15 +359,15 @@ def endpoint_loop(
         batch=settings.batch,
         retry=settings.retry,
         metrics=metrics,
-        make_sink=make_sink,
+        sink=sink,
+        link=link,
         stop_event=stop_event,
         group_id=group_id or f"{settings.consumer.group_id}.{endpoint.name}",
         start=start,
         until=until,
-        decode_record=events_record if endpoint.input == "events" else cdc_record,
+        decoder=events_record if endpoint.input == "events" else cdc_record,
         dead_letter_headers=[("walcast-endpoint", endpoint.name.encode())],
     )
-    holder.append(loop)
     return Endpoint(endpoint, loop, deliverer, state)
 
 
@@ -409,20 +403,6 @@ class Service:
         return {e.settings.name: e.state.snapshot() for e in self.endpoints}
 
 
-def _checks(
-    loop: ConsumerLoop[Batch], stall: float
-) -> tuple[Callable[[], tuple[bool, str]], Callable[[], tuple[bool, str]]]:
-    def alive() -> tuple[bool, str]:
-        ago = time.monotonic() - loop.last_loop
-        return ago < stall, f"last loop {ago:.1f}s ago"
-
-    def joined() -> tuple[bool, str]:
-        ok = loop.consumer is not None and loop.joined
-        return ok, f"{len(loop.assigned)} partitions assigned" if ok else "joining the group"
-
-    return alive, joined
-
-
 def build(settings: Kafka2WebhookSettings) -> Service:
     """Wire the service: one consumer loop, sink and deliverer per endpoint, metrics and
     the ops endpoint."""
@@ -438,9 +418,8 @@ def build(settings: Kafka2WebhookSettings) -> Service:
         endpoint_loop(settings, e, consumer_metrics, delivery_metrics, runner.stop_event)
         for e in settings.endpoints
     ]
-    stall = max(120.0, settings.consumer.max_poll_interval_ms / 1000)
     for e in endpoints:
-        alive, joined = _checks(e.loop, stall)
+        alive, joined = e.loop.checks()
         runner.health(f"loop_{e.settings.name}", alive)
         # Ready = consuming: a failing endpoint does not make the pod unready (restarting
         # it would not help the receiver); its metrics and `status` say it fails.

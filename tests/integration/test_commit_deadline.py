@@ -236,7 +236,7 @@ def test_a_member_whose_commit_gets_no_answer_reconnects_and_loses_nothing(
             batch=BatchSettings(max_wait_s=0.2, concurrency=1),  # writes in order
             retry=BackoffPolicy(initial_s=0.2, max_s=1.0),
             metrics=ConsumerMetrics(CollectorRegistry(), "deadline"),
-            make_sink=lambda wait: sink,
+            sink=sink,
             stop_event=stop,
             make_consumer=make_consumer,
         )

@@ -16,10 +16,10 @@ import pytest
 from confluent_kafka import Consumer, TopicPartition
 from prometheus_client import CollectorRegistry
 
-from shared.consumer import ConsumerLoop, ConsumerMetrics, DeadLetters
+from shared.consumer import ConsumerLoop, ConsumerMetrics, DeadLetters, LoopLink
 from shared.contract.event import EventView
 from shared.errors import PermanentError, RetriableError
-from shared.interfaces import BatchSink, Origin, Wait
+from shared.interfaces import Origin, Wait
 from shared.kafka import KafkaOffsetCheckpointer
 from shared.retry import BackoffPolicy
 from shared.settings import BatchSettings, ConsumerSettings, KafkaSettings
@@ -172,12 +172,9 @@ def event(op: str = "insert", doc_id: Any = 1, lsn: int = 100) -> bytes:
 def make_loop(
     concurrency: int = 1, refuse: frozenset[Any] = frozenset(), input_format: str = "walcast"
 ) -> tuple[ConsumerLoop[ListBatch], RecordingSink, FakeConsumer, ListDeadLetters]:
-    sinks: list[RecordingSink] = []
-
-    def make_sink(wait: Wait) -> BatchSink[ListBatch]:
-        sinks.append(RecordingSink(wait, refuse))
-        return sinks[0]
-
+    stop = threading.Event()
+    link = LoopLink(stop)
+    sink = RecordingSink(link.wait, refuse)
     dead = ListDeadLetters()
     loop = ConsumerLoop[ListBatch](
         name="test loop",
@@ -186,15 +183,16 @@ def make_loop(
         batch=BatchSettings(concurrency=concurrency),
         retry=BackoffPolicy(),
         metrics=ConsumerMetrics(CollectorRegistry(), "test"),
-        make_sink=make_sink,
-        stop_event=threading.Event(),
+        sink=sink,
+        link=link,
+        stop_event=stop,
         dead_letters=dead,
     )
     consumer = FakeConsumer(loop)
     loop.consumer = consumer
     loop.checkpointer = KafkaOffsetCheckpointer(consumer)
     loop.writer = ThreadPoolExecutor(concurrency)
-    return loop, sinks[0], consumer, dead
+    return loop, sink, consumer, dead
 
 
 def committed(consumer: FakeConsumer) -> dict[tuple[str, int], int]:

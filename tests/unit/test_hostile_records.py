@@ -171,7 +171,7 @@ def test_any_decoder_failure_is_a_dead_letter_a_registry_outage_is_not() -> None
     def broken(_msg: Any) -> Any:
         raise KeyError("h")
 
-    loop.decode_record = broken
+    loop.decoder = broken
     loop.handle(Msg(0, 0, b"{}"))
     ((offset, kind, reason),) = dead.sent
     assert (offset, kind) == (0, "poison")
@@ -180,14 +180,14 @@ def test_any_decoder_failure_is_a_dead_letter_a_registry_outage_is_not() -> None
     def down(_msg: Any) -> Any:
         raise RetriableError("schema registry: unreachable")
 
-    loop.decode_record = down
+    loop.decoder = down
     with pytest.raises(RetriableError):
         loop.handle(Msg(0, 1, b"{}"))
 
     def stop(_msg: Any) -> Any:
         raise KeyboardInterrupt
 
-    loop.decode_record = stop
+    loop.decoder = stop
     with pytest.raises(KeyboardInterrupt):
         loop.handle(Msg(0, 2, b"{}"))
     assert len(dead.sent) == 1
