@@ -49,9 +49,9 @@ import msgspec
 import orjson
 
 from shared.contract import limits
-from shared.contract.debezium_avro import avro_schema, connect_schema, from_datum, to_datum
 from shared.contract.event import EventDecodeError
 from shared.contract.pgtypes import by_name
+from shared.formats.debezium_avro import avro_schema, connect_schema, from_datum, to_datum
 
 SubjectStrategy = Literal["topic", "record", "topic_record"]
 Shape = tuple[Mapping[str, str], list[str]]
@@ -519,7 +519,7 @@ def _from_fragments(ev: Mapping[str, Any], schema: dict[str, Any]) -> dict[str, 
 class ConnectRegistryEncoder:
     """Kafka Connect records (the JSON converter's ``{"schema", "payload"}``: pg2kafka's
     Debezium keys and values) to Confluent wire-format Avro, as Confluent's AvroConverter
-    writes them (:mod:`shared.contract.debezium_avro`). Each Connect schema is converted
+    writes them (:mod:`shared.formats.debezium_avro`). Each Connect schema is converted
     and registered once per subject (``<topic>-key`` / ``<topic>-value`` under the
     ``topic`` strategy); a changed one (a column added) is registered when first met,
     and the registry's compatibility rule decides. Thread-safe."""
@@ -607,7 +607,7 @@ class RegistryDecoder:
     def decode(self, data: bytes) -> bytes:
         """A walcast event's JSON; or, for a Kafka Connect record (a Debezium key or
         value: its schema carries ``connect.name``), the JSON converter's record with its
-        schema, which :mod:`shared.contract.debezium_input` reads.
+        schema, which :mod:`shared.formats.debezium_input` reads.
 
         Total for the record: :class:`EventDecodeError` with the reason for anything it
         cannot read, whatever failed (the sinks dead-letter or quarantine it); only the

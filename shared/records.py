@@ -14,9 +14,9 @@ from typing import Protocol
 from confluent_kafka import Message
 
 from shared.avro import RegistryDecoder
-from shared.contract.debezium_input import InputFormat, is_debezium, translate
 from shared.contract.event import EventView, decode
 from shared.errors import PermanentError
+from shared.formats.debezium_input import InputFormat, is_debezium, translate
 
 
 class RecordDecoder(Protocol):

@@ -35,8 +35,8 @@ from pydantic_settings import (
 )
 from pydantic_settings.sources.utils import parse_env_vars
 
-from shared.contract.debezium_input import InputFormat
 from shared.errors import ConfigError
+from shared.formats.debezium_input import InputFormat
 from shared.retry import BackoffPolicy
 from shared.secrets import is_secret_key, masked, scrub
 

@@ -1,7 +1,7 @@
 """Regenerates ``tests/unit/data/debezium_<version>_types.json``: rows of many column types
 written through the real Debezium PostgreSQL connector (the local stack's optional
 ``debezium`` component), with each column's type, type modifier and text output as the
-replication connection writes it. The unit tests of ``shared.contract.debezium`` replay it.
+replication connection writes it. The unit tests of ``shared.formats.debezium`` replay it.
 
     .venv/bin/python -m tests.debezium_capture
 """

@@ -9,7 +9,7 @@ with knowledge of its structure — either decodes or is refused as an *unreadab
 
 - ``walcast-json`` — the event contract's decoder, then kafka2search's document path
   (document id, row, bulk body) on what it accepts;
-- ``debezium-json`` — :func:`shared.contract.debezium_input.translate` (the real
+- ``debezium-json`` — :func:`shared.formats.debezium_input.translate` (the real
   connector's records of every column type, mutated), then the contract's decoder;
 - ``avro-walcast`` / ``avro-debezium`` — :class:`shared.avro.RegistryDecoder` through
   confluent-kafka's ``mock://`` registry (walcast's events and the connector's records in
@@ -42,9 +42,9 @@ from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
 
 from shared.avro import ConnectRegistryEncoder, RegistryDecoder, RegistryEncoder, frame
-from shared.contract.debezium_input import translate
 from shared.contract.event import EventDecodeError, EventView, decode
 from shared.contract.limits import MAX_REASON_CHARS
+from shared.formats.debezium_input import translate
 from shared.records import change_events
 
 MAX_SECONDS = 5.0

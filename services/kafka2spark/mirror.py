@@ -67,8 +67,6 @@ from shared.avro import RegistryDecoder
 from shared.contract import limits
 from shared.contract.ddl import column_numbers
 from shared.contract.ddl import renames as ddl_renames
-from shared.contract.debezium_input import is_debezium
-from shared.contract.debezium_input import translate as debezium_translate
 from shared.contract.event import (
     CONTROL_OPS,
     DATA_OPS,
@@ -79,6 +77,8 @@ from shared.contract.event import (
     UNFILLED,
 )
 from shared.contract.event import SNAPSHOT_PHASES as PHASES
+from shared.formats.debezium_input import is_debezium
+from shared.formats.debezium_input import translate as debezium_translate
 from shared.naming import DELTA_DIRECTORY, table_name
 from shared.settings import SchemaRegistrySettings
 
@@ -1286,7 +1286,7 @@ def _translate_record(
 def translate(raw: DataFrame, fmt: str, registry: SchemaRegistrySettings | None) -> DataFrame:
     """``raw`` with ``t``: the walcast events (``t.values``) each record stands for, or
     the reason it is unreadable (``t.reason``) — the same translation kafka2search runs
-    (shared.avro, shared.contract.debezium_input), in a Python UDF: an Avro record needs
+    (shared.avro, shared.formats.debezium_input), in a Python UDF: an Avro record needs
     its writer schema from the registry, a Debezium record's values the Connect schema
     that travels with it. The record's own value is kept only where it is unreadable
     (for the quarantine)."""

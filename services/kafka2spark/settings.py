@@ -10,7 +10,7 @@ from typing import Literal
 from pydantic import Field, field_validator
 from pydantic_settings import SettingsConfigDict
 
-from shared.contract.debezium_input import InputFormat
+from shared.formats.debezium_input import InputFormat
 from shared.settings import (
     HttpSettings,
     KafkaSettings,

@@ -1,5 +1,5 @@
 """pg2kafka's ``debezium`` output format: row changes as the Debezium PostgreSQL connector
-writes them through Kafka Connect's JSON converter (``shared.contract.debezium`` holds the
+writes them through Kafka Connect's JSON converter (``shared.formats.debezium`` holds the
 encodings; docs/events.md, "The Debezium format", what differs).
 
 Per change, from the pgoutput message itself (each value's text output, the relation's
@@ -29,8 +29,8 @@ from services.pg2kafka.settings import DebeziumSettings, Pg2KafkaSettings
 from services.pg2kafka.transforms import Transforms, unique_key
 from services.pg2kafka.types import TypeRegistry
 from shared.avro import ConnectRegistryEncoder, RegistryEncoder
-from shared.contract import debezium
 from shared.errors import PermanentError
+from shared.formats import debezium
 
 VERSION = "walcast-0.1.0"
 """``source.version``: the producer (the connector writes its own version there)."""

@@ -1,4 +1,4 @@
-"""Debezium records in Avro (shared/contract/debezium_avro.py), on the real connector's
+"""Debezium records in Avro (shared/formats/debezium_avro.py), on the real connector's
 captured records (3.7.0, tests/unit/data): every key and value — 32 column types, an
 insert, an update, a delete — written with fastavro under the converted schema and read
 back is the very record again, schema and payload; and the schemas are what Confluent's
@@ -15,7 +15,7 @@ from typing import Any
 import fastavro
 import pytest
 
-from shared.contract.debezium_avro import avro_schema, connect_schema, from_datum, to_datum
+from shared.formats.debezium_avro import avro_schema, connect_schema, from_datum, to_datum
 
 DATA = json.loads(
     (Path(__file__).parent / "data" / "debezium_3.7.0_types.json").read_text(encoding="utf-8")

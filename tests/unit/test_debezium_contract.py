@@ -1,4 +1,4 @@
-"""``shared.contract.debezium`` against records of the real Debezium PostgreSQL connector
+"""``shared.formats.debezium`` against records of the real Debezium PostgreSQL connector
 (3.7.0.Final, its defaults), captured by ``tests/debezium_capture.py``: every column's
 value from its text output, and its Connect schema, equal what the connector wrote."""
 
@@ -12,7 +12,8 @@ import orjson
 import pytest
 
 from services.pg2kafka._native import convert_value
-from shared.contract import debezium, pgtypes
+from shared.contract import pgtypes
+from shared.formats import debezium
 
 DATA = json.loads(
     (Path(__file__).parent / "data" / "debezium_3.7.0_types.json").read_text(encoding="utf-8")

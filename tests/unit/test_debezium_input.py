@@ -1,4 +1,4 @@
-"""Debezium records read as walcast change events (``shared.contract.debezium_input``): the
+"""Debezium records read as walcast change events (``shared.formats.debezium_input``): the
 real connector's captured records (``tests/unit/data``) come out as events the contract's
 own decoder accepts, with the row as walcast carries it."""
 
@@ -12,9 +12,9 @@ from typing import Any
 import orjson
 import pytest
 
-from shared.contract import debezium
-from shared.contract.debezium_input import events, is_debezium, translate
 from shared.contract.event import EventDecodeError, decode
+from shared.formats import debezium
+from shared.formats.debezium_input import events, is_debezium, translate
 
 DATA = json.loads(
     (Path(__file__).parent / "data" / "debezium_3.7.0_types.json").read_text(encoding="utf-8")

@@ -17,9 +17,9 @@ import pytest
 from confluent_kafka.schema_registry import Schema
 
 from shared.avro import RegistryDecoder, frame, registry_client
-from shared.contract.debezium_input import events, translate
 from shared.contract.event import EventDecodeError, decode
 from shared.errors import RetriableError
+from shared.formats.debezium_input import events, translate
 from tests.unit.test_consumer_loop import TOPIC, Msg, committed, make_loop
 
 

@@ -13,8 +13,8 @@ The mapping (docs/events.md, "Reading Debezium topics"):
   ``delete`` / ``truncate``; a logical-decoding message (``m``) and a tombstone (a record
   without a value) carry no row change: no event.
 - Values go back to walcast's encoding through the Connect field schemas
-  (:func:`shared.contract.debezium.to_walcast`) and ``types`` names each column's
-  Postgres type (:func:`~shared.contract.debezium.pg_type`). A record without its schema
+  (:func:`shared.formats.debezium.to_walcast`) and ``types`` names each column's
+  Postgres type (:func:`~shared.formats.debezium.pg_type`). A record without its schema
   (the converter's ``schemas.enable=false``) is refused: its numbers, dates and bytes
   cannot be read without one.
 - The version sinks compare is ``source.lsn``: the change's own position. A snapshot's
@@ -40,8 +40,8 @@ from typing import Any, Literal
 import orjson
 
 from shared.contract import limits
-from shared.contract.debezium import UNAVAILABLE, pg_type, to_walcast
 from shared.contract.event import EVENT_VERSION, MAX_LSN, EventDecodeError
+from shared.formats.debezium import UNAVAILABLE, pg_type, to_walcast
 
 InputFormat = Literal["walcast", "debezium", "auto"]
 """What a sink's topics hold: walcast's change events, Debezium records, or either

@@ -17,7 +17,7 @@ mode) an Avro ``map``.
 :func:`connect_schema` and :func:`from_datum` read the attributes back, so a Debezium
 record written in Avro is the same record once read — which is how the sinks read
 Debezium's Avro: back to the JSON converter's shape, then
-:mod:`shared.contract.debezium_input` as for JSON (checked on the real connector's
+:mod:`shared.formats.debezium_input` as for JSON (checked on the real connector's
 records: ``tests/unit/test_debezium_avro.py``). pg2kafka writes with it under
 ``format: debezium`` + ``encoding: avro`` (:class:`shared.avro.ConnectRegistryEncoder`).
 """
@@ -29,8 +29,8 @@ from decimal import Decimal
 from typing import Any
 
 from shared.contract import limits
-from shared.contract.debezium import twos_complement
 from shared.contract.event import EventDecodeError
+from shared.formats.debezium import twos_complement
 
 _DECIMAL = "org.apache.kafka.connect.data.Decimal"
 _MAX_UNSCALED_DIGITS = 131072 + 16383  # Postgres' largest numeric
