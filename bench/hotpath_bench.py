@@ -236,6 +236,9 @@ class _Msg:
     def value(self) -> bytes:
         return self._v
 
+    def timestamp(self) -> tuple[int, int]:
+        return (1, 0)  # TIMESTAMP_CREATE_TIME, at 0 ms
+
 
 def _loop_handle() -> tuple[Callable[[Any], None], Callable[[], Any], Callable[[], None]]:
     """(handle one message, the batch in hand, start a new batch) of kafka2search's
