@@ -66,7 +66,8 @@ class Indexer(BatchSink[Batch]):
         self.s = settings
         self.engine = engine
         self.metrics = metrics
-        self.wait = wait  # sleeps while keeping the consumer alive (partitions paused)
+        # engine calls retried; on the loop's thread they back off with ``wait``, which
+        # keeps the consumer alive (partitions paused); writer threads pass their own sleep
         self.retry = EngineRetry(settings.retry, wait, metrics.retries)
         self.indices = Indices(settings, engine, metrics, self.retry)
         self.tables = TableEvents(settings, engine, metrics, self.indices, self.retry)

@@ -122,11 +122,6 @@ def quote_id(text: str) -> str:
     return urllib.parse.quote(text, safe="")
 
 
-def _index_gone(result: dict[str, Any]) -> bool:
-    error = result.get("error")
-    return isinstance(error, dict) and error.get("type") == "index_not_found_exception"
-
-
 class _LastRun:
     """The table and column types of the previous data event, and its alias: a run of
     one table's events with the same columns (the common case) is recognised by
@@ -143,9 +138,11 @@ class _LastRun:
 
 class Indices:
     """The index of each table, by alias: found or created on first sight, new columns
-    mapped before the data that carries them. Called on the consumer loop's thread only;
-    ``states`` is read by the writer threads (a state is never replaced while a write
-    that uses it runs: control events come with nothing in flight)."""
+    mapped before the data that carries them. Called on the consumer loop's thread, but
+    for :meth:`lost`, which a writer thread calls when the engine says the index is gone
+    (the service then stops); ``states`` is read by the writer threads (a state is never
+    replaced while a write that uses it runs: control events come with nothing in
+    flight)."""
 
     def __init__(
         self, settings: Kafka2SearchSettings, engine: SearchEngine, metrics: Metrics,
