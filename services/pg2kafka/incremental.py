@@ -89,13 +89,10 @@ class Sender(Protocol):
     every change)."""
 
     def send(self, session: ReplicationSession, ev: ChangeEvent) -> None:
-        """Send one event to its partition (by the configured key)."""
-        ...
+        """One event, to its partition (by the configured key)."""
 
     def send_table_wide(self, session: ReplicationSession, ev: ChangeEvent) -> None:
-        """Send an event that concerns the whole table (a marker) to every partition the
-        table's rows can be in."""
-        ...
+        """A whole table's event (a marker), to every partition its rows can be in."""
 
 
 @dataclass

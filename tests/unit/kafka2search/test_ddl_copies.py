@@ -64,14 +64,18 @@ def _create(lsn: int) -> EventView:
     return decode(orjson.dumps(ev))
 
 
+def _indexer(settings_with: SettingsFactory, engine: MetaEngine, on_drop_table: str) -> Indexer:
+    settings = settings_with(
+        index={"name_template": "w-{schema}.{table}", "on_drop_table": on_drop_table}
+    )
+    return Indexer(settings, engine, Metrics(CollectorRegistry()), lambda _: None)
+
+
 def test_a_late_copy_of_a_drop_never_deletes_the_table_created_again(
     settings_with: SettingsFactory,
 ) -> None:
     engine = RecreatingEngine()
-    settings = settings_with(
-        index={"name_template": "w-{schema}.{table}", "on_drop_table": "delete"}
-    )
-    ix = Indexer(settings, engine, Metrics(CollectorRegistry()), lambda _: None)
+    ix = _indexer(settings_with, engine, "delete")
     ix.ddl(_create(3))
     ix.ddl(_drop(15))  # partition 0: dropped, then created again
     ix.ddl(_create(20))
@@ -88,10 +92,7 @@ def test_a_late_copy_of_a_drop_is_skipped_when_the_index_is_retained(
     settings_with: SettingsFactory,
 ) -> None:
     engine = RecreatingEngine()
-    settings = settings_with(
-        index={"name_template": "w-{schema}.{table}", "on_drop_table": "retain"}
-    )
-    ix = Indexer(settings, engine, Metrics(CollectorRegistry()), lambda _: None)
+    ix = _indexer(settings_with, engine, "retain")
     ix.ddl(_create(3))
     ix.ddl(_drop(15))
     index = engine.resolve_alias("w-public.users")
@@ -106,10 +107,7 @@ def test_a_table_created_again_starts_without_the_old_ones_moves(
     settings_with: SettingsFactory,
 ) -> None:
     engine = RecreatingEngine()
-    settings = settings_with(
-        index={"name_template": "w-{schema}.{table}", "on_drop_table": "retain"}
-    )
-    ix = Indexer(settings, engine, Metrics(CollectorRegistry()), lambda _: None)
+    ix = _indexer(settings_with, engine, "retain")
     ix.ddl(_create(3))
     ix.ddl(alter(ADD, "ALTER TABLE users ADD note text", lsn=5))
     ix.ddl(alter(RENAMED, "ALTER TABLE users RENAME note TO remark", lsn=9))
