@@ -19,6 +19,9 @@ changes its read already saw. Its ``types`` are the table's columns when it was 
   of that name again: a name dropped and added again keeps the read's value (it may be
   the new column's; the other reading would lose it).
 
+A delete carries no row, only column types; they are moved too, or they would map the
+old name again (see :meth:`~services.kafka2search.indices.Indices.index_for`).
+
 Translation never fails a record: a row that is no JSON object is handed on unchanged,
 and the batch reports it as unreadable as it would any other.
 """
@@ -69,8 +72,11 @@ def translate(ev: EventView, moves: Moves, held: Container[str] = ()) -> EventVi
     """``ev`` with every move newer than it applied to its row, types and unchanged
     TOAST columns; ``ev`` itself when none concerns it. ``held``: the columns the index
     maps now (decides a read row's drops, see the module's text)."""
-    if not moves.items or ev.op == "delete":
+    if not moves.items:
         return ev
+    # A delete too: it has no row, but its column types would map the old name again
+    # (seen: one delete mapped a dropped column back, and every read row after it then
+    # kept the column as one added again).
     version = ev.version()
     if version >= moves.latest:
         return ev
@@ -96,7 +102,7 @@ def translate(ev: EventView, moves: Moves, held: Container[str] = ()) -> EventVi
     row: dict[str, msgspec.Raw] | None = None
     toast: list[str] = []
     try:
-        if ev.new:
+        if ev.new and bytes(ev.new) != b"null":  # a delete's is null
             row = _decode_row(bytes(ev.new))
         if ev.unchanged_toast:
             toast = msgspec.convert(ev.unchanged_toast, list[str])

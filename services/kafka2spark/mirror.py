@@ -537,11 +537,14 @@ class DeltaMirror:
         ]
         controls.sort(key=lambda c: (c.table, c.lsn, c.seq))
         by_table: dict[str, list[_Control]] = {}
-        for c in controls:
+        for c in _distinct(controls):
             by_table.setdefault(c.table, []).append(c)
 
+        # Only events that change the mirror cut its rows into segments (a segment is one
+        # MERGE): a snapshot's start, or a table's drop, merely recorded, do not.
+        cutting = {t: [c for c in ctl if _cuts(c)] for t, ctl in by_table.items()}
         data = events.where(F.col("op").isin(*DATA_OPS)).withColumn(
-            "segment", _segment_expr(by_table)
+            "segment", _segment_expr(cutting)
         )
         data = data.persist()
         try:
@@ -614,32 +617,52 @@ class DeltaMirror:
                 f"the mirror of {label} at {path} was deleted outside walcast: its rows are"
                 " gone (creating it again would leave a partial copy)"
             )
-        for seg in range(len(ctl) + 1):
-            if t is not None and seg in t["segments"]:
-                rows = data.where((F.col(TKEY) == name) & (F.col("segment") == seg))
-                key = sorted(key_cols.get((name, seg), []))
-                appended = seg in t.get("appended", ())
-                merged = 0
-                if key or not appended:  # keyed rows (or keyless ones, warned about)
-                    merged = self._merge(path, label, rows, t["segments"][seg], key, batch_id, seg)
-                if appended:  # rows of an insert-only table: appended once each
-                    merged += self._merge(
-                        path, label, rows, t["segments"][seg], [], batch_id, seg, appending=True
-                    )
-                result.merged[label] = result.merged.get(label, 0) + merged
-                skipped = keyless.get((name, seg), 0)
-                if skipped:
-                    result.keyless[label] = result.keyless.get(label, 0) + skipped
-                    log.warning(
-                        "%s: %d changes without key values not mirrored (sent while"
-                        " the table had no primary key or replica identity)",
-                        label,
-                        skipped,
-                    )
-            if seg < len(ctl):
-                change = self._control(path, label, ctl[seg])
-                if change:
-                    result.schema_changes.append(change)
+        seg = 0
+        for c in ctl:
+            if _cuts(c):  # the rows before it first
+                self._segment(path, label, name, t, seg, data, key_cols, keyless, batch_id, result)
+                seg += 1
+            change = self._control(path, label, c)
+            if change:
+                result.schema_changes.append(change)
+        self._segment(path, label, name, t, seg, data, key_cols, keyless, batch_id, result)
+
+    def _segment(
+        self,
+        path: Path,
+        label: str,
+        name: str,
+        t: dict[str, Any] | None,
+        seg: int,
+        data: DataFrame,
+        key_cols: dict[tuple[str, int], list[str]],
+        keyless: dict[tuple[str, int], int],
+        batch_id: int,
+        result: BatchResult,
+    ) -> None:
+        """Merge the table's rows of segment ``seg`` (between two control events)."""
+        if t is None or seg not in t["segments"]:
+            return
+        rows = data.where((F.col(TKEY) == name) & (F.col("segment") == seg))
+        key = sorted(key_cols.get((name, seg), []))
+        appended = seg in t.get("appended", ())
+        merged = 0
+        if key or not appended:  # keyed rows (or keyless ones, warned about)
+            merged = self._merge(path, label, rows, t["segments"][seg], key, batch_id, seg)
+        if appended:  # rows of an insert-only table: appended once each
+            merged += self._merge(
+                path, label, rows, t["segments"][seg], [], batch_id, seg, appending=True
+            )
+        result.merged[label] = result.merged.get(label, 0) + merged
+        skipped = keyless.get((name, seg), 0)
+        if skipped:
+            result.keyless[label] = result.keyless.get(label, 0) + skipped
+            log.warning(
+                "%s: %d changes without key values not mirrored (sent while"
+                " the table had no primary key or replica identity)",
+                label,
+                skipped,
+            )
 
     # -- held tables -------------------------------------------------------------------
 
@@ -1378,6 +1401,32 @@ def _reason() -> Column:
             F.lit("snapshot 'id' missing or not an integer from 0 to 2^63-1"),
         )
     )
+
+
+def _distinct(controls: list[_Control]) -> Iterator[_Control]:
+    """``controls`` (sorted by table, LSN, seq) without the copies other partitions
+    carried: under primary-key partitioning every partition has one of each table-wide
+    event, all alike, and applying one is applying them all (events that share a position
+    but differ, such as a snapshot's start and end markers, are all kept)."""
+    seen: set[str] = set()
+    for c in controls:
+        ident = json.dumps(
+            [c.table, c.lsn, c.seq, c.op, c.snapshot, c.ddl], sort_keys=True, default=str
+        )
+        if ident not in seen:
+            seen.add(ident)
+            yield c
+
+
+def _cuts(c: _Control) -> bool:
+    """Whether a control event changes the mirror, so the rows before it are merged
+    before it is applied: a truncate, a snapshot's end, a schema change (not a table's
+    drop, which keeps the mirror, nor a snapshot's start, which is only recorded)."""
+    if c.op == "snapshot":
+        return (c.snapshot or {}).get("phase") == "end"
+    if c.op == "ddl":
+        return not (c.ddl or {}).get("dropped")
+    return True
 
 
 def _segment_expr(by_table: dict[str, list[_Control]]) -> Column:

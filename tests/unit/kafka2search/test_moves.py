@@ -94,3 +94,12 @@ def test_a_row_that_is_no_json_object_is_handed_on_for_the_batch_to_report() -> 
         assert translate(bad, moves) is bad
     bad = msgspec.structs.replace(ev, unchanged_toast=[1])
     assert translate(bad, moves) is bad
+
+
+def test_a_deletes_column_types_get_the_moves_too() -> None:
+    # its types would otherwise map a dropped column again
+    moves = Moves.of({"moves": [["dropme", None, 100], ["note", "remark", 100]]})
+    ev = _row(50, None, {"id": "int4", "note": "text", "dropme": "text"}, op="delete")
+    out = translate(ev, moves)
+    assert dict(out.column_types()) == {"id": "int4", "remark": "text"}
+    assert out.new is ev.new
