@@ -556,17 +556,21 @@ def run_one(
     timeout_s: float,
     name: str = "",
     keep: bool = False,
+    keep_failed: bool = False,
 ) -> RunReport:
-    """One scenario from ``seed``, cleaned up afterwards (schema, slot, topics, indices);
-    ``name`` (default: from the pid and seed) names the slot, schema, topic and indices."""
+    """One scenario from ``seed``, cleaned up afterwards (schema, slot, topics, indices)
+    unless ``keep`` (or ``keep_failed`` and it failed); ``name`` (default: from the pid
+    and seed) names the slot, schema, topic and indices."""
     scenario = Scenario.draw(seed, rows, load_s, keyless)
     name = name or f"comp_{os.getpid()}_{seed}"
     cfg = Config(name=name, seed=seed, converge_timeout_s=timeout_s)
     comp = Composition(cfg, scenario)
+    report: RunReport | None = None
     try:
-        return comp.run_scenario()
+        report = comp.run_scenario()
+        return report
     finally:
-        if keep:
+        if keep or (keep_failed and (report is None or report.failed)):
             print(f"kept for diagnosis: schema/slot/topic {name}, logs and Delta in {cfg.work}")
         else:
             comp.cleanup()
@@ -636,6 +640,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--timeout", type=float, default=300, help="seconds without progress")
     p.add_argument("--no-keyless", action="store_true", help="leave the keyless table out")
     p.add_argument("--keep", action="store_true", help="keep what a run made, to diagnose it")
+    p.add_argument(
+        "--keep-failed", action="store_true", help="keep what a failed run made (logs, Delta)"
+    )
     p.add_argument("--json", type=Path, default=REPO / "bench/results/composition.json")
     args = p.parse_args(argv)
     seeds = [args.seed] if args.seed is not None else [
@@ -644,7 +651,15 @@ def main(argv: list[str] | None = None) -> int:
     runs: list[RunReport] = []
     for seed in seeds:
         print(f"=== seed {seed}", flush=True)
-        r = run_one(seed, args.rows, args.load_s, not args.no_keyless, args.timeout, keep=args.keep)
+        r = run_one(
+            seed,
+            args.rows,
+            args.load_s,
+            not args.no_keyless,
+            args.timeout,
+            keep=args.keep,
+            keep_failed=args.keep_failed,
+        )
         runs.append(r)
         print_run(r)
         summary = write_json(args.json, runs, not args.no_keyless)  # after each run
