@@ -396,14 +396,14 @@ def _avro_debezium(data: bytes) -> None:
 
 
 def _spark_translate(sample: tuple[bytes | None, bytes]) -> None:
-    from services.kafka2spark import mirror
+    from services.kafka2spark import envelope
     from shared.settings import SchemaRegistrySettings
 
     url = "mock://walcast-fuzz"
     # The UDF's decoder per registry URL: the one holding the fuzz schemas (a new mock
     # client would be an empty registry).
-    mirror._decoders.setdefault(url, _registry()[1])
-    values, reason = mirror._translate_record("auto", SchemaRegistrySettings(url=url), *sample)
+    envelope._decoders.setdefault(url, _registry()[1])
+    values, reason = envelope._translate_record("auto", SchemaRegistrySettings(url=url), *sample)
     if reason is not None:  # the UDF never raises: it returns the reason
         raise EventDecodeError(reason)
     assert isinstance(values, list)

@@ -40,7 +40,7 @@ from shared.contract.event import EPOCH_SHIFT
 ROW_ID = "_walcast_row_id"
 """The mirror's column holding an append-only row's id (NULL in rows merged by key)."""
 W_ROW = "__w_row_id"  # the working column of the id, before it is written
-LSN = "_walcast_lsn"  # as in mirror.py (this module is imported by it)
+LSN = "_walcast_lsn"  # as in names.py (which imports this module)
 NO_ROW_ID = (
     "an append_only row without integer commit_lsn and seq (or a snapshot without id and"
     " chunk): it has no row id"

@@ -21,7 +21,7 @@ from deltalake import DeltaTable
 from pyspark.sql import SparkSession
 
 from services.kafka2search.mapping import alias_name
-from services.kafka2spark.mirror import postgres_name, table_dir
+from services.kafka2spark.names import postgres_name, table_dir
 from tests.integration.conftest import Harness, HarnessFactory
 from tests.integration.kafka2search.conftest import (  # noqa: F401 - fixtures
     IndexerFactory,

@@ -200,7 +200,7 @@ def test_any_decoder_failure_is_a_dead_letter_a_registry_outage_is_not() -> None
 def test_kafka2sparks_translation_returns_the_reason_for_the_quarantine(
     record: tuple[bytes, bytes], reason: str
 ) -> None:
-    from services.kafka2spark.mirror import _translate_record
+    from services.kafka2spark.envelope import _translate_record
 
     values, why = _translate_record("debezium", None, *record)
     assert values is None

@@ -10,7 +10,7 @@ import pytest
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F  # noqa: N812 - the PySpark convention
 
-from services.kafka2spark import mirror
+from services.kafka2spark import envelope
 from services.kafka2spark.schema import ENVELOPE
 from shared.contract import event
 from tests.unit.test_event_contract import doc_examples
@@ -63,7 +63,7 @@ MORE_GOOD = [
 def spark_verdicts(spark: SparkSession, values: list[bytes]) -> list[str | None]:
     df = spark.createDataFrame([(v,) for v in values], "value binary")
     parsed = df.withColumn("e", F.from_json(F.col("value").cast("string"), ENVELOPE))
-    rows = parsed.withColumn("reason", mirror._reason()).select("reason").collect()
+    rows = parsed.withColumn("reason", envelope.reason()).select("reason").collect()
     return [r["reason"] for r in rows]
 
 

@@ -21,7 +21,7 @@ from pyspark.sql import SparkSession
 
 from services.kafka2spark import admin as spark_admin
 from services.kafka2spark.app import build
-from services.kafka2spark.mirror import postgres_name
+from services.kafka2spark.names import postgres_name
 from shared.errors import PermanentError
 from shared.kafka import ensure_topic
 from tests.integration.conftest import Harness, HarnessFactory, data

@@ -5,13 +5,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from services.kafka2spark.mirror import _Control, _cuts, _distinct
+from services.kafka2spark.plan import Control, cuts, distinct
 
 IDS = {"db": "d", "schema": "public", "table": "t"}
 
 
-def ctl(op: str, lsn: int, seq: int = 0, **kw: Any) -> _Control:
-    return _Control("d.public.t", lsn, seq, op, kw.get("ddl"), IDS, kw.get("snapshot"))
+def ctl(op: str, lsn: int, seq: int = 0, **kw: Any) -> Control:
+    return Control("d.public.t", lsn, seq, op, kw.get("ddl"), IDS, kw.get("snapshot"))
 
 
 def test_copies_of_one_event_collapse_and_different_events_at_one_position_stay() -> None:
@@ -19,15 +19,15 @@ def test_copies_of_one_event_collapse_and_different_events_at_one_position_stay(
     end = ctl("snapshot", 100, snapshot={"id": 7, "phase": "end", "rows": 3})
     add = ctl("ddl", 200, ddl={"tag": "ALTER TABLE", "columns": [{"name": "a"}]})
     copies = [start, end, start, end, add, ctl("ddl", 200, ddl=dict(add.ddl or {}))]
-    assert list(_distinct(copies)) == [start, end, add]
+    assert list(distinct(copies)) == [start, end, add]
     # the same DDL at another position is another event
     again = ctl("ddl", 300, ddl=dict(add.ddl or {}))
-    assert list(_distinct([add, again])) == [add, again]
+    assert list(distinct([add, again])) == [add, again]
 
 
 def test_only_events_that_change_the_mirror_cut_segments() -> None:
-    assert _cuts(ctl("truncate", 1))
-    assert _cuts(ctl("snapshot", 1, snapshot={"id": 1, "phase": "end"}))
-    assert not _cuts(ctl("snapshot", 1, snapshot={"id": 1, "phase": "start"}))
-    assert _cuts(ctl("ddl", 1, ddl={"tag": "CREATE TABLE", "columns": [{"name": "a"}]}))
-    assert not _cuts(ctl("ddl", 1, ddl={"tag": "DROP TABLE", "dropped": True}))
+    assert cuts(ctl("truncate", 1))
+    assert cuts(ctl("snapshot", 1, snapshot={"id": 1, "phase": "end"}))
+    assert not cuts(ctl("snapshot", 1, snapshot={"id": 1, "phase": "start"}))
+    assert cuts(ctl("ddl", 1, ddl={"tag": "CREATE TABLE", "columns": [{"name": "a"}]}))
+    assert not cuts(ctl("ddl", 1, ddl={"tag": "DROP TABLE", "dropped": True}))

@@ -10,7 +10,7 @@ from pydantic import ValidationError
 from pyspark.sql import types as T  # noqa: N812 - the PySpark convention
 
 from services.kafka2spark.app import kafka_source_options
-from services.kafka2spark.mirror import column_name, mirror_names, postgres_name, quote, table_dir
+from services.kafka2spark.names import column_name, mirror_names, postgres_name, quote, table_dir
 from services.kafka2spark.schema import spark_type
 from services.kafka2spark.settings import DeltaSettings, SourceSettings, SparkSettings
 from shared.contract.ddl import renames
