@@ -467,7 +467,7 @@ def _drop_stream(conn: psycopg.Connection[tuple[Any, ...]], slot: str, pub: str)
 def snapshot_status(settings: Pg2KafkaSettings, limit: int = 5) -> list[dict[str, Any]]:
     """The slot's latest snapshots, newest first, each with its tables' progress: rows
     done / estimated, chunks done / total, rows per second and ETA for a running one."""
-    from services.pg2kafka.snapshot import snapshot_progress
+    from services.pg2kafka.snapshots.store import snapshot_progress
 
     out = []
     with _connect(settings) as conn:

@@ -24,13 +24,13 @@ from services.pg2kafka.debezium_format import (
     too_large,
 )
 from services.pg2kafka.filters import TableFilter
-from services.pg2kafka.incremental import WATERMARK, Incremental
 from services.pg2kafka.messages import MessageKey
 from services.pg2kafka.metrics import Metrics
 from services.pg2kafka.replication import identify_system
 from services.pg2kafka.routing import Routing, table_key
 from services.pg2kafka.session import ReplicationSession, SlotStream
 from services.pg2kafka.settings import Pg2KafkaSettings
+from services.pg2kafka.snapshots.incremental import WATERMARK, Incremental
 from services.pg2kafka.source import SourceLedger
 from services.pg2kafka.topics import StreamTarget
 from services.pg2kafka.transforms import check_database, from_settings
@@ -311,7 +311,7 @@ class CdcStream(SlotStream):
     def run_once(self) -> None:
         """As leader: the initial snapshot when one is owed (``snapshot.mode``), then one
         session, until stopped or a failure (raised)."""
-        from services.pg2kafka.snapshot import drop_slot, initial_snapshot
+        from services.pg2kafka.snapshots.initial import drop_slot, initial_snapshot
 
         s = self.settings
         transforms = from_settings(s.transforms)
@@ -366,7 +366,7 @@ class CdcStream(SlotStream):
         """The epoch this leadership streams under: the stream's, or the next one when the
         server is not the source the stream carried (services/pg2kafka/source.py). The
         snapshots a new source needs are asked for before the epoch is recorded."""
-        from services.pg2kafka.snapshot import after_source_change
+        from services.pg2kafka.snapshots.initial import after_source_change
 
         record, reason = ledger.start(identify_system(self.settings.postgres.conninfo()))
         self.metrics.epoch.set(record.epoch)

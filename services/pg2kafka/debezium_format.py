@@ -73,7 +73,7 @@ class Record:
 class SnapshotRead:
     """What the ``source`` of a snapshot's records says: ``lsn`` below every change
     streamed after the snapshot (walcast: the slot's restart position; the connector
-    writes its consistent point, see services/pg2kafka/snapshot.py ``snapshot_read``),
+    writes its consistent point, see services/pg2kafka/snapshots/readers.py ``snapshot_read``),
     ``started_us`` when the snapshot began (the same on every record of a run), ``xid``
     the reading transaction (walcast: the first transaction id its snapshot does not
     see)."""

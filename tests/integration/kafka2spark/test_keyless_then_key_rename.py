@@ -22,7 +22,7 @@ import pytest
 from deltalake import DeltaTable
 
 from services.pg2kafka import admin
-from services.pg2kafka.incremental import Incremental
+from services.pg2kafka.snapshots.incremental import Incremental
 from tests.integration.conftest import Harness, HarnessFactory
 from tests.integration.kafka2spark.conftest import MirrorFactory, wait_for
 

@@ -16,7 +16,7 @@ from pydantic import ValidationError
 from services.pg2kafka import pgoutput as pg
 from services.pg2kafka.changes import EventBuilder, append_only, set_epoch
 from services.pg2kafka.settings import FilterSettings, Pg2KafkaSettings, inserts_publication
-from services.pg2kafka.snapshot import chunk_query, pg_json_frame
+from services.pg2kafka.snapshots.chunks import chunk_query, pg_json_frame
 from services.pg2kafka.types import TypeRegistry
 from shared.avro import event_from_avro, event_schema, event_to_avro
 from shared.contract.event import FIELDS, ChangeEvent, decode

@@ -77,8 +77,8 @@ def test_a_low_watermark_opens_a_window_only_for_a_chunk_this_process_reads() ->
 
     import orjson
 
-    from services.pg2kafka.incremental import WATERMARK, Incremental, Window
     from services.pg2kafka.settings import Pg2KafkaSettings
+    from services.pg2kafka.snapshots.incremental import WATERMARK, Incremental, Window
 
     inc = Incremental(Pg2KafkaSettings(), threading.Event())
     low = {"run": 3, "schema": "public", "table": "t", "chunk": 7, "mark": "low", "attempt": "a2"}

@@ -51,18 +51,18 @@ from services.pg2kafka.filters import TableFilter
 from services.pg2kafka.postgres import Catalog
 from services.pg2kafka.replication import SESSION_OPTIONS, format_lsn, identify_system
 from services.pg2kafka.settings import Pg2KafkaSettings
-from services.pg2kafka.snapshot import (
+from services.pg2kafka.snapshots.chunks import (
     Bounds,
     Chunk,
     Job,
-    Progress,
-    SnapshotStore,
     TableSpec,
     chunk_where,
     describe_tables,
     plan_chunks,
-    start_markers,
 )
+from services.pg2kafka.snapshots.initial import start_markers
+from services.pg2kafka.snapshots.progress import Progress
+from services.pg2kafka.snapshots.store import PostgresSnapshotStore, SnapshotStore
 from services.pg2kafka.transforms import from_settings
 from services.pg2kafka.types import TypeRegistry
 from shared.contract.event import ChangeEvent, SnapshotInfo, read_row_version
@@ -174,7 +174,7 @@ class Incremental:
         self.remaining: dict[tuple[int, str, str], int] = {}  # chunks not yet sent
         self.table_rows: dict[tuple[int, str, str], int] = {}  # rows sent
         self.readers: list[threading.Thread] = []
-        self.store: SnapshotStore | None = None
+        self.store: PostgresSnapshotStore | None = None
         self.next_poll = 0.0
         self.floors_loaded = False
         self.resumed = False  # chunks a dead leader held were requeued (once per process)
@@ -390,9 +390,9 @@ class Incremental:
             self.store.close()
             self.store = None
 
-    def _store(self) -> SnapshotStore:
+    def _store(self) -> PostgresSnapshotStore:
         if self.store is None or self.store.conn.closed:
-            self.store = SnapshotStore(self.conninfo, self.epoch)
+            self.store = PostgresSnapshotStore(self.conninfo, self.epoch)
         self.store.epoch = self.epoch  # a new leadership may have found a new source
         return self.store
 
@@ -472,7 +472,7 @@ class Incremental:
     def read_chunks(self) -> None:
         """A reader thread: chunks of the running incremental runs until none is left."""
         s = self.settings
-        store = SnapshotStore(self.conninfo)
+        store = PostgresSnapshotStore(self.conninfo)
         catalog = Catalog(self.conninfo)
         builder = EventBuilder(
             s.postgres.database,

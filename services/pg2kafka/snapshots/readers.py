@@ -1,0 +1,519 @@
+"""Reader threads and processes: each claims chunks from the store, reads one in a short
+transaction (under the exported snapshot while it exists), sends its rows through its
+producer, and records the chunk done once Kafka acknowledged them."""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import os
+import queue
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import orjson
+import psycopg
+from psycopg import sql
+
+from services.pg2kafka.changes import EventBuilder, append_only, iso_utc, set_epoch
+from services.pg2kafka.debezium_format import (
+    DebeziumRecords,
+    SnapshotRead,
+    connect_encoder,
+    event_encoder,
+    too_large,
+)
+from services.pg2kafka.postgres import Catalog
+from services.pg2kafka.replication import (
+    DEBEZIUM_SESSION_OPTIONS,
+    SESSION_OPTIONS,
+)
+from services.pg2kafka.routing import Routing, row_key, table_key
+from services.pg2kafka.settings import Pg2KafkaSettings
+from services.pg2kafka.snapshots.chunks import (
+    Chunk,
+    Job,
+    TableSpec,
+    chunk_query,
+    chunk_where,
+    pg_json_frame,
+    pg_json_table,
+)
+from services.pg2kafka.snapshots.store import PostgresSnapshotStore, SnapshotStore
+from services.pg2kafka.topics import StreamTarget, Topics, producer_config
+from services.pg2kafka.transforms import from_settings
+from services.pg2kafka.types import TypeRegistry
+from shared.avro import Shape
+from shared.contract.event import EVENT_VERSION, ChangeEvent, SnapshotInfo
+from shared.errors import PermanentError, RetriableError, is_retriable, operator_hint
+from shared.failpoints import failpoint
+from shared.kafka import BulkKafkaSink
+from shared.logs import configure_logging
+
+log = logging.getLogger(__name__)
+
+POLL_EVERY = 1000  # rows between two looks at Kafka's acknowledgements and the stop flag
+
+
+class SnapshotProducer:
+    """One reader's way into Kafka: a bulk producer (acknowledged chunk by chunk, by
+    :meth:`flush`) within its share of the memory guard, and the stream's routing."""
+
+    def __init__(
+        self,
+        settings: Pg2KafkaSettings,
+        inflight_bytes: int,
+        epoch: int = 0,
+        while_waiting: Callable[[], None] = lambda: None,
+    ) -> None:
+        self.settings = settings
+        self.epoch = epoch
+        self.sink = BulkKafkaSink(
+            producer_config(settings),
+            max_inflight_bytes=inflight_bytes,
+            while_waiting=while_waiting,
+        )
+        self.topics = Topics(settings, self.sink)
+        self.routing = Routing(settings, StreamTarget.cdc(settings), self.topics.ensure)
+        # producer.encoding=avro: the same per-table schemas as the stream's.
+        self.avro = event_encoder(settings)
+
+    def encode(
+        self, topic: str, ev: ChangeEvent | dict[str, Any], shape: Shape | None = None
+    ) -> bytes:
+        """An event's record value in the producer's encoding (``shape``: see
+        :meth:`shared.avro.RegistryEncoder.encode`)."""
+        return orjson.dumps(ev) if self.avro is None else self.avro.encode(topic, ev, shape)
+
+    def marker(
+        self, db: str, schema: str, table: str, version: int, info: SnapshotInfo,
+        shape: Shape | None = None,
+    ) -> None:  # fmt: skip
+        """A table's start or end marker: under ``primary_key`` keys to every partition
+        (the table's rows are spread over all of them), else by the table's key. The
+        Debezium format has no such markers: nothing is written."""
+        if self.settings.producer.format == "debezium":
+            return
+        ev: ChangeEvent = {"v": EVENT_VERSION, "op": "snapshot", "db": db, "schema": schema,
+                           "table": table, "lsn": version, "seq": 0, "commit_lsn": version,
+                           "xid": 0, "commit_ts": iso_utc(time.time_ns() // 1000),
+                           "key": {}, "new": None, "old": None, "snapshot": info}  # fmt: skip
+        if self.epoch:
+            ev["epoch"] = self.epoch
+        topic = self.routing.topic(db, schema, table)
+        value = self.encode(topic, ev, shape)
+        if self.routing.mode == "primary_key":
+            for partition in range(self.topics.refresh(topic)):
+                self.sink.write(topic, value, table_key(schema, table), partition)
+        else:
+            self.sink.write(topic, value, self.routing.key(ev))
+
+    def flush(self) -> None:
+        self.sink.flush(self.settings.producer.delivery_timeout_ms / 1000 + 30)
+
+    def close(self) -> None:
+        self.sink.close()
+
+
+class Flag(Protocol):
+    """A threading or multiprocessing event."""
+
+    def is_set(self) -> bool: ...
+
+    def set(self) -> None: ...
+
+    def wait(self, timeout: float | None = None) -> bool: ...
+
+
+@dataclass
+class RunControl:
+    """What the readers of one process share: a halt flag (stop, cancel or a reader's
+    failure), the first failure, the rate bound and the rows read. ``parent``: in a
+    reader process, the pid of the pg2kafka that started it: a reader whose pg2kafka
+    died (kill -9) stops at its next look instead of reading on as an orphan."""
+
+    stop: Flag
+    max_rows_per_s: float | None
+    halt: Flag = field(default_factory=threading.Event)
+    parent: int | None = None
+    errors: list[BaseException] = field(default_factory=list)
+    rows: int = 0
+    started: float = field(default_factory=time.monotonic)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def halted(self) -> bool:
+        if self.parent is not None and os.getppid() != self.parent:
+            self.halt.set()
+        return self.halt.is_set() or self.stop.is_set()
+
+    def count(self, rows: int) -> None:
+        """Add ``rows``; waits as long as the run is ahead of ``max_rows_per_s``."""
+        with self.lock:
+            self.rows += rows
+            total = self.rows
+        if self.max_rows_per_s:
+            ahead = total / self.max_rows_per_s - (time.monotonic() - self.started)
+            if ahead > 0:
+                self.halt.wait(min(ahead, 1.0))
+
+
+class Reader:
+    """One reader thread: claims chunks, reads each in one short transaction (under the
+    exported snapshot while it exists), sends its events, records it once acked."""
+
+    def __init__(
+        self,
+        settings: Pg2KafkaSettings,
+        job: Job,
+        tables: dict[tuple[str, str], TableSpec],
+        control: RunControl,
+        snapshot_name: str | None,
+        producer: SnapshotProducer,
+    ) -> None:
+        self.settings = settings
+        self.job = job
+        self.tables = tables
+        self.control = control
+        self.snapshot_name = snapshot_name
+        self.producer = producer
+        conninfo = settings.postgres.conninfo()
+        self.conninfo = conninfo
+        self.catalog = Catalog(conninfo)
+        self.builder = EventBuilder(
+            settings.postgres.database,
+            TypeRegistry(self.catalog.type_info),
+            scrub_secrets=settings.ddl.scrub_secrets,
+            primary_key=self.catalog.primary_key,
+            transforms=from_settings(settings.transforms),
+        )
+        self.names: dict[int, sql.Composable] = {}
+        # producer.format=debezium: rows become the connector's `r` records.
+        self.debezium = (
+            DebeziumRecords(
+                settings.debezium,
+                settings.postgres.database,
+                self.builder.types,
+                self.catalog.not_null,
+                self.catalog.primary_key,
+                avro=connect_encoder(settings),
+                transforms=self.builder.transforms,
+            )
+            if settings.producer.format == "debezium"
+            else None
+        )
+
+    def run(self) -> None:
+        store = PostgresSnapshotStore(self.conninfo)
+        try:
+            with psycopg.connect(
+                self.conninfo,
+                autocommit=True,
+                options=SESSION_OPTIONS
+                + (" " + DEBEZIUM_SESSION_OPTIONS if self.debezium is not None else ""),
+                application_name=f"pg2kafka-snapshot:{self.job.slot}",
+            ) as conn:
+                while not self.control.halted():
+                    chunk = store.claim(self.job)
+                    if chunk is None:
+                        break
+                    version = store.restart_lsn(self.job.slot) - 1
+                    rows = self.read(conn, chunk, version)
+                    if rows is None:
+                        break  # halted mid-chunk: it stays claimed, and is read again
+                    self.producer.flush()  # checkpoint last: acknowledged, then recorded
+                    failpoint("snapshot.chunk_sent")
+                    if store.chunk_done(chunk, rows, version):
+                        close_tables(self.settings, store, self.job, self.producer)
+                    failpoint("snapshot.chunk_done")
+        except BaseException as exc:  # noqa: BLE001 - raised by run_job on its thread
+            self.control.errors.append(exc)
+            self.control.halt.set()
+        finally:
+            store.close()
+            self.catalog.close()
+
+    def read(self, conn: psycopg.Connection[Any], chunk: Chunk, version: int) -> int | None:
+        """Send the chunk's rows to Kafka (not yet acknowledged); their count, or None
+        when halted before the end."""
+        spec = self.tables[(chunk.schema, chunk.table)]
+        rel = spec.relation
+        dbz = self.debezium
+        encode = self.producer.encode
+        # Postgres writes the JSON itself on the fast path: never for a table a transform
+        # rule touches (its values must pass through the rules).
+        transforms = self.builder.transforms
+        fast = (dbz is None and self.producer.avro is None
+                and (transforms is None or not transforms.touches(rel.schema, rel.table))
+                and pg_json_table(rel, self.builder.types))  # fmt: skip
+        assert chunk.relation is not None  # the initial snapshot reads page ranges
+        # An insert-only table's rows are identified by their place in the chunk (``seq``):
+        # read in ctid order, a chunk read again numbers them the same way.
+        query = chunk_query(self._name(conn, chunk.relation), rel, chunk_where(conn, rel, chunk),
+                            fast, by_ctid=append_only(rel))  # fmt: skip
+        read_at = iso_utc(time.time_ns() // 1000)
+        info: SnapshotInfo = {"id": chunk.snapshot_id, "chunk": chunk.chunk}
+        sink = self.producer.sink
+        produce = sink.producer.produce
+        routing = self.producer.routing
+        topic = (
+            routing.topic(self.settings.postgres.database, rel.schema, rel.table)
+            if dbz is None
+            else dbz.table(rel).topic
+        )
+        limit = self.producer.topics.value_limit(topic)
+        snap: SnapshotRead | None = None
+        key: bytes | None
+        per_row_key = routing.mode == "primary_key" and any(c.is_key for c in rel.columns)
+        keyless = not any(c.is_key for c in rel.columns)
+        fixed_key = (
+            rel.schema.encode() if routing.mode == "schema" else table_key(rel.schema, rel.table)
+        )
+        epoch = self.job.epoch
+        head, middle, tail = pg_json_frame(
+            self.settings.postgres.database, rel, version, read_at, info, self.builder, epoch,
+            append_only=append_only(rel),
+        )  # fmt: skip
+        join = b"".join
+        new_field = b',"new":'
+        rows = 0
+        halted = False
+        try:
+            with conn.transaction():
+                conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+                if self.snapshot_name is not None:
+                    conn.execute(
+                        sql.SQL("SET TRANSACTION SNAPSHOT {}").format(
+                            sql.Literal(self.snapshot_name)
+                        )
+                    )
+                if dbz is not None:
+                    snap = snapshot_read(conn, self.job, version)
+                with conn.cursor().copy(query) as copy:
+                    copy.set_types(["text"] * (2 if fast else len(rel.columns)))
+                    for values in copy.rows():
+                        # The hot loop: a read row costs its bytes and one produce call.
+                        if fast:
+                            key_json, new_json = values
+                            if key_json is None:
+                                key_json = "{}" if keyless else new_json
+                            value = join((head, str(rows).encode(), middle, key_json.encode(),
+                                          new_field, new_json.encode(), tail))  # fmt: skip
+                            key = (
+                                row_key(rel.schema, rel.table, orjson.loads(key_json))
+                                if per_row_key
+                                else fixed_key
+                            )
+                            if len(value) + len(key) > limit:
+                                value = oversized(orjson.loads(value), len(value))
+                        elif dbz is not None:
+                            assert snap is not None
+                            record = dbz.read(rel, values, snap)
+                            assert record.value is not None
+                            value, key = record.value, record.key
+                            if len(value) + len(key or b"") > limit:
+                                raise too_large(
+                                    f"a row of {rel.schema}.{rel.table}", topic,
+                                    len(value) + len(key or b""), limit,
+                                )  # fmt: skip
+                        else:
+                            ev = self.builder.read(rel, values, version, rows, read_at, info)
+                            set_epoch(ev, epoch)
+                            value = encode(topic, ev)
+                            key = routing.key(ev)
+                            if len(value) + len(key) > limit:
+                                value = encode(topic, oversized_event(ev, len(value)))
+                        try:
+                            produce(topic, value, key)
+                        except BufferError:
+                            sink.write(topic, value, key)
+                        rows += 1
+                        if rows % POLL_EVERY == 0:
+                            sink.poll()
+                            self.control.count(POLL_EVERY)
+                            if self.control.halted():
+                                halted = True
+                                conn.cancel_safe()
+                                break
+        except psycopg.errors.QueryCanceled:
+            if not halted:
+                raise
+        if halted:
+            return None
+        self.control.count(rows % POLL_EVERY)
+        return rows
+
+    def _name(self, conn: psycopg.Connection[Any], oid: int) -> sql.Composable:
+        name = self.names.get(oid)
+        if name is None:
+            row = conn.execute(
+                "SELECT n.nspname, c.relname FROM pg_catalog.pg_class c"
+                " JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace WHERE c.oid = %s",
+                [oid],
+            ).fetchone()
+            if row is None:
+                raise RetriableError(f"relation {oid} of the snapshot is gone")
+            name = self.names[oid] = sql.Identifier(str(row[0]), str(row[1]))
+        return name
+
+
+def snapshot_read(conn: psycopg.Connection[Any], job: Job, version: int) -> SnapshotRead:
+    """The Debezium ``source`` of a chunk's rows, read in its transaction: ``lsn`` the
+    slot's restart position (``version`` + 1) — not its consistent point, as the
+    connector writes: a transaction that began before that point and committed after it
+    is streamed with changes below it, and a sink ordering by LSN would keep the read row
+    over them (docs/snapshots-design.md); below every streamed change, the row loses to
+    each. Also the run's start and the first transaction the snapshot does not see."""
+    row = conn.execute(
+        "SELECT pg_catalog.pg_snapshot_xmax(pg_catalog.pg_current_snapshot())::text::bigint"
+    ).fetchone()
+    assert row is not None
+    return SnapshotRead(lsn=version + 1, started_us=job.started_us, xid=int(row[0]))
+
+
+def oversized_event(ev: dict[str, Any] | ChangeEvent, size: int) -> dict[str, Any]:
+    """A row too large for its topic travels as a reference without its row (as a
+    change does); consumers dead-letter it with the reason."""
+    ref = {k: v for k, v in ev.items() if k not in ("new", "old")}
+    ref["new"] = None
+    ref["old"] = None
+    ref["oversized"] = size
+    return ref
+
+
+def oversized(ev: dict[str, Any] | ChangeEvent, size: int) -> bytes:
+    """:func:`oversized_event`, as JSON."""
+    return orjson.dumps(oversized_event(ev, size))
+
+
+def close_tables(
+    settings: Pg2KafkaSettings, store: SnapshotStore, job: Job, producer: SnapshotProducer
+) -> None:
+    """Send the end marker of every table whose chunks are all done, wait for Kafka, then
+    record the table done (a crash in between sends the marker again: it is idempotent)."""
+    db = settings.postgres.database
+    for schema, table, start, rows in store.tables_to_close(job):
+        producer.marker(db, schema, table, start, {"id": job.id, "phase": "end", "rows": rows})
+        producer.flush()
+        store.table_done(job, schema, table)
+        log.info("snapshot of %s.%s done: %d rows", schema, table, rows)
+
+
+def reader_process(
+    settings: Pg2KafkaSettings,
+    job: Job,
+    tables: list[TableSpec],
+    snapshot_name: str | None,
+    budget: int,
+    rate: float | None,
+    halt: Flag,
+    failures: Any,
+    parent: int,
+) -> None:
+    """A reader process (``snapshot.workers`` > 1): Python runs one thread at a time, so
+    readers that should add up run in processes of their own. A failure is put on
+    ``failures`` as (permanent, message, hint) for pg2kafka to raise."""
+    configure_logging(settings.log.level, settings.log.format)
+    control = RunControl(halt, rate, halt=halt, parent=parent)
+    producer = SnapshotProducer(settings, budget, job.epoch)
+    by_name = {(t.schema, t.name): t for t in tables}
+    try:
+        Reader(settings, job, by_name, control, snapshot_name, producer).run()
+    finally:
+        producer.close()
+    if control.errors:
+        exc = control.errors[0]
+        permanent = not is_retriable(exc)
+        failures.put((permanent, f"snapshot reader: {exc}", operator_hint(exc)))
+        halt.set()
+        sys.exit(1)
+
+
+class Readers:
+    """``snapshot.workers`` readers: the first on a thread of pg2kafka's own process, the
+    others each in a process of their own (``spawn``: nothing of this process's threads
+    or connections is inherited) — Python runs one thread at a time, so readers that
+    should add up cannot all be threads, and one process fewer is one interpreter's
+    memory fewer. Each has its share of the memory guard and of the rate bound."""
+
+    def __init__(
+        self,
+        settings: Pg2KafkaSettings,
+        job: Job,
+        tables: list[TableSpec],
+        snapshot_name: str | None,
+        stop: threading.Event,
+    ) -> None:
+        workers = settings.snapshot.workers
+        ctx = multiprocessing.get_context("spawn")
+        self.halted = ctx.Event()
+        self.failures = ctx.Queue()
+        rate = settings.snapshot.max_rows_per_s
+        share = None if rate is None else rate / workers
+        budget = max(settings.producer.max_inflight_bytes // workers, 1024 * 1024)
+        self.control = RunControl(stop, share, halt=self.halted)
+        self.producer = SnapshotProducer(settings, budget, job.epoch)
+        by_name = {(t.schema, t.name): t for t in tables}
+        reader = Reader(settings, job, by_name, self.control, snapshot_name, self.producer)
+        self.thread = threading.Thread(target=reader.run, name="snapshot-0", daemon=True)
+        self.procs = [
+            ctx.Process(
+                target=reader_process,
+                args=(
+                    settings,
+                    job,
+                    tables,
+                    snapshot_name,
+                    budget,
+                    share,
+                    self.halted,
+                    self.failures,
+                    os.getpid(),
+                ),
+                name=f"pg2kafka-snapshot-{n}",
+                daemon=True,
+            )
+            for n in range(1, workers)
+        ]
+
+    def start(self) -> None:
+        for p in self.procs:
+            p.start()
+        self.thread.start()
+
+    def alive(self) -> bool:
+        return self.thread.is_alive() or any(p.is_alive() for p in self.procs)
+
+    def join(self, timeout: float) -> None:
+        self.thread.join(timeout / (len(self.procs) + 1))
+        for p in self.procs:
+            p.join(timeout / (len(self.procs) + 1))
+
+    def halt(self) -> None:
+        self.halted.set()
+
+    def raise_failure(self) -> None:
+        if self.control.errors:
+            raise self.control.errors[0]
+        try:
+            permanent, message, hint = self.failures.get_nowait()
+        except queue.Empty:
+            dead = [p.exitcode for p in self.procs if p.exitcode not in (0, None)]
+            if dead:
+                raise RetriableError(f"a snapshot reader process died (exit {dead[0]})") from None
+            return
+        if permanent:
+            raise PermanentError(message, hint=hint)
+        raise RetriableError(message)
+
+    def close(self) -> None:
+        self.halt()
+        self.thread.join(60)
+        for p in self.procs:
+            p.join(60)
+            if p.is_alive():
+                p.kill()
+        self.producer.close()
