@@ -17,15 +17,11 @@ import psycopg
 
 from services.pg2kafka import pgoutput as pg
 from services.pg2kafka.changes import set_epoch
-from services.pg2kafka.debezium_format import (
-    DebeziumRecords,
-    connect_encoder,
-    event_encoder,
-    too_large,
-)
+from services.pg2kafka.debezium_format import DebeziumRecords, too_large
 from services.pg2kafka.filters import TableFilter
 from services.pg2kafka.messages import MessageKey
 from services.pg2kafka.metrics import Metrics
+from services.pg2kafka.output import connect_encoder, output_format, reference, value_encoder
 from services.pg2kafka.replication import identify_system
 from services.pg2kafka.routing import Routing, table_key
 from services.pg2kafka.session import ReplicationSession, SlotStream
@@ -34,9 +30,8 @@ from services.pg2kafka.snapshots.incremental import WATERMARK, Incremental
 from services.pg2kafka.source import SourceLedger
 from services.pg2kafka.topics import StreamTarget
 from services.pg2kafka.transforms import check_database, from_settings
-from shared.contract.event import ChangeEvent, JsonEventSerializer
+from shared.contract.event import ChangeEvent
 from shared.errors import PermanentError
-from shared.interfaces import Serializer
 from shared.kafka import Outgoing
 from shared.logs import SampledLog
 
@@ -44,7 +39,6 @@ log = logging.getLogger(__name__)
 
 DDL_PREFIX = "walcast.ddl"
 _AUTHORED = frozenset({DDL_PREFIX, WATERMARK})  # acted on only when walcast signed them
-_ROWS = frozenset({"new", "old", "unchanged_toast"})
 
 
 def joined_tables(content: bytes) -> frozenset[tuple[str, str]]:
@@ -82,10 +76,10 @@ class CdcHandler:
         self.target = target
         self.filter = TableFilter(settings.filters.include, settings.filters.exclude)
         self.mode = settings.producer.partition_key
-        self.serializer: Serializer[ChangeEvent] = JsonEventSerializer()
-        self._encode = self.serializer.encode  # bound once: called per event
-        # producer.encoding=avro: per-table schemas in the registry (shared/avro.py).
-        self.avro = event_encoder(settings)
+        self.format = output_format(settings)
+        # producer.encoding: JSON, or Avro with per-table schemas in the registry.
+        self.values = value_encoder(settings)
+        self._encode = self.values.encode  # bound once: called per event
         self._session: ReplicationSession | None = None
         self.routing = Routing(settings, target, self._ensure_topic)
         self._keyless_warned: set[str] = set()
@@ -105,7 +99,7 @@ class CdcHandler:
                 session.metrics.unauthenticated_messages.inc()
                 return
             msg = replace(msg, content=body)
-        if self.settings.producer.format == "debezium":
+        if self.format.connect_records:
             self.handle_debezium(session, lsn, msg)
             return
         if isinstance(msg, (pg.Insert, pg.Update, pg.Delete)):
@@ -237,7 +231,7 @@ class CdcHandler:
         if self.epoch:
             set_epoch(ev, self.epoch)
         topic = self.topic_for(session, ev)
-        value = self._encode(ev) if self.avro is None else self.avro.encode(topic, ev)
+        value = self._encode(topic, ev)
         key = self.key_for(ev)
         limit = self._limits.get(topic)
         if limit is None:
@@ -253,10 +247,6 @@ class CdcHandler:
         refuses it, and it is first in line again after every restart): in its place goes
         a reference — the same event without its rows, with ``oversized`` = its size —
         which consumers dead-letter with that reason. Counted and logged, never a stop."""
-        ref: ChangeEvent = {k: v for k, v in ev.items() if k not in _ROWS}  # type: ignore[assignment]
-        ref["new"] = None
-        ref["old"] = None
-        ref["oversized"] = size
         session.metrics.oversized.inc()
         self._oversized_log.warning(
             f"{ev.get('schema')}.{ev.get('table')}",
@@ -268,7 +258,7 @@ class CdcHandler:
             ev.get("lsn"),
             size,
         )
-        return self._encode(ref) if self.avro is None else self.avro.encode(topic, ref)
+        return self._encode(topic, reference(ev, size))
 
     def send_table_wide(self, session: ReplicationSession, ev: ChangeEvent) -> None:
         """A truncate or a schema change concerns every row of the table. Under
@@ -283,7 +273,7 @@ class CdcHandler:
             set_epoch(ev, self.epoch)
         key = table_key(ev["schema"], ev["table"])
         topic = self.topic_for(session, ev)
-        value = self.serializer.encode(ev) if self.avro is None else self.avro.encode(topic, ev)
+        value = self._encode(topic, ev)
         partitions = session.refresh_partitions(topic)  # rare events: ask again
         for partition in range(partitions):
             session.write(Outgoing(topic, key, value, partition=partition))
@@ -304,7 +294,9 @@ class CdcStream(SlotStream):
         # Incremental snapshots write walcast events; the Debezium format has none yet
         # (its settings refuse automatic ones, and `pg2kafka snapshot` refuses too).
         self.incremental = (
-            Incremental(settings, stop, metrics) if settings.producer.format != "debezium" else None
+            Incremental(settings, stop, metrics)
+            if output_format(settings).incremental_snapshots
+            else None
         )
         self.transforms_checked = False
 

@@ -25,10 +25,10 @@ import orjson
 from services.pg2kafka import pgoutput as pg
 from services.pg2kafka._native import convert_value
 from services.pg2kafka.changes import Transaction
-from services.pg2kafka.settings import DebeziumSettings, Pg2KafkaSettings
+from services.pg2kafka.settings import DebeziumSettings
 from services.pg2kafka.transforms import Transforms, unique_key
 from services.pg2kafka.types import TypeRegistry
-from shared.avro import ConnectRegistryEncoder, RegistryEncoder
+from shared.avro import ConnectRegistryEncoder
 from shared.errors import PermanentError
 from shared.formats import debezium
 
@@ -264,23 +264,6 @@ class DebeziumRecords:
         if self.settings.tombstones and key is not None:
             out.append(Record(t.topic, key, None, "tombstone"))
         return out
-
-
-def event_encoder(settings: Pg2KafkaSettings) -> RegistryEncoder | None:
-    """The Avro encoder of walcast's event (``encoding: avro``, ``format: walcast``), one
-    per producer (the stream's, each snapshot reader's), else None."""
-    if settings.producer.format != "walcast" or settings.producer.encoding != "avro":
-        return None
-    registry = settings.schema_registry
-    return RegistryEncoder(registry.client(), registry.subject_name_strategy)
-
-
-def connect_encoder(settings: Pg2KafkaSettings) -> ConnectRegistryEncoder | None:
-    """The Avro encoder of ``format: debezium`` with ``encoding: avro``, else None."""
-    if settings.producer.format != "debezium" or settings.producer.encoding != "avro":
-        return None
-    registry = settings.schema_registry
-    return ConnectRegistryEncoder(registry.client(), registry.subject_name_strategy)
 
 
 def too_large(what: str, topic: str, size: int, limit: int) -> PermanentError:

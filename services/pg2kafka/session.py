@@ -37,8 +37,9 @@ from typing import Protocol
 from services.pg2kafka import pgoutput as pg
 from services.pg2kafka.changes import AckTracker, EventBuilder
 from services.pg2kafka.metrics import Metrics
+from services.pg2kafka.output import output_format
 from services.pg2kafka.postgres import Catalog, Heartbeat, LeaderLock, wait_for_slot
-from services.pg2kafka.replication import DEBEZIUM_SESSION_OPTIONS, PostgresReplicationSource
+from services.pg2kafka.replication import PostgresReplicationSource
 from services.pg2kafka.settings import Pg2KafkaSettings, inserts_publication
 from services.pg2kafka.topics import StreamTarget, Topics, producer_config
 from services.pg2kafka.transforms import from_settings
@@ -132,7 +133,7 @@ class ReplicationSession:
             status_interval_s=s.replication.status_interval_s,
             wal_sender_timeout_s=s.replication.wal_sender_timeout_s,
             invalid_text=s.replication.invalid_text,
-            extra_options=DEBEZIUM_SESSION_OPTIONS if s.producer.format == "debezium" else "",
+            extra_options=output_format(s).session_options,
             # The CDC slot also streams the insert-only publication (tables without a
             # key, filters.keyless_tables=inserts) when init created it.
             optional_publications=(
@@ -182,7 +183,7 @@ class ReplicationSession:
         try:
             # One topic to check: not under a template, nor in the Debezium format
             # (a topic per table, created or checked at each table's first change).
-            per_table = s.producer.format == "debezium" and self.target.topic == s.producer.topic
+            per_table = output_format(s).per_table_topics and self.target.topic == s.producer.topic
             if needs_kafka and self.target.topic_template is None and not per_table:
                 self.ensure_topic(self.target.topic)
             if not self.leader.acquire(self.stop, s.replication.standby_poll_s, self.live.tick):

@@ -46,6 +46,7 @@ from typing import Any
 import orjson
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
+from services.pg2kafka.output import output_format
 from services.pg2kafka.pgoutput import format_lsn
 from services.pg2kafka.replication import Identity
 from services.pg2kafka.settings import Pg2KafkaSettings
@@ -155,7 +156,7 @@ def decide(
 def destination(settings: Pg2KafkaSettings) -> str:
     """Where a stream's events go, as sinks see it: what its epochs are ordered within."""
     p = settings.producer
-    if p.format == "debezium":
+    if output_format(settings).connect_records:
         return f"debezium:{settings.debezium.topic_prefix}"
     return p.topic_template or p.topic
 

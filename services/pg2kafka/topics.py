@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
+from services.pg2kafka.output import output_format
 from services.pg2kafka.settings import Pg2KafkaSettings
 from shared.kafka import BulkKafkaSink, KafkaSink, ensure_topic, topic_max_message_bytes
 
@@ -86,10 +87,9 @@ def producer_config(settings: Pg2KafkaSettings) -> dict[str, object]:
         "message.timeout.ms": s.producer.delivery_timeout_ms,
         "message.max.bytes": s.producer.max_message_bytes,
     }
-    if s.producer.format == "debezium":
-        # Kafka Connect's (Java) partitioner: a key lands in the partition Debezium's
-        # record of it would (librdkafka's default hashes differently).
-        config["partitioner"] = "murmur2_random"
+    partitioner = output_format(s).partitioner
+    if partitioner is not None:
+        config["partitioner"] = partitioner
     return config
 
 

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 import psycopg
 
 from services.pg2kafka.filters import TableFilter
+from services.pg2kafka.output import output_format
 from services.pg2kafka.postgres import Catalog
 from services.pg2kafka.replication import (
     Identity,
@@ -157,7 +158,8 @@ def start_markers(
 ) -> None:
     """Each table's start marker, with the source the rows are read from."""
     producer = SnapshotProducer(settings, settings.producer.max_inflight_bytes, job.epoch)
-    catalog = Catalog(settings.postgres.conninfo()) if producer.avro is not None else None
+    # A marker carries no column types: an encoding with a schema per table needs its shape.
+    catalog = None if producer.values.writes_json else Catalog(settings.postgres.conninfo())
     transforms = from_settings(settings.transforms)
     try:
         for t in tables:
@@ -212,7 +214,7 @@ def after_source_change(settings: Pg2KafkaSettings, reason: str) -> str:
                     )
                 if slot is None:
                     return "no slot on this server: the initial snapshot reads every table"
-                if settings.producer.format == "debezium":
+                if not output_format(settings).incremental_snapshots:
                     return (
                         "producer.format=debezium has no incremental snapshots: the sinks"
                         " keep the old source's rows this one lacks; to read every table"

@@ -20,16 +20,10 @@ import psycopg
 from psycopg import sql
 
 from services.pg2kafka.changes import EventBuilder, append_only, iso_utc, set_epoch
-from services.pg2kafka.debezium_format import (
-    DebeziumRecords,
-    SnapshotRead,
-    connect_encoder,
-    event_encoder,
-    too_large,
-)
+from services.pg2kafka.debezium_format import DebeziumRecords, SnapshotRead, too_large
+from services.pg2kafka.output import connect_encoder, output_format, reference, value_encoder
 from services.pg2kafka.postgres import Catalog
 from services.pg2kafka.replication import (
-    DEBEZIUM_SESSION_OPTIONS,
     SESSION_OPTIONS,
 )
 from services.pg2kafka.routing import Routing, row_key, table_key
@@ -79,15 +73,16 @@ class SnapshotProducer:
         )
         self.topics = Topics(settings, self.sink)
         self.routing = Routing(settings, StreamTarget.cdc(settings), self.topics.ensure)
-        # producer.encoding=avro: the same per-table schemas as the stream's.
-        self.avro = event_encoder(settings)
+        self.format = output_format(settings)
+        # producer.encoding: JSON, or Avro with the same per-table schemas as the stream's.
+        self.values = value_encoder(settings)
 
     def encode(
         self, topic: str, ev: ChangeEvent | dict[str, Any], shape: Shape | None = None
     ) -> bytes:
         """An event's record value in the producer's encoding (``shape``: see
         :meth:`shared.avro.RegistryEncoder.encode`)."""
-        return orjson.dumps(ev) if self.avro is None else self.avro.encode(topic, ev, shape)
+        return self.values.encode(topic, ev, shape)
 
     def marker(
         self, db: str, schema: str, table: str, version: int, info: SnapshotInfo,
@@ -96,7 +91,7 @@ class SnapshotProducer:
         """A table's start or end marker: under ``primary_key`` keys to every partition
         (the table's rows are spread over all of them), else by the table's key. The
         Debezium format has no such markers: nothing is written."""
-        if self.settings.producer.format == "debezium":
+        if not self.format.table_wide_events:
             return
         ev: ChangeEvent = {"v": EVENT_VERSION, "op": "snapshot", "db": db, "schema": schema,
                            "table": table, "lsn": version, "seq": 0, "commit_lsn": version,
@@ -202,7 +197,7 @@ class Reader:
                 avro=connect_encoder(settings),
                 transforms=self.builder.transforms,
             )
-            if settings.producer.format == "debezium"
+            if producer.format.connect_records
             else None
         )
 
@@ -212,8 +207,7 @@ class Reader:
             with psycopg.connect(
                 self.conninfo,
                 autocommit=True,
-                options=SESSION_OPTIONS
-                + (" " + DEBEZIUM_SESSION_OPTIONS if self.debezium is not None else ""),
+                options=f"{SESSION_OPTIONS} {self.producer.format.session_options}".strip(),
                 application_name=f"pg2kafka-snapshot:{self.job.slot}",
             ) as conn:
                 while not self.control.halted():
@@ -246,7 +240,7 @@ class Reader:
         # Postgres writes the JSON itself on the fast path: never for a table a transform
         # rule touches (its values must pass through the rules).
         transforms = self.builder.transforms
-        fast = (dbz is None and self.producer.avro is None
+        fast = (dbz is None and self.producer.values.writes_json
                 and (transforms is None or not transforms.touches(rel.schema, rel.table))
                 and pg_json_table(rel, self.builder.types))  # fmt: skip
         assert chunk.relation is not None  # the initial snapshot reads page ranges
@@ -308,7 +302,7 @@ class Reader:
                                 else fixed_key
                             )
                             if len(value) + len(key) > limit:
-                                value = oversized(orjson.loads(value), len(value))
+                                value = orjson.dumps(reference(orjson.loads(value), len(value)))
                         elif dbz is not None:
                             assert snap is not None
                             record = dbz.read(rel, values, snap)
@@ -325,7 +319,7 @@ class Reader:
                             value = encode(topic, ev)
                             key = routing.key(ev)
                             if len(value) + len(key) > limit:
-                                value = encode(topic, oversized_event(ev, len(value)))
+                                value = encode(topic, reference(ev, len(value)))
                         try:
                             produce(topic, value, key)
                         except BufferError:
@@ -372,21 +366,6 @@ def snapshot_read(conn: psycopg.Connection[Any], job: Job, version: int) -> Snap
     ).fetchone()
     assert row is not None
     return SnapshotRead(lsn=version + 1, started_us=job.started_us, xid=int(row[0]))
-
-
-def oversized_event(ev: dict[str, Any] | ChangeEvent, size: int) -> dict[str, Any]:
-    """A row too large for its topic travels as a reference without its row (as a
-    change does); consumers dead-letter it with the reason."""
-    ref = {k: v for k, v in ev.items() if k not in ("new", "old")}
-    ref["new"] = None
-    ref["old"] = None
-    ref["oversized"] = size
-    return ref
-
-
-def oversized(ev: dict[str, Any] | ChangeEvent, size: int) -> bytes:
-    """:func:`oversized_event`, as JSON."""
-    return orjson.dumps(oversized_event(ev, size))
 
 
 def close_tables(
