@@ -24,7 +24,7 @@ from services.pg2kafka.metrics import Metrics
 from services.pg2kafka.output import connect_encoder, output_format, reference, value_encoder
 from services.pg2kafka.replication import identify_system
 from services.pg2kafka.routing import Routing, table_key
-from services.pg2kafka.session import ReplicationSession, SlotStream
+from services.pg2kafka.session import HandlerContext, SlotStream
 from services.pg2kafka.settings import Pg2KafkaSettings
 from services.pg2kafka.snapshots.incremental import WATERMARK, Incremental
 from services.pg2kafka.source import SourceLedger
@@ -80,7 +80,7 @@ class CdcHandler:
         # producer.encoding: JSON, or Avro with per-table schemas in the registry.
         self.values = value_encoder(settings)
         self._encode = self.values.encode  # bound once: called per event
-        self._session: ReplicationSession | None = None
+        self._session: HandlerContext | None = None
         self.routing = Routing(settings, target, self._ensure_topic)
         self._keyless_warned: set[str] = set()
         self._limits: dict[str, int] = {}  # topic -> largest key + value it takes
@@ -90,7 +90,7 @@ class CdcHandler:
         # session's type registry and catalog, on the first change.
         self.debezium: DebeziumRecords | None = None
 
-    def handle(self, session: ReplicationSession, lsn: int, msg: pg.Decoded) -> None:
+    def handle(self, session: HandlerContext, lsn: int, msg: pg.Decoded) -> None:
         b = session.builder
         inc = self.incremental
         if isinstance(msg, pg.Message) and msg.prefix in _AUTHORED:
@@ -141,7 +141,7 @@ class CdcHandler:
         tag = str((ev.get("ddl") or {}).get("tag", "")).upper()
         return tag == "CREATE TABLE" or (ev["schema"], ev["table"]) in joined
 
-    def handle_debezium(self, session: ReplicationSession, lsn: int, msg: pg.Decoded) -> None:
+    def handle_debezium(self, session: HandlerContext, lsn: int, msg: pg.Decoded) -> None:
         """The Debezium format: row changes only (its connector's defaults write neither
         truncates nor schema changes); a schema change still re-checks which tables are
         left out for want of an identity."""
@@ -182,7 +182,7 @@ class CdcHandler:
         elif isinstance(msg, pg.Message) and msg.prefix == DDL_PREFIX:
             self.check_keyless(session)
 
-    def check_keyless(self, session: ReplicationSession) -> None:
+    def check_keyless(self, session: HandlerContext) -> None:
         """Count (a gauge) and name (a warning, once per table) the matching tables left
         out of the publication for want of a replica identity: their changes are not
         streamed, and nobody should have to find that out from a sink."""
@@ -202,14 +202,14 @@ class CdcHandler:
             )
         self._keyless_warned = set(tables)
 
-    def housekeeping(self, session: ReplicationSession) -> bool:
+    def housekeeping(self, session: HandlerContext) -> bool:
         if self.incremental is not None:
             self.incremental.housekeeping(session, self)
         if self.ledger is not None:
-            self.ledger.advance(session.source.confirmed_lsn)
+            self.ledger.advance(session.confirmed_lsn)
         return False
 
-    def while_waiting(self, session: ReplicationSession) -> None:
+    def while_waiting(self, session: HandlerContext) -> None:
         pass
 
     def close(self) -> None:
@@ -223,11 +223,11 @@ class CdcHandler:
     def key_for(self, ev: ChangeEvent) -> bytes:
         return self.routing.key(ev)
 
-    def topic_for(self, session: ReplicationSession, ev: ChangeEvent) -> str:
+    def topic_for(self, session: HandlerContext, ev: ChangeEvent) -> str:
         self._session = session
         return self.routing.topic(ev["db"], ev["schema"], ev["table"])
 
-    def send(self, session: ReplicationSession, ev: ChangeEvent) -> None:
+    def send(self, session: HandlerContext, ev: ChangeEvent) -> None:
         if self.epoch:
             set_epoch(ev, self.epoch)
         topic = self.topic_for(session, ev)
@@ -240,9 +240,7 @@ class CdcHandler:
             value = self.reference(session, ev, len(value), topic)
         session.send(Outgoing(topic, key, value), ev["op"])
 
-    def reference(
-        self, session: ReplicationSession, ev: ChangeEvent, size: int, topic: str
-    ) -> bytes:
+    def reference(self, session: HandlerContext, ev: ChangeEvent, size: int, topic: str) -> bytes:
         """A change larger than the topic takes would stop the stream for good (Kafka
         refuses it, and it is first in line again after every restart): in its place goes
         a reference — the same event without its rows, with ``oversized`` = its size —
@@ -260,7 +258,7 @@ class CdcHandler:
         )
         return self._encode(topic, reference(ev, size))
 
-    def send_table_wide(self, session: ReplicationSession, ev: ChangeEvent) -> None:
+    def send_table_wide(self, session: HandlerContext, ev: ChangeEvent) -> None:
         """A truncate or a schema change concerns every row of the table. Under
         primary-key keys the rows spread over every partition, so the event goes to every
         partition: each partition's consumer sees it in order with the rows around it (a

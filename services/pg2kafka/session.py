@@ -85,6 +85,74 @@ class Liveness:
         return made
 
 
+class HandlerContext(Protocol):
+    """What a handler may do with the session it runs in: build events, emit records as
+    part of the open transaction, ask Kafka about a topic, read the catalog, and see
+    what Kafka acknowledged — not move the position itself. The session confirms an LSN
+    to Postgres only past transactions Kafka fully acknowledged (checkpoint last), and
+    no handler can reach past this protocol to change that (mypy holds handlers to it)."""
+
+    @property
+    def builder(self) -> EventBuilder:
+        """The session's event builder (relations, types, the open transaction)."""
+        ...
+
+    @property
+    def catalog(self) -> Catalog:
+        """The session's catalog connection (not the replication connection)."""
+        ...
+
+    @property
+    def metrics(self) -> Metrics: ...
+
+    @property
+    def target(self) -> StreamTarget:
+        """The slot streamed and where its records go."""
+        ...
+
+    @property
+    def confirmed_lsn(self) -> int:
+        """The position last confirmed to Postgres (every record below it acknowledged)."""
+        ...
+
+    @property
+    def transaction(self) -> int:
+        """The open transaction's sequence number (what :meth:`acknowledged` takes)."""
+        ...
+
+    def acknowledged(self, transaction: int) -> bool:
+        """Whether Kafka acknowledged every record of that transaction."""
+        ...
+
+    def stalled_for(self) -> float:
+        """Seconds Kafka has acknowledged nothing while records wait (0: flowing)."""
+        ...
+
+    def send(self, out: Outgoing, op: str) -> None:
+        """One record, part of the open transaction, counted as ``op``."""
+        ...
+
+    def write(self, out: Outgoing) -> None:
+        """One record, part of the open transaction, uncounted (see :meth:`count`)."""
+        ...
+
+    def count(self, op: str, nbytes: int) -> None:
+        """Count one ``op`` of ``nbytes`` (a record written to several partitions)."""
+        ...
+
+    def ensure_topic(self, topic: str) -> int:
+        """The topic's partition count (created when configured to)."""
+        ...
+
+    def value_limit(self, topic: str) -> int:
+        """The largest record (key and value) ``topic`` takes."""
+        ...
+
+    def refresh_partitions(self, topic: str) -> int:
+        """The partition count, asked again (partitions may have been added)."""
+        ...
+
+
 class Handler(Protocol):
     """What a session's messages become.
 
@@ -96,11 +164,11 @@ class Handler(Protocol):
     Kafka. Any of them may raise: the session ends, nothing unacknowledged is confirmed.
     """
 
-    def handle(self, session: ReplicationSession, lsn: int, msg: pg.Decoded) -> None: ...
+    def handle(self, session: HandlerContext, lsn: int, msg: pg.Decoded) -> None: ...
 
-    def housekeeping(self, session: ReplicationSession) -> bool: ...
+    def housekeeping(self, session: HandlerContext) -> bool: ...
 
-    def while_waiting(self, session: ReplicationSession) -> None: ...
+    def while_waiting(self, session: HandlerContext) -> None: ...
 
     def close(self) -> None: ...
 
@@ -268,6 +336,20 @@ class ReplicationSession:
     def count(self, op: str, nbytes: int) -> None:
         self.op_counts[op] = self.op_counts.get(op, 0) + 1
         self.bytes_out += nbytes
+
+    @property
+    def confirmed_lsn(self) -> int:
+        return self.source.confirmed_lsn
+
+    @property
+    def transaction(self) -> int:
+        return self.seq
+
+    def acknowledged(self, transaction: int) -> bool:
+        return self.tracker.is_done(transaction)
+
+    def stalled_for(self) -> float:
+        return self.sink.stalled_for()
 
     def ensure_topic(self, topic: str) -> int:
         """The topic's partition count (see :class:`Topics`)."""

@@ -56,7 +56,7 @@ from services.pg2kafka.event_records import (
 from services.pg2kafka.metrics import Metrics
 from services.pg2kafka.postgres import LeaderLock
 from services.pg2kafka.replication import SlotInvalidatedError
-from services.pg2kafka.session import ReplicationSession, SlotStream
+from services.pg2kafka.session import HandlerContext, SlotStream
 from services.pg2kafka.settings import Pg2KafkaSettings
 from services.pg2kafka.topics import StreamTarget
 from services.pg2kafka.transforms import from_settings
@@ -82,7 +82,7 @@ def next_state(checkpoint: Any, kafka_answers: Callable[[], bool]) -> StreamStat
     return StreamState.REPLAYING if kafka_answers() else StreamState.QUEUEING
 
 
-def _events_row(session: ReplicationSession, msg: pg.Insert) -> dict[str, Any] | None:
+def _events_row(session: HandlerContext, msg: pg.Insert) -> dict[str, Any] | None:
     """The row of an insert into ``_walcast.events``; None for any other table."""
     rel = session.builder.relations.get(msg.relation_oid)
     if rel is None or (rel.schema, rel.table) != ("_walcast", "events"):
@@ -128,13 +128,13 @@ class _EventsHandler:
         self.watermark = SnapshotWatermark()
         self.next_snapshot = 0.0
 
-    def housekeeping(self, session: ReplicationSession) -> bool:
+    def housekeeping(self, session: HandlerContext) -> bool:
         sub = self.settings.subscriptions
         now = time.monotonic()
         if now >= self.next_snapshot:
             self.next_snapshot = now + sub.snapshot_interval_s
             self.watermark.offer(*session.catalog.snapshot_position())
-        delivered = self.watermark.passed(session.source.confirmed_lsn)
+        delivered = self.watermark.passed(session.confirmed_lsn)
         if delivered is not None:
             session.catalog.execute(
                 "UPDATE _walcast.streams SET delivered_snapshot = %s::pg_snapshot,"
@@ -143,7 +143,7 @@ class _EventsHandler:
             )
         return False
 
-    def while_waiting(self, session: ReplicationSession) -> None:
+    def while_waiting(self, session: HandlerContext) -> None:
         pass
 
     def close(self) -> None:
@@ -154,7 +154,7 @@ class LiveEventsHandler(_EventsHandler):
     """LIVE: the stream's event inserts to the events topic; Kafka silent for
     ``failover_after_s`` raises :class:`KafkaUnavailableError`."""
 
-    def handle(self, session: ReplicationSession, lsn: int, msg: pg.Decoded) -> None:
+    def handle(self, session: HandlerContext, lsn: int, msg: pg.Decoded) -> None:
         if not isinstance(msg, pg.Insert):
             return
         row = _events_row(session, msg)
@@ -169,17 +169,17 @@ class LiveEventsHandler(_EventsHandler):
             out = too_large(out, row, session.metrics)
         session.send(out, "event")
 
-    def housekeeping(self, session: ReplicationSession) -> bool:
+    def housekeeping(self, session: HandlerContext) -> bool:
         super().housekeeping(session)
         self.check_kafka(session)
         return False
 
-    def while_waiting(self, session: ReplicationSession) -> None:
+    def while_waiting(self, session: HandlerContext) -> None:
         self.check_kafka(session)
 
-    def check_kafka(self, session: ReplicationSession) -> None:
+    def check_kafka(self, session: HandlerContext) -> None:
         limit = self.settings.subscriptions.failover_after_s
-        stalled = session.sink.stalled_for()
+        stalled = session.stalled_for()
         if stalled > limit:
             raise KafkaUnavailableError(f"no acknowledgement from Kafka for {stalled:.0f}s")
 
@@ -204,7 +204,7 @@ class QueueHandler(_EventsHandler):
     # confirmed writes that part again: at least once, as everywhere).
     MAX_PENDING = 10_000
 
-    def handle(self, session: ReplicationSession, lsn: int, msg: pg.Decoded) -> None:
+    def handle(self, session: HandlerContext, lsn: int, msg: pg.Decoded) -> None:
         if isinstance(msg, pg.Insert):
             row = _events_row(session, msg)
             if row is not None:
@@ -224,7 +224,7 @@ class QueueHandler(_EventsHandler):
         self.queued += len(self.pending)
         self.pending.clear()
 
-    def housekeeping(self, session: ReplicationSession) -> bool:
+    def housekeeping(self, session: HandlerContext) -> bool:
         super().housekeeping(session)
         now = time.monotonic()
         if now < self.next_probe:

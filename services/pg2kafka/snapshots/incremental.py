@@ -70,7 +70,7 @@ from shared.failpoints import failpoint
 
 if TYPE_CHECKING:
     from services.pg2kafka.metrics import Metrics
-    from services.pg2kafka.session import ReplicationSession
+    from services.pg2kafka.session import HandlerContext
 
 log = logging.getLogger(__name__)
 
@@ -88,10 +88,10 @@ class Sender(Protocol):
     the stream's own path, so a row goes out in the stream's order, encoded and routed as
     every change)."""
 
-    def send(self, session: ReplicationSession, ev: ChangeEvent) -> None:
+    def send(self, session: HandlerContext, ev: ChangeEvent) -> None:
         """One event, to its partition (by the configured key)."""
 
-    def send_table_wide(self, session: ReplicationSession, ev: ChangeEvent) -> None:
+    def send_table_wide(self, session: HandlerContext, ev: ChangeEvent) -> None:
         """A whole table's event (a marker), to every partition its rows can be in."""
 
 
@@ -206,7 +206,7 @@ class Incremental:
         self._store().record_floor(self.settings.replication.slot, schema, table, lsn)
 
     def watermark(
-        self, session: ReplicationSession, handler: Sender, lsn: int, msg: pg.Message
+        self, session: HandlerContext, handler: Sender, lsn: int, msg: pg.Message
     ) -> None:
         try:
             mark = orjson.loads(msg.content)
@@ -269,7 +269,7 @@ class Incremental:
             start = read_row_version(self._store().start_version(*table), floor)
             marker = end_marker(self.settings, cid, start, self.table_rows[table])
             handler.send_table_wide(session, marker)
-        self.sent.append((session.seq, read, rows))
+        self.sent.append((session.transaction, read, rows))
         read.outcome = "sent"
         read.taken.set()
         failpoint("incremental.chunk_sent")  # sent, not yet acknowledged nor recorded
@@ -294,7 +294,7 @@ class Incremental:
                  " (updated inside its window without their TOAST values)", chunk.snapshot_id,
                  len(keys), chunk.schema, chunk.table, chunk.chunk, number)  # fmt: skip
 
-    def housekeeping(self, session: ReplicationSession, handler: Sender) -> None:
+    def housekeeping(self, session: HandlerContext, handler: Sender) -> None:
         """Record the chunks Kafka acknowledged (their transaction is confirmable), take
         new requests, keep readers running while there is work. A role that may not use
         the snapshot tables (pg2kafka not run as their owner, or migrations older than
@@ -311,7 +311,7 @@ class Incremental:
                 str(exc).splitlines()[0],
             )
 
-    def _housekeeping(self, session: ReplicationSession, handler: Sender) -> None:
+    def _housekeeping(self, session: HandlerContext, handler: Sender) -> None:
         if not self.floors_loaded:
             store = self._store()
             self.floors = store.floors(self.settings.replication.slot)
@@ -327,7 +327,7 @@ class Incremental:
             store = self._store()
             still = []
             for seq, read, rows in self.sent:
-                if not session.tracker.is_done(seq):
+                if not session.acknowledged(seq):
                     still.append((seq, read, rows))
                     continue
                 c = read.chunk
