@@ -17,7 +17,8 @@ from typing import Any
 
 import pytest
 
-from services.pg2kafka import admin, incremental
+from services.pg2kafka import admin
+from services.pg2kafka.snapshots import incremental
 from tests.integration.conftest import HarnessFactory, data, difference
 
 
