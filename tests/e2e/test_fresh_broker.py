@@ -162,5 +162,10 @@ def request(base: str, path: str, method: str = "GET") -> Any:
 
 
 def count(base: str, alias: str) -> int:
-    answer = request(base, f"/{alias}/_count")
+    try:
+        answer = request(base, f"/{alias}/_count")
+    except urllib.error.HTTPError as exc:
+        if exc.code == 503:  # the index just created, its shard not active yet: none yet
+            return 0
+        raise
     return int(answer["count"]) if answer else 0
