@@ -6,11 +6,12 @@ document, so a redelivery is refused as stale (409) instead of duplicating it.
 
 A batch keeps, per document, only the newest change (highest LSN; on a tie the later
 one): the index ends up the same, the bulk is smaller. An update whose ``unchanged_toast``
-columns were left out takes them from an older change of the same batch when it has them
-(even one that arrives after it: a snapshot's read row); the rest are filled from the
-stored document before writing (``missing_toast``), so an unchanged TOAST value is never
-erased — and what neither had is recorded in the document as unfilled, for an older row
-to fill later (:func:`shared.contract.event.fill_unfilled`).
+columns were left out takes them from the change before it in the batch when it has them;
+the rest are filled from the stored document before writing (``missing_toast``), so an
+unchanged TOAST value is never erased. Only what the stored document lacks too is taken
+from a row at an older version that came after the update (a snapshot's read row, a
+redelivery: ``fallback``), and what none had is recorded in the document as unfilled,
+for an older row to fill later (:func:`shared.contract.event.fill_unfilled`).
 
 This is the service's hot path (every record passes through it), so a row is never
 decoded, nor even copied: the contract's :class:`~shared.contract.event.EventView` keeps
@@ -35,7 +36,7 @@ import orjson
 
 from services.kafka2search.mapping import document_id
 from shared.contract import limits
-from shared.contract.event import EventDecodeError, EventView, fill_unfilled
+from shared.contract.event import EventDecodeError, EventView
 from shared.interfaces import Origin, Rejection
 
 
@@ -79,6 +80,12 @@ class Doc(msgspec.Struct, gc=False):
     # Written at the version the engine holds (``external_gte``): an older row's values
     # filling a held document's unfilled columns (:func:`shared.contract.event.fill_unfilled`).
     fill: bool = False
+    # Values of ``missing_toast`` columns from rows of the batch at an older version that
+    # came after this change (a snapshot's read row, a redelivery): column -> (version,
+    # value). Used only where the stored document lacks the column: the stored one holds
+    # every change before this one (per-key order), an older row may predate some of
+    # them — even the table's re-creation.
+    fallback: dict[str, tuple[int, Any]] | None = None
 
     def row(self) -> dict[str, Any]:
         """The source decoded, and kept so (for merging values into it)."""
@@ -151,10 +158,10 @@ class Batch:
         current = self.docs.get((index, doc_id))
         if current is not None:
             if lsn < current.lsn:
-                # older than what the batch holds: stale — but its values complete a newer
-                # change that lacks unchanged TOAST columns (fill_unfilled)
+                # older than what the batch holds: stale — but its values may complete a
+                # newer change that lacks unchanged TOAST columns (fill_unfilled)
                 if current.missing_toast and source is not None:
-                    self._complete(current, source, missing)
+                    self._complete(current, source, missing, lsn)
                 return None
             if missing and current.source is not None:
                 assert isinstance(source, dict)
@@ -167,21 +174,38 @@ class Batch:
                         source[column] = known[column]
                 # the others are still unknown: the stored document has them
                 missing = tuple(c for c in missing if c not in known)
+                if missing and current.fallback:  # unchanged since: the same fallback
+                    fallback = {c: v for c, v in current.fallback.items() if c in missing}
+                    self.docs[(index, doc_id)] = Doc(
+                        index, doc_id, False, lsn, source, missing, origin,
+                        fallback=fallback or None,
+                    )  # fmt: skip
+                    return None
         delete = source is None
         self.docs[(index, doc_id)] = Doc(index, doc_id, delete, lsn, source, missing, origin)
         return None
 
     @staticmethod
     def _complete(
-        newer: Doc, older: msgspec.Raw | dict[str, Any], older_missing: tuple[str, ...]
+        newer: Doc,
+        older: msgspec.Raw | dict[str, Any],
+        older_missing: tuple[str, ...],
+        older_lsn: int,
     ) -> None:
+        """Keep ``older``'s values of the columns ``newer`` still lacks, as its fallback
+        (the newest older row's value per column): not merged yet, since the stored
+        document may hold a value newer than ``older`` (a redelivered row from before an
+        update, or from before the table was dropped and created again)."""
         try:
             row = _as_dict(older)
-            known = newer.row()
         except orjson.JSONDecodeError:
             return  # the engine refuses the broken one; nothing to take from it
-        newer.missing_toast = tuple(fill_unfilled(known, list(newer.missing_toast), row,
-                                                  list(older_missing)))  # fmt: skip
+        fallback = newer.fallback if newer.fallback is not None else {}
+        for column in newer.missing_toast:
+            usable = column in row and column not in older_missing
+            if usable and (column not in fallback or fallback[column][0] < older_lsn):
+                fallback[column] = (older_lsn, row[column])
+        newer.fallback = fallback or None
 
     def __len__(self) -> int:
         return self.records

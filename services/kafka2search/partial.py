@@ -32,21 +32,28 @@ def _by_index(docs: list[Doc]) -> dict[str, list[Doc]]:
 
 def fill_from_stored(docs: list[Doc], read: Read) -> int:
     """Fill each document's ``missing_toast`` columns from its stored document (one read
-    per index, for the documents that need it). A column the stored document lacks too
-    (it holds no such document, or holds it unfilled) is recorded in the row under
-    :data:`~shared.contract.event.UNFILLED`. Returns how many documents are written
-    with unfilled columns."""
+    per index, for the documents that need it), else from an older row of the batch
+    (``fallback``: the stored document holds every change before the partial one, an
+    older row may not). A column neither has (no such document, or one held unfilled)
+    is recorded in the row under :data:`~shared.contract.event.UNFILLED`. Returns how
+    many documents are written with unfilled columns."""
     unfilled_docs = 0
     for index, group in _by_index([d for d in docs if d.missing_toast]).items():
         stored = read(index, [d.id for d in group], None)
         for d in group:
             held = stored.get(d.id)
             src = held.source if held is not None else {}
+            fallback = d.fallback or {}
             row = d.row()
-            unfilled = [c for c in d.missing_toast if c not in src]
+            unfilled: list[str] = []
             for column in d.missing_toast:
                 if column in src:
                     row[column] = src[column]
+                elif column in fallback:
+                    row[column] = fallback[column][1]
+                else:
+                    unfilled.append(column)
+            d.fallback = None
             if unfilled:
                 row[UNFILLED] = unfilled
                 unfilled_docs += 1

@@ -640,9 +640,42 @@ def test_an_older_full_row_later_in_the_batch_completes_the_newer_partial_one(
         change("insert", 1, 5, new={"id": 1, "name": "read", "bio": "the bio"}),
     )
     assert h.write(batch) == []
-    assert h.engine.mgets == []  # nothing left to read
+    assert h.engine.mgets == [(ALIAS, ["1"])]  # the stored document first: it has none
     assert h.engine.sent() == [("index", "1", 20)]
     assert h.engine.source("1") == {"id": 1, "name": "n1@20", "bio": "the bio"}
+    assert h.metric("unfilled_documents_total") == 0
+
+
+def test_a_redelivered_row_from_before_the_stored_one_does_not_fill_the_update(
+    make: MakeHarness,
+) -> None:
+    """Composition seed 39: the row as inserted before its table was dropped and created
+    again (bio null), redelivered after the update that left bio unchanged, in the same
+    batch. The stored document holds the value of the insert into the new table: that one
+    is the update's, not the redelivered row's."""
+    h = make(stored={ALIAS: {"1": {"id": 1, "name": "new table", "bio": "the bio"}}})
+    batch = batch_of(
+        change("update", 1, 30, unchanged_toast=["bio"]),
+        change("insert", 1, 5, new={"id": 1, "name": "old table", "bio": None}),
+    )
+    assert h.write(batch) == []
+    assert h.engine.source("1") == {"id": 1, "name": "n1@30", "bio": "the bio"}
+
+
+def test_of_several_older_rows_the_newest_fills_what_the_store_lacks(
+    make: MakeHarness,
+) -> None:
+    h = make(stored={})
+    batch = batch_of(
+        change("update", 1, 30, unchanged_toast=["bio"]),
+        change("insert", 1, 5, new={"id": 1, "bio": "oldest"}),
+        change("read", 1, 12, new={"id": 1, "bio": "newest older"}),
+        change("insert", 1, 8, new={"id": 1, "bio": "older"}),
+        change("update", 1, 40, unchanged_toast=["bio"]),  # unchanged since: the same
+    )
+    assert h.write(batch) == []
+    assert h.engine.sent() == [("index", "1", 40)]
+    assert h.engine.source("1") == {"id": 1, "name": "n1@40", "bio": "newest older"}
 
 
 def test_snapshot_rows_wait_for_an_earlier_write_of_partial_rows(make: MakeHarness) -> None:
