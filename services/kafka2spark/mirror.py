@@ -127,6 +127,7 @@ class DeltaMirror:
         self.root = settings.delta.root
         self.on_batch = on_batch
         self._app_id: str | None = None
+        self._last_records = 0  # the last batch's (spark.interpret_below)
         self.tables = DeltaTables(spark, self.root, read_mirrors(self.root))
         self.merger = Merger(spark, self.tables, self._quarantine)
 
@@ -143,6 +144,20 @@ class DeltaMirror:
                 query_id = hashlib.sha256(str(checkpoint.resolve()).encode()).hexdigest()[:16]
             self._app_id = f"walcast-kafka2spark-{query_id}"
         return self._app_id
+
+    def _plans_for(self, records: int, batch_session: SparkSession) -> None:
+        """Compiled or interpreted plans for a batch of ``records`` (``spark.interpret_below``):
+        set in the stream's session, which the batch's DataFrames use, and in the job's,
+        which the MERGEs run in. Keys the user set in ``spark.conf`` are left alone."""
+        below = self.s.spark.interpret_below
+        if not below:
+            return
+        interpret = records < below
+        for key, compiled, interpreted in _CODEGEN:
+            if key in self.s.spark.conf:
+                continue
+            for session in {id(self.spark): self.spark, id(batch_session): batch_session}.values():
+                session.conf.set(key, interpreted if interpret else compiled)
 
     # -- paths ---------------------------------------------------------------------------
 
@@ -171,6 +186,9 @@ class DeltaMirror:
             # Translated before it is cached: the cache holds walcast's events, not the
             # Debezium records (several times larger with their schemas).
             raw = translate(raw, self.s.source.input_format, registry)
+        # Read as the last batch's size asks (batches of a stream are alike; the first
+        # after a start interpreted), the rest as this one's (spark.interpret_below).
+        self._plans_for(self._last_records, df.sparkSession)
         raw = raw.persist()
         try:
             with result.phase("read"):
@@ -187,6 +205,8 @@ class DeltaMirror:
                 if result.offsets:
                     result.records = raw.count()
             if result.offsets:
+                self._last_records = result.records
+                self._plans_for(result.records, df.sparkSession)
                 self._batch(raw, batch_id, result)
         finally:
             raw.unpersist()
@@ -448,6 +468,13 @@ class DeltaMirror:
         result.held[label] = result.held.get(label, 0) + n
 
     # -- table state ---------------------------------------------------------------------
+
+
+# (key, compiled, interpreted): Spark's defaults, and the settings that interpret a plan
+_CODEGEN = (
+    ("spark.sql.codegen.wholeStage", "true", "false"),
+    ("spark.sql.codegen.factoryMode", "FALLBACK", "NO_CODEGEN"),
+)
 
 
 def _table_failure(exc: BaseException) -> bool:

@@ -123,6 +123,14 @@ class SparkSettings(Section):
     start (`spark.jars.packages`); empty: nothing fetched."""
     ui: bool = False
     """Serve the Spark UI."""
+    interpret_below: int = Field(default=20_000, ge=0)
+    """A micro-batch of fewer records than this runs its plans interpreted instead of
+    compiled (`spark.sql.codegen.wholeStage=false` and
+    `spark.sql.codegen.factoryMode=NO_CODEGEN` for that batch): Spark compiles every plan
+    of a batch (a MERGE per table and segment, each with its own literals) to bytecode,
+    seconds of CPU repaid only by many rows. Measured: a 4,884-record batch over four
+    tables 76 s compiled, 55 s interpreted; 200,000 records 51 s compiled, 62 s
+    interpreted. 0: always compiled. Settings of these keys in `conf` win."""
     conf: dict[str, str] = Field(default_factory=dict)
     """Any Spark settings (`spark.*` keys, e.g. `spark.driver.memory`), passed to the
     session as they are after walcast's own, so they take precedence."""
