@@ -23,7 +23,7 @@ from services.pg2kafka.messages import MessageKey
 from services.pg2kafka.metrics import Metrics
 from services.pg2kafka.output import connect_encoder, output_format, reference, value_encoder
 from services.pg2kafka.replication import identify_system
-from services.pg2kafka.routing import Routing, table_key
+from services.pg2kafka.routing import Routing
 from services.pg2kafka.session import HandlerContext, SlotStream
 from services.pg2kafka.settings import Pg2KafkaSettings
 from services.pg2kafka.snapshots.incremental import WATERMARK, Incremental
@@ -75,7 +75,6 @@ class CdcHandler:
         self.epoch = ledger.current.epoch if ledger is not None and ledger.current else 0
         self.target = target
         self.filter = TableFilter(settings.filters.include, settings.filters.exclude)
-        self.mode = settings.producer.partition_key
         self.format = output_format(settings)
         # producer.encoding: JSON, or Avro with per-table schemas in the registry.
         self.values = value_encoder(settings)
@@ -259,23 +258,20 @@ class CdcHandler:
         return self._encode(topic, reference(ev, size))
 
     def send_table_wide(self, session: HandlerContext, ev: ChangeEvent) -> None:
-        """A truncate or a schema change concerns every row of the table. Under
-        primary-key keys the rows spread over every partition, so the event goes to every
-        partition: each partition's consumer sees it in order with the rows around it (a
-        truncate sent to one partition only would, in a consumer reading the others
-        first, remove rows written after it). Sinks apply it once, by its LSN."""
-        if self.mode != "primary_key":
+        """A truncate or a schema change: where :meth:`Routing.table_wide` says."""
+        topic = self.topic_for(session, ev)
+        where = self.routing.table_wide(
+            ev["schema"], ev["table"], lambda: session.refresh_partitions(topic)
+        )
+        if where is None:
             self.send(session, ev)
             return
         if self.epoch:
             set_epoch(ev, self.epoch)
-        key = table_key(ev["schema"], ev["table"])
-        topic = self.topic_for(session, ev)
         value = self._encode(topic, ev)
-        partitions = session.refresh_partitions(topic)  # rare events: ask again
-        for partition in range(partitions):
+        for key, partition in where:
             session.write(Outgoing(topic, key, value, partition=partition))
-        session.count(ev["op"], len(value) * partitions)
+        session.count(ev["op"], len(value) * len(where))
 
 
 class CdcStream(SlotStream):

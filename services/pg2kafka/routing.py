@@ -45,6 +45,21 @@ class Routing:
             return table_key(ev["schema"], ev["table"])
         return row_key(ev["schema"], ev["table"], ev["key"])
 
+    def table_wide(
+        self, schema: str, table: str, partitions: Callable[[], int]
+    ) -> list[tuple[bytes, int]] | None:
+        """Where an event that concerns every row of its table goes (a truncate, a schema
+        change, a snapshot's start or end marker): under ``primary_key`` keys the table's
+        rows are spread over every partition, so to each of them (``partitions()`` asked
+        again: rare events), under the table's key — each partition's consumer meets it
+        in order with the rows around it (a truncate sent to one partition only would,
+        in a consumer reading the others first, remove rows written after it), and sinks
+        apply it once, by its LSN. None: like the table's other events, by :meth:`key`."""
+        if self.mode != "primary_key":
+            return None
+        key = table_key(schema, table)
+        return [(key, partition) for partition in range(partitions())]
+
     def topic(self, db: str, schema: str, table: str) -> str:
         if self.template is None:
             return self.topic_name

@@ -88,8 +88,7 @@ class SnapshotProducer:
         self, db: str, schema: str, table: str, version: int, info: SnapshotInfo,
         shape: Shape | None = None,
     ) -> None:  # fmt: skip
-        """A table's start or end marker: under ``primary_key`` keys to every partition
-        (the table's rows are spread over all of them), else by the table's key. The
+        """A table's start or end marker, where :meth:`Routing.table_wide` says. The
         Debezium format has no such markers: nothing is written."""
         if not self.format.table_wide_events:
             return
@@ -101,11 +100,11 @@ class SnapshotProducer:
             ev["epoch"] = self.epoch
         topic = self.routing.topic(db, schema, table)
         value = self.encode(topic, ev, shape)
-        if self.routing.mode == "primary_key":
-            for partition in range(self.topics.refresh(topic)):
-                self.sink.write(topic, value, table_key(schema, table), partition)
-        else:
+        where = self.routing.table_wide(schema, table, lambda: self.topics.refresh(topic))
+        if where is None:
             self.sink.write(topic, value, self.routing.key(ev))
+        for key, partition in where or ():
+            self.sink.write(topic, value, key, partition)
 
     def flush(self) -> None:
         self.sink.flush(self.settings.producer.delivery_timeout_ms / 1000 + 30)
