@@ -113,9 +113,11 @@ class Merger:
         if not key and not appending:
             log.warning("%s has no primary key or replica identity: not mirrored", name)
             return 0
+        fresh = False  # created for these rows: nothing in it to match
         if not self.tables.exists(path):
             # sorted: which case twin keeps the plain name must not depend on the batch
             self.tables.create(path, name, {c: types[c][0] for c in sorted(types)}, key, appending)
+            fresh = True
         elif appending:
             append_only.ensure_column(self.spark, path)
         current = self.tables.columns(path)
@@ -196,41 +198,48 @@ class Merger:
             *[f"{W_KAFKA}{c}" for c in _KAFKA_FIELDS],
         ).persist()
         try:
-            if temporal:
-                (n,) = src.agg(F.sum(W_BEYOND)).first() or (0,)
-                if n:
-                    self.beyond[name] = self.beyond.get(name, 0) + int(n)
-                    log.warning(
-                        "%s: %d date/time values outside years 1..9999 stored as NULL (the"
-                        " changelog keeps the exact text)",
-                        name,
-                        n,
-                    )
-            # A value Spark cannot convert to the column's type is not merged as null: the
-            # change goes to the quarantine with the reason, the rest of the batch goes on.
-            corrupt = src.where(F.col(CORRUPT).isNotNull()).select(
-                F.col(f"{W_KAFKA}kafka_key").alias("key"),
-                F.col(f"{W_KAFKA}kafka_value").alias("value"),
-                F.concat(
-                    F.lit(f"a value does not fit the column types of {name}: "), F.col(CORRUPT)
-                ).alias("reason"),
-                *[F.col(f"{W_KAFKA}{c}").alias(c) for c in ("topic", "partition", "offset")],
-                F.col(f"{W_KAFKA}kafka_ts").alias("kafka_ts"),
-            )
-            app = f"values-{path.name}-{segment}{'-appended' if appending else ''}"
-            self.quarantine(corrupt, batch_id, app)
+            # One pass for both counts: values beyond years 1..9999, values that fit no type.
+            n, corrupt_n = src.agg(F.sum(W_BEYOND), F.count(CORRUPT)).first() or (0, 0)
+            if n:
+                self.beyond[name] = self.beyond.get(name, 0) + int(n)
+                log.warning(
+                    "%s: %d date/time values outside years 1..9999 stored as NULL (the"
+                    " changelog keeps the exact text)",
+                    name,
+                    n,
+                )
+            if corrupt_n:
+                # A value Spark cannot convert to the column's type is not merged as null:
+                # the change goes to the quarantine with the reason, the rest goes on.
+                corrupt = src.where(F.col(CORRUPT).isNotNull()).select(
+                    F.col(f"{W_KAFKA}kafka_key").alias("key"),
+                    F.col(f"{W_KAFKA}kafka_value").alias("value"),
+                    F.concat(
+                        F.lit(f"a value does not fit the column types of {name}: "),
+                        F.col(CORRUPT),
+                    ).alias("reason"),
+                    *[F.col(f"{W_KAFKA}{c}").alias(c) for c in ("topic", "partition", "offset")],
+                    F.col(f"{W_KAFKA}kafka_ts").alias("kafka_ts"),
+                )
+                app = f"values-{path.name}-{segment}{'-appended' if appending else ''}"
+                self.quarantine(corrupt, batch_id, app)
             good = src.where(F.col(CORRUPT).isNull())
             if appending:
                 return append_only.append_rows(self.spark, path, good, names)
-            return self.merge_good(path, good, names, key)
+            return self.merge_good(path, good, names, key, fresh)
         finally:
             src.unpersist()
 
-    def merge_good(self, path: Path, src: DataFrame, names: dict[str, str], key: list[str]) -> int:
+    def merge_good(
+        self, path: Path, src: DataFrame, names: dict[str, str], key: list[str], fresh: bool
+    ) -> int:
         """Newest change per key; each column from the newest change that supplied it
         (an update leaves out unchanged TOAST values, and a change older than a DDL lacks
         the columns it added), else the stored value. ``names``: Postgres name → mirror
-        name of every column."""
+        name of every column. ``fresh``: the mirror was created for these rows — the
+        MERGE would only insert, so they are appended (a fraction of a MERGE's work: no
+        join, no source materialised twice); a batch run again finds the mirror there
+        and MERGEs, which changes nothing."""
         from delta.tables import DeltaTable
 
         columns = list(names)
@@ -286,6 +295,17 @@ class Merger:
                     f"ALTER TABLE delta.{quote(str(path))} ADD COLUMNS ({UNFILLED} array<string>)"
                 )
                 table, unfilled = DeltaTable.forPath(self.spark, str(path)), True
+            if fresh:
+                src.where(F.col(W_OP) != "delete").select(
+                    *[F.col(mq(c)) for c in columns],
+                    F.col(W_LSN).alias(LSN),
+                    *(
+                        [F.expr(f"nullif({W_UNFILLED}, array())").alias(UNFILLED)]
+                        if unfilled
+                        else []
+                    ),
+                ).write.format("delta").mode("append").save(str(path))
+                return int(src.count())
             # Null-safe: under REPLICA IDENTITY FULL without a primary key, the key is
             # every column, and a NULL value must still match its row.
             on = " AND ".join(f"t.{mq(k)} <=> s.{mq(k)}" for k in key)
