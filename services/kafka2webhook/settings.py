@@ -180,9 +180,17 @@ class DeliverySettings(Section):
     parallel_keys: int = Field(default=8, ge=1, le=256)
     """Lanes delivering at once per endpoint (1 to 256), keys spread over them: the events
     of one key go through one lane, one after another."""
-    signature_tolerance_s: int = Field(default=300, ge=1)
-    """Not used by kafka2webhook: no header carries it and nothing checks it. Meant as the
-    replay tolerance in seconds that receivers apply, refusing older signatures."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _removed(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "signature_tolerance_s" in data:
+            raise ValueError(
+                "delivery.signature_tolerance_s was removed: kafka2webhook never used it."
+                " The replay tolerance is the receiver's to choose when it verifies a"
+                ' signature (docs/kafka2webhook.md, "What a receiver gets"); delete the key'
+            )
+        return data
 
     @model_validator(mode="after")
     def _backoff(self) -> DeliverySettings:

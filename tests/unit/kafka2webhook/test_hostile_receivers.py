@@ -304,3 +304,10 @@ def test_headers_urls_and_the_deadline_are_validated_at_start_up() -> None:
             settings_with(secret, **endpoint)
     with pytest.raises(ConfigError, match="timeout_s"):
         load_settings(Kafka2WebhookSettings, delivery={"timeout_s": 60, "give_up_after_s": 30})
+
+
+def test_the_removed_signature_tolerance_says_so() -> None:
+    """It never did anything (receivers choose their own tolerance): a config that still
+    sets it is told why it must go, not just that the key is unknown."""
+    with pytest.raises(ConfigError, match=r"signature_tolerance_s was removed.*receiver"):
+        load_settings(Kafka2WebhookSettings, delivery={"signature_tolerance_s": 300})
