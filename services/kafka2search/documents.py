@@ -139,6 +139,7 @@ class Batch:
         lsn: int = ev.version()  # the epoch before the LSN (a new source)
         source: msgspec.Raw | dict[str, Any] | None = None
         missing: tuple[str, ...] = ()
+        fallback: dict[str, tuple[int, Any]] | None = None
         if ev.op != "delete":
             source = ev.new
             toast = ev.unchanged_toast
@@ -176,13 +177,10 @@ class Batch:
                 missing = tuple(c for c in missing if c not in known)
                 if missing and current.fallback:  # unchanged since: the same fallback
                     fallback = {c: v for c, v in current.fallback.items() if c in missing}
-                    self.docs[(index, doc_id)] = Doc(
-                        index, doc_id, False, lsn, source, missing, origin,
-                        fallback=fallback or None,
-                    )  # fmt: skip
-                    return None
         delete = source is None
-        self.docs[(index, doc_id)] = Doc(index, doc_id, delete, lsn, source, missing, origin)
+        self.docs[(index, doc_id)] = Doc(
+            index, doc_id, delete, lsn, source, missing, origin, fallback=fallback or None
+        )
         return None
 
     @staticmethod
