@@ -140,7 +140,7 @@ def _stream_dispatch() -> tuple[Callable[[int, Any], None], Any]:
         kafka={"bootstrap_servers": "127.0.0.1:1"},
     )  # fmt: skip
     try:
-        from services.pg2kafka.cdc import CdcHandler
+        import services.pg2kafka.cdc as cdc
         from services.pg2kafka.metrics import Metrics
         from services.pg2kafka.session import Liveness, ReplicationSession
         from services.pg2kafka.topics import StreamTarget
@@ -149,7 +149,8 @@ def _stream_dispatch() -> tuple[Callable[[int, Any], None], Any]:
         session = ReplicationSession(
             settings, target, Metrics(CollectorRegistry()), threading.Event(), Liveness()
         )
-        handler = CdcHandler(settings, target)
+        # cdc_handler: the format's handler (before it, one CdcHandler for every format)
+        handler = getattr(cdc, "cdc_handler", cdc.CdcHandler)(settings, target)
         session.sink.close()
         session.sink = _NullSink()  # type: ignore[assignment]
         # The topic as if learnt from Kafka at start-up (no broker here).

@@ -1,15 +1,18 @@
 """The CDC stream: every change of the published tables as a change event, keyed and
 routed (``producer.partition_key``, ``producer.topic_template``), DDL in-stream.
 
-:class:`CdcHandler` turns a session's messages into events (the builder in
-:mod:`services.pg2kafka.changes`, the table filter, keys, topics); :class:`CdcStream`
-runs sessions of it until stopped, reconnecting with the configured backoff.
+:class:`CdcHandler` turns a session's messages into the output format's records — walcast's
+events (:class:`WalcastCdc`: the builder in :mod:`services.pg2kafka.changes`, keys, topics)
+or Debezium's (:class:`DebeziumCdc`) — for the tables the filter lets through;
+:class:`CdcStream` runs sessions of it until stopped, reconnecting with the configured
+backoff.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+from abc import ABC, abstractmethod
 from dataclasses import replace
 
 import orjson
@@ -17,11 +20,11 @@ import psycopg
 
 from services.pg2kafka import pgoutput as pg
 from services.pg2kafka.changes import set_epoch
-from services.pg2kafka.debezium_format import DebeziumRecords, too_large
+from services.pg2kafka.debezium_format import DebeziumRecords
 from services.pg2kafka.filters import TableFilter
 from services.pg2kafka.messages import MessageKey
 from services.pg2kafka.metrics import Metrics
-from services.pg2kafka.output import connect_encoder, output_format, reference, value_encoder
+from services.pg2kafka.output import Oversized, connect_encoder, output_format, value_encoder
 from services.pg2kafka.replication import identify_system
 from services.pg2kafka.routing import Routing
 from services.pg2kafka.session import HandlerContext, SlotStream
@@ -33,7 +36,6 @@ from services.pg2kafka.transforms import check_database, from_settings
 from shared.contract.event import ChangeEvent
 from shared.errors import PermanentError
 from shared.kafka import Outgoing
-from shared.logs import SampledLog
 
 log = logging.getLogger(__name__)
 
@@ -53,9 +55,12 @@ def joined_tables(content: bytes) -> frozenset[tuple[str, str]]:
         return frozenset()  # the builder reports a malformed message
 
 
-class CdcHandler:
-    """Change events of the tables the filter lets through. One per session: it caches
-    keys and topics the session's Kafka sink was told about."""
+class CdcHandler(ABC):
+    """The stream's messages as records of the output format, for the tables the filter
+    lets through: :class:`WalcastCdc` or :class:`DebeziumCdc`, chosen once by
+    :func:`cdc_handler`. One per session: it caches the topics' limits the session's Kafka
+    sink was told about. What both formats share lives here: which logical messages are
+    walcast's own (signed), and which tables are left out for want of an identity."""
 
     def __init__(
         self,
@@ -71,115 +76,36 @@ class CdcHandler:
         # Only messages walcast signed move snapshot windows or become DDL events
         # (services/pg2kafka/messages.py); without a key, none does.
         self.messages = messages if messages is not None else MessageKey(None)
-        # The source's epoch (services/pg2kafka/source.py): on every event from 1 on.
-        self.epoch = ledger.current.epoch if ledger is not None and ledger.current else 0
         self.target = target
         self.filter = TableFilter(settings.filters.include, settings.filters.exclude)
-        self.format = output_format(settings)
-        # producer.encoding: JSON, or Avro with per-table schemas in the registry.
-        self.values = value_encoder(settings)
-        self._encode = self.values.encode  # bound once: called per event
-        self._session: HandlerContext | None = None
-        self.routing = Routing(settings, target, self._ensure_topic)
         self._keyless_warned: set[str] = set()
         self._limits: dict[str, int] = {}  # topic -> largest key + value it takes
-        self._oversized_log = SampledLog(log, "oversized changes")
-        # producer.format=debezium: rows become Debezium records; truncates and schema
-        # changes are not written (services/pg2kafka/debezium_format.py). Made with the
-        # session's type registry and catalog, on the first change.
-        self.debezium: DebeziumRecords | None = None
 
+    @abstractmethod
     def handle(self, session: HandlerContext, lsn: int, msg: pg.Decoded) -> None:
-        b = session.builder
-        inc = self.incremental
-        if isinstance(msg, pg.Message) and msg.prefix in _AUTHORED:
-            body = self.messages.open(msg, lsn, b.txn.xid if b.txn is not None else None)
-            if body is None:
-                session.metrics.unauthenticated_messages.inc()
-                return
-            msg = replace(msg, content=body)
-        if self.format.connect_records:
-            self.handle_debezium(session, lsn, msg)
-            return
-        if isinstance(msg, (pg.Insert, pg.Update, pg.Delete)):
-            for ev in b.change(msg, lsn):
-                if self.filter.matches(ev["schema"], ev["table"]):
-                    self.send(session, ev)
-                    if inc is not None and inc.window_tables:
-                        inc.changed(ev)
-        elif isinstance(msg, pg.Truncate):
-            for ev in b.truncate(msg, lsn):
-                if self.filter.matches(ev["schema"], ev["table"]):
-                    self.send_table_wide(session, ev)
-                    if inc is not None:
-                        inc.floor(ev["schema"], ev["table"], lsn)
-        elif isinstance(msg, pg.Message) and msg.prefix == WATERMARK:
-            if inc is not None and msg.transactional and b.txn is not None:
-                inc.watermark(session, self, lsn, msg)
-        elif isinstance(msg, pg.Message) and msg.prefix == DDL_PREFIX:
-            if not msg.transactional or b.txn is None:
-                log.warning("ignoring a non-transactional DDL message at %s", pg.format_lsn(lsn))
-                return
-            joined = joined_tables(msg.content)
-            for ev in b.ddl(msg, lsn):
-                if self.filter.matches(ev["schema"], ev["table"]):
-                    self.send_table_wide(session, ev)
-                    if inc is not None and self.table_level(ev, joined):
-                        inc.floor(ev["schema"], ev["table"], lsn)
-            self.check_keyless(session)  # a table may have gained or lost its identity
-        # Commits, heartbeats, other logical messages and Origin only move the position.
+        """One message of the session's transaction, in WAL order: its records sent
+        through ``session`` (part of the open transaction; the session confirms nothing
+        Kafka has not acknowledged)."""
 
-    @staticmethod
-    def table_level(ev: ChangeEvent, joined: frozenset[tuple[str, str]]) -> bool:
-        """Whether a DDL event is a table-level position sinks order rows against (its
-        floor, shared.contract.event.read_row_version): the table created (again), or a
-        table that joined the publication in this statement (gained a key, as an
-        insert-only table does: the rows it appended all lie below, and the snapshot that
-        follows — its rows and end marker above — replaces them). The trigger says which
-        tables joined (V018), so a restart in between changes nothing."""
-        tag = str((ev.get("ddl") or {}).get("tag", "")).upper()
-        return tag == "CREATE TABLE" or (ev["schema"], ev["table"]) in joined
-
-    def handle_debezium(self, session: HandlerContext, lsn: int, msg: pg.Decoded) -> None:
-        """The Debezium format: row changes only (its connector's defaults write neither
-        truncates nor schema changes); a schema change still re-checks which tables are
-        left out for want of an identity."""
+    def opened(self, session: HandlerContext, lsn: int, msg: pg.Message) -> pg.Message | None:
+        """A message with one of walcast's prefixes, its body checked against its
+        signature; None (counted) when walcast did not sign it. Other messages as they
+        are."""
+        if msg.prefix not in _AUTHORED:
+            return msg
         b = session.builder
-        if isinstance(msg, (pg.Insert, pg.Update, pg.Delete)):
-            rel = b.relations.get(msg.relation_oid)
-            if rel is None:
-                raise PermanentError(
-                    f"pgoutput protocol: change for relation {msg.relation_oid} before its"
-                    " Relation message"
-                )
-            if not self.filter.matches(rel.schema, rel.table) or b.txn is None:
-                return
-            records = self.debezium
-            if records is None:
-                records = self.debezium = DebeziumRecords(
-                    self.settings.debezium,
-                    self.settings.postgres.database,
-                    b.types,
-                    session.catalog.not_null,
-                    session.catalog.primary_key,
-                    avro=connect_encoder(self.settings),
-                    transforms=from_settings(self.settings.transforms),
-                )
-            for r in records.change(rel, msg, b.txn, lsn):
-                limit = self._limits.get(r.topic)
-                if limit is None:
-                    session.ensure_topic(r.topic)
-                    limit = self._limits[r.topic] = session.value_limit(r.topic)
-                size = len(r.value or b"") + len(r.key or b"")
-                if size > limit:
-                    where = f"a change of {rel.schema}.{rel.table} at LSN {pg.format_lsn(lsn)}"
-                    raise too_large(where, r.topic, size, limit)
-                session.send(Outgoing(r.topic, r.key, r.value), r.op)
-        elif isinstance(msg, pg.Commit):
-            if self.debezium is not None:
-                self.debezium.last_commit_lsn = msg.commit_lsn
-        elif isinstance(msg, pg.Message) and msg.prefix == DDL_PREFIX:
-            self.check_keyless(session)
+        body = self.messages.open(msg, lsn, b.txn.xid if b.txn is not None else None)
+        if body is None:
+            session.metrics.unauthenticated_messages.inc()
+            return None
+        return replace(msg, content=body)
+
+    def limit(self, session: HandlerContext, topic: str) -> int:
+        """The largest record (key and value) ``topic`` takes, asked once per session."""
+        limit = self._limits.get(topic)
+        if limit is None:
+            limit = self._limits[topic] = session.value_limit(topic)
+        return limit
 
     def check_keyless(self, session: HandlerContext) -> None:
         """Count (a gauge) and name (a warning, once per table) the matching tables left
@@ -202,14 +128,99 @@ class CdcHandler:
         self._keyless_warned = set(tables)
 
     def housekeeping(self, session: HandlerContext) -> bool:
-        if self.incremental is not None:
-            self.incremental.housekeeping(session, self)
+        """Between messages: the source's ledger follows the confirmed position."""
         if self.ledger is not None:
             self.ledger.advance(session.confirmed_lsn)
         return False
 
     def while_waiting(self, session: HandlerContext) -> None:
-        pass
+        """Nothing to do while Kafka catches up."""
+        return None
+
+    def close(self) -> None:
+        """Nothing of the session's to let go of."""
+        return None
+
+
+class WalcastCdc(CdcHandler):
+    """walcast's change events (docs/events.md): row changes keyed and routed
+    (``producer.partition_key``, ``producer.topic_template``), truncates and DDL as
+    table-wide events, incremental snapshots' windows moved by their watermarks — and the
+    path an incremental snapshot sends its rows and markers through (its ``Sender``)."""
+
+    def __init__(
+        self,
+        settings: Pg2KafkaSettings,
+        target: StreamTarget,
+        incremental: Incremental | None = None,
+        ledger: SourceLedger | None = None,
+        messages: MessageKey | None = None,
+    ) -> None:
+        super().__init__(settings, target, incremental, ledger, messages)
+        # The source's epoch (services/pg2kafka/source.py): on every event from 1 on.
+        self.epoch = ledger.current.epoch if ledger is not None and ledger.current else 0
+        # producer.encoding: JSON, or Avro with per-table schemas in the registry.
+        self.values = value_encoder(settings)
+        self._encode = self.values.encode  # bound once: called per event
+        self._session: HandlerContext | None = None
+        self.routing = Routing(settings, target, self._ensure_topic)
+        self.oversized: Oversized | None = None  # made with the session's metrics
+
+    def handle(self, session: HandlerContext, lsn: int, msg: pg.Decoded) -> None:
+        b = session.builder
+        inc = self.incremental
+        if isinstance(msg, (pg.Insert, pg.Update, pg.Delete)):
+            for ev in b.change(msg, lsn):
+                if self.filter.matches(ev["schema"], ev["table"]):
+                    self.send(session, ev)
+                    if inc is not None and inc.window_tables:
+                        inc.changed(ev)
+        elif isinstance(msg, pg.Truncate):
+            for ev in b.truncate(msg, lsn):
+                if self.filter.matches(ev["schema"], ev["table"]):
+                    self.send_table_wide(session, ev)
+                    if inc is not None:
+                        inc.floor(ev["schema"], ev["table"], lsn)
+        elif isinstance(msg, pg.Message):
+            opened = self.opened(session, lsn, msg)
+            if opened is None:
+                return
+            if opened.prefix == WATERMARK:
+                if inc is not None and opened.transactional and b.txn is not None:
+                    inc.watermark(session, self, lsn, opened)
+            elif opened.prefix == DDL_PREFIX:
+                self.ddl(session, lsn, opened)
+        # Commits, heartbeats, other logical messages and Origin only move the position.
+
+    def ddl(self, session: HandlerContext, lsn: int, msg: pg.Message) -> None:
+        b = session.builder
+        inc = self.incremental
+        if not msg.transactional or b.txn is None:
+            log.warning("ignoring a non-transactional DDL message at %s", pg.format_lsn(lsn))
+            return
+        joined = joined_tables(msg.content)
+        for ev in b.ddl(msg, lsn):
+            if self.filter.matches(ev["schema"], ev["table"]):
+                self.send_table_wide(session, ev)
+                if inc is not None and self.table_level(ev, joined):
+                    inc.floor(ev["schema"], ev["table"], lsn)
+        self.check_keyless(session)  # a table may have gained or lost its identity
+
+    @staticmethod
+    def table_level(ev: ChangeEvent, joined: frozenset[tuple[str, str]]) -> bool:
+        """Whether a DDL event is a table-level position sinks order rows against (its
+        floor, shared.contract.event.read_row_version): the table created (again), or a
+        table that joined the publication in this statement (gained a key, as an
+        insert-only table does: the rows it appended all lie below, and the snapshot that
+        follows — its rows and end marker above — replaces them). The trigger says which
+        tables joined (V018), so a restart in between changes nothing."""
+        tag = str((ev.get("ddl") or {}).get("tag", "")).upper()
+        return tag == "CREATE TABLE" or (ev["schema"], ev["table"]) in joined
+
+    def housekeeping(self, session: HandlerContext) -> bool:
+        if self.incremental is not None:
+            self.incremental.housekeeping(session, self)
+        return super().housekeeping(session)
 
     def close(self) -> None:
         if self.incremental is not None:
@@ -232,30 +243,12 @@ class CdcHandler:
         topic = self.topic_for(session, ev)
         value = self._encode(topic, ev)
         key = self.key_for(ev)
-        limit = self._limits.get(topic)
-        if limit is None:
-            limit = self._limits[topic] = session.value_limit(topic)
-        if len(value) + len(key) > limit:
-            value = self.reference(session, ev, len(value), topic)
+        if len(value) + len(key) > self.limit(session, topic):
+            oversized = self.oversized
+            if oversized is None:
+                oversized = self.oversized = Oversized(self.values, session.metrics.oversized.inc)
+            value = oversized.event(topic, ev, len(value))
         session.send(Outgoing(topic, key, value), ev["op"])
-
-    def reference(self, session: HandlerContext, ev: ChangeEvent, size: int, topic: str) -> bytes:
-        """A change larger than the topic takes would stop the stream for good (Kafka
-        refuses it, and it is first in line again after every restart): in its place goes
-        a reference — the same event without its rows, with ``oversized`` = its size —
-        which consumers dead-letter with that reason. Counted and logged, never a stop."""
-        session.metrics.oversized.inc()
-        self._oversized_log.warning(
-            f"{ev.get('schema')}.{ev.get('table')}",
-            "a change of %s.%s (key %.200s, LSN %s) is %d bytes, more than its topic takes:"
-            " sent as a reference without its rows",
-            ev.get("schema"),
-            ev.get("table"),
-            orjson.dumps(ev.get("key")).decode(),
-            ev.get("lsn"),
-            size,
-        )
-        return self._encode(topic, reference(ev, size))
 
     def send_table_wide(self, session: HandlerContext, ev: ChangeEvent) -> None:
         """A truncate or a schema change: where :meth:`Routing.table_wide` says."""
@@ -272,6 +265,77 @@ class CdcHandler:
         for key, partition in where:
             session.write(Outgoing(topic, key, value, partition=partition))
         session.count(ev["op"], len(value) * len(where))
+
+
+class DebeziumCdc(CdcHandler):
+    """The Debezium connector's records (services/pg2kafka/debezium_format.py): row
+    changes only (its connector's defaults write neither truncates nor schema changes); a
+    schema change still re-checks which tables are left out for want of an identity."""
+
+    def __init__(
+        self,
+        settings: Pg2KafkaSettings,
+        target: StreamTarget,
+        incremental: Incremental | None = None,
+        ledger: SourceLedger | None = None,
+        messages: MessageKey | None = None,
+    ) -> None:
+        super().__init__(settings, target, incremental, ledger, messages)
+        # Made with the session's type registry and catalog, on the first change.
+        self.records: DebeziumRecords | None = None
+
+    def handle(self, session: HandlerContext, lsn: int, msg: pg.Decoded) -> None:
+        b = session.builder
+        if isinstance(msg, (pg.Insert, pg.Update, pg.Delete)):
+            rel = b.relations.get(msg.relation_oid)
+            if rel is None:
+                raise PermanentError(
+                    f"pgoutput protocol: change for relation {msg.relation_oid} before its"
+                    " Relation message"
+                )
+            if not self.filter.matches(rel.schema, rel.table) or b.txn is None:
+                return
+            for r in self._records(session).change(rel, msg, b.txn, lsn):
+                if r.topic not in self._limits:
+                    session.ensure_topic(r.topic)
+                size = len(r.value or b"") + len(r.key or b"")
+                limit = self.limit(session, r.topic)
+                if size > limit:
+                    where = f"a change of {rel.schema}.{rel.table} at LSN {pg.format_lsn(lsn)}"
+                    raise Oversized.record(where, r.topic, size, limit)
+                session.send(Outgoing(r.topic, r.key, r.value), r.op)
+        elif isinstance(msg, pg.Commit):
+            if self.records is not None:
+                self.records.last_commit_lsn = msg.commit_lsn
+        elif isinstance(msg, pg.Message):
+            opened = self.opened(session, lsn, msg)
+            if opened is not None and opened.prefix == DDL_PREFIX:
+                self.check_keyless(session)
+
+    def _records(self, session: HandlerContext) -> DebeziumRecords:
+        if self.records is None:
+            self.records = DebeziumRecords(
+                self.settings.debezium,
+                self.settings.postgres.database,
+                session.builder.types,
+                session.catalog.not_null,
+                session.catalog.primary_key,
+                avro=connect_encoder(self.settings),
+                transforms=from_settings(self.settings.transforms),
+            )
+        return self.records
+
+
+def cdc_handler(
+    settings: Pg2KafkaSettings,
+    target: StreamTarget,
+    incremental: Incremental | None = None,
+    ledger: SourceLedger | None = None,
+    messages: MessageKey | None = None,
+) -> CdcHandler:
+    """The handler of ``producer.format``'s records."""
+    kind = DebeziumCdc if output_format(settings).connect_records else WalcastCdc
+    return kind(settings, target, incremental, ledger, messages)
 
 
 class CdcStream(SlotStream):
@@ -339,7 +403,7 @@ class CdcStream(SlotStream):
             with psycopg.connect(s.postgres.conninfo(), autocommit=True) as conn:
                 messages = MessageKey.load(conn)
             session = self.session(leader)
-            handler = CdcHandler(self.settings, self.target, self.incremental, ledger, messages)
+            handler = cdc_handler(self.settings, self.target, self.incremental, ledger, messages)
             handler.check_keyless(session)
             session.run(handler)
         finally:

@@ -29,7 +29,6 @@ from services.pg2kafka.settings import DebeziumSettings
 from services.pg2kafka.transforms import Transforms, unique_key
 from services.pg2kafka.types import TypeRegistry
 from shared.avro import ConnectRegistryEncoder
-from shared.errors import PermanentError
 from shared.formats import debezium
 
 VERSION = "walcast-0.1.0"
@@ -73,7 +72,7 @@ class Record:
 class SnapshotRead:
     """What the ``source`` of a snapshot's records says: ``lsn`` below every change
     streamed after the snapshot (walcast: the slot's restart position; the connector
-    writes its consistent point, see services/pg2kafka/snapshots/readers.py ``snapshot_read``),
+    writes its consistent point, see services/pg2kafka/snapshots/rows.py ``snapshot_read``),
     ``started_us`` when the snapshot began (the same on every record of a run), ``xid``
     the reading transaction (walcast: the first transaction id its snapshot does not
     see)."""
@@ -264,16 +263,6 @@ class DebeziumRecords:
         if self.settings.tombstones and key is not None:
             out.append(Record(t.topic, key, None, "tombstone"))
         return out
-
-
-def too_large(what: str, topic: str, size: int, limit: int) -> PermanentError:
-    """The Debezium envelope has no place for walcast's reference to an oversized change:
-    stop with what to fix rather than loop on a record Kafka refuses."""
-    return PermanentError(
-        f"{what} is {size} bytes, more than topic {topic} takes ({limit})",
-        hint="raise the topic's max.message.bytes (and producer.max_message_bytes), then"
-        " restart: pg2kafka resumes where it stopped",
-    )
 
 
 def _unavailable(col: _Column) -> Any:

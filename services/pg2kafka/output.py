@@ -17,13 +17,17 @@ itself may be the value, on the initial snapshot's fast path) or ``avro`` (per-t
 schemas in the registry, :mod:`shared.avro`). The Debezium format encodes its own records
 (:func:`connect_encoder`).
 
+A record larger than its topic takes follows its format's rule, :class:`Oversized`: one
+place for the stream and the snapshots.
+
 The settings model validates what a format does not cover yet (its own start-up check);
 everything else asks :func:`output_format`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import logging
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -32,6 +36,10 @@ import orjson
 from services.pg2kafka.replication import DEBEZIUM_SESSION_OPTIONS
 from services.pg2kafka.settings import Pg2KafkaSettings
 from shared.avro import ConnectRegistryEncoder, RegistryEncoder, Shape
+from shared.errors import PermanentError
+from shared.logs import SampledLog
+
+log = logging.getLogger(__name__)
 
 # Fields a reference leaves out: the rows (and which of their values were unchanged).
 _ROWS = frozenset({"new", "old", "unchanged_toast"})
@@ -147,3 +155,53 @@ def reference(ev: Mapping[str, Any], size: int) -> dict[str, Any]:
     ref["old"] = None
     ref["oversized"] = size
     return ref
+
+
+def too_large(what: str, topic: str, size: int, limit: int) -> PermanentError:
+    """What stops a producer whose format has no reference for a record too large for its
+    topic (Debezium's envelope has no place for one): the operator's fix, rather than a
+    loop on a record Kafka refuses."""
+    return PermanentError(
+        f"{what} is {size} bytes, more than topic {topic} takes ({limit})",
+        hint="raise the topic's max.message.bytes (and producer.max_message_bytes), then"
+        " restart: pg2kafka resumes where it stopped",
+    )
+
+
+class Oversized:
+    """What goes to Kafka in place of a record larger than its topic takes — such a record
+    would stop its producer for good (Kafka refuses it, and it is first in line again after
+    every restart). The format's rule (:attr:`OutputFormat.references_oversized` says which
+    it is), for the stream and every snapshot reader alike: a walcast event travels as its
+    :func:`reference` (:meth:`event`), counted by ``counted`` and logged (sampled), and
+    consumers dead-letter it; a Debezium record stops the producer with what to fix
+    (:meth:`record`). One per producer; not shared between threads."""
+
+    def __init__(self, values: ValueEncoder, counted: Callable[[], None] | None = None) -> None:
+        self.values = values
+        self.counted = counted
+        self._log = SampledLog(log, "oversized changes")
+
+    def event(self, topic: str, ev: Mapping[str, Any], size: int) -> bytes:
+        """The value that goes in place of ``ev``, whose value is ``size`` bytes."""
+        if self.counted is not None:
+            self.counted()
+        schema, table = ev.get("schema"), ev.get("table")
+        self._log.warning(
+            f"{schema}.{table}",
+            "a %s of %s.%s (key %.200s, LSN %s) is %d bytes, more than topic %s takes: sent"
+            " as a reference without its rows",
+            "row read" if ev.get("op") == "read" else "change",
+            schema,
+            table,
+            orjson.dumps(ev.get("key")).decode(),
+            ev.get("lsn"),
+            size,
+            topic,
+        )
+        return self.values.encode(topic, reference(ev, size))
+
+    @staticmethod
+    def record(what: str, topic: str, size: int, limit: int) -> PermanentError:
+        """The error that stops a producer of records without a reference (raise it)."""
+        return too_large(what, topic, size, limit)

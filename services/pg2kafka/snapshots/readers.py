@@ -15,28 +15,20 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-import orjson
 import psycopg
 from psycopg import sql
 
-from services.pg2kafka.changes import EventBuilder, append_only, iso_utc, set_epoch
-from services.pg2kafka.debezium_format import DebeziumRecords, SnapshotRead, too_large
-from services.pg2kafka.output import connect_encoder, output_format, reference, value_encoder
+from services.pg2kafka.changes import EventBuilder, append_only, iso_utc
+from services.pg2kafka.debezium_format import DebeziumRecords
+from services.pg2kafka.output import Oversized, connect_encoder, output_format, value_encoder
 from services.pg2kafka.postgres import Catalog
 from services.pg2kafka.replication import (
     SESSION_OPTIONS,
 )
-from services.pg2kafka.routing import Routing, row_key, table_key
+from services.pg2kafka.routing import Routing
 from services.pg2kafka.settings import Pg2KafkaSettings
-from services.pg2kafka.snapshots.chunks import (
-    Chunk,
-    Job,
-    TableSpec,
-    chunk_query,
-    chunk_where,
-    pg_json_frame,
-    pg_json_table,
-)
+from services.pg2kafka.snapshots.chunks import Chunk, Job, TableSpec, chunk_query, chunk_where
+from services.pg2kafka.snapshots.rows import ChunkRows, DebeziumReads, ReadRecords, WalcastReads
 from services.pg2kafka.snapshots.store import PostgresSnapshotStore, SnapshotStore
 from services.pg2kafka.topics import StreamTarget, Topics, producer_config
 from services.pg2kafka.transforms import from_settings
@@ -185,20 +177,26 @@ class Reader:
             transforms=from_settings(settings.transforms),
         )
         self.names: dict[int, sql.Composable] = {}
-        # producer.format=debezium: rows become the connector's `r` records.
-        self.debezium = (
-            DebeziumRecords(
-                settings.debezium,
-                settings.postgres.database,
-                self.builder.types,
-                self.catalog.not_null,
-                self.catalog.primary_key,
-                avro=connect_encoder(settings),
-                transforms=self.builder.transforms,
+        # The format's records of the rows (services/pg2kafka/snapshots/rows.py).
+        self.records: ReadRecords
+        if producer.format.connect_records:
+            self.records = DebeziumReads(
+                DebeziumRecords(
+                    settings.debezium,
+                    settings.postgres.database,
+                    self.builder.types,
+                    self.catalog.not_null,
+                    self.catalog.primary_key,
+                    avro=connect_encoder(settings),
+                    transforms=self.builder.transforms,
+                ),
+                job,
             )
-            if producer.format.connect_records
-            else None
-        )
+        else:
+            self.records = WalcastReads(
+                settings.postgres.database, self.builder, producer.values, producer.routing,
+                Oversized(producer.values),
+            )  # fmt: skip
 
     def run(self) -> None:
         store = PostgresSnapshotStore(self.conninfo)
@@ -232,46 +230,21 @@ class Reader:
     def read(self, conn: psycopg.Connection[Any], chunk: Chunk, version: int) -> int | None:
         """Send the chunk's rows to Kafka (not yet acknowledged); their count, or None
         when halted before the end."""
-        spec = self.tables[(chunk.schema, chunk.table)]
-        rel = spec.relation
-        dbz = self.debezium
-        encode = self.producer.encode
-        # Postgres writes the JSON itself on the fast path: never for a table a transform
-        # rule touches (its values must pass through the rules).
-        transforms = self.builder.transforms
-        fast = (dbz is None and self.producer.values.writes_json
-                and (transforms is None or not transforms.touches(rel.schema, rel.table))
-                and pg_json_table(rel, self.builder.types))  # fmt: skip
+        rel = self.tables[(chunk.schema, chunk.table)].relation
+        made = self.records
         assert chunk.relation is not None  # the initial snapshot reads page ranges
+        json_columns = made.json_columns(rel)
         # An insert-only table's rows are identified by their place in the chunk (``seq``):
         # read in ctid order, a chunk read again numbers them the same way.
         query = chunk_query(self._name(conn, chunk.relation), rel, chunk_where(conn, rel, chunk),
-                            fast, by_ctid=append_only(rel))  # fmt: skip
-        read_at = iso_utc(time.time_ns() // 1000)
-        info: SnapshotInfo = {"id": chunk.snapshot_id, "chunk": chunk.chunk}
-        sink = self.producer.sink
-        produce = sink.producer.produce
-        routing = self.producer.routing
-        topic = (
-            routing.topic(self.settings.postgres.database, rel.schema, rel.table)
-            if dbz is None
-            else dbz.table(rel).topic
-        )
-        limit = self.producer.topics.value_limit(topic)
-        snap: SnapshotRead | None = None
-        key: bytes | None
-        per_row_key = routing.mode == "primary_key" and any(c.is_key for c in rel.columns)
-        keyless = not any(c.is_key for c in rel.columns)
-        fixed_key = (
-            rel.schema.encode() if routing.mode == "schema" else table_key(rel.schema, rel.table)
-        )
-        epoch = self.job.epoch
-        head, middle, tail = pg_json_frame(
-            self.settings.postgres.database, rel, version, read_at, info, self.builder, epoch,
-            append_only=append_only(rel),
+                            json_columns, by_ctid=append_only(rel))  # fmt: skip
+        topic = made.topic(rel)
+        at = ChunkRows(
+            rel, json_columns, version, iso_utc(time.time_ns() // 1000),
+            {"id": chunk.snapshot_id, "chunk": chunk.chunk}, self.job.epoch, topic,
+            self.producer.topics.value_limit(topic),
         )  # fmt: skip
-        join = b"".join
-        new_field = b',"new":'
+        sink = self.producer.sink
         rows = 0
         halted = False
         try:
@@ -283,60 +256,24 @@ class Reader:
                             sql.Literal(self.snapshot_name)
                         )
                     )
-                if dbz is not None:
-                    snap = snapshot_read(conn, self.job, version)
+                send = made.begin(conn, at)
                 with conn.cursor().copy(query) as copy:
-                    copy.set_types(["text"] * (2 if fast else len(rel.columns)))
-                    for values in copy.rows():
-                        # The hot loop: a read row costs its bytes and one produce call.
-                        if fast:
-                            key_json, new_json = values
-                            if key_json is None:
-                                key_json = "{}" if keyless else new_json
-                            value = join((head, str(rows).encode(), middle, key_json.encode(),
-                                          new_field, new_json.encode(), tail))  # fmt: skip
-                            key = (
-                                row_key(rel.schema, rel.table, orjson.loads(key_json))
-                                if per_row_key
-                                else fixed_key
-                            )
-                            if len(value) + len(key) > limit:
-                                value = orjson.dumps(reference(orjson.loads(value), len(value)))
-                        elif dbz is not None:
-                            assert snap is not None
-                            record = dbz.read(rel, values, snap)
-                            assert record.value is not None
-                            value, key = record.value, record.key
-                            if len(value) + len(key or b"") > limit:
-                                raise too_large(
-                                    f"a row of {rel.schema}.{rel.table}", topic,
-                                    len(value) + len(key or b""), limit,
-                                )  # fmt: skip
-                        else:
-                            ev = self.builder.read(rel, values, version, rows, read_at, info)
-                            set_epoch(ev, epoch)
-                            value = encode(topic, ev)
-                            key = routing.key(ev)
-                            if len(value) + len(key) > limit:
-                                value = encode(topic, reference(ev, len(value)))
-                        try:
-                            produce(topic, value, key)
-                        except BufferError:
-                            sink.write(topic, value, key)
-                        rows += 1
-                        if rows % POLL_EVERY == 0:
-                            sink.poll()
-                            self.control.count(POLL_EVERY)
-                            if self.control.halted():
-                                halted = True
-                                conn.cancel_safe()
-                                break
+                    copy.set_types(["text"] * (2 if json_columns else len(rel.columns)))
+                    for sent in send(copy.rows(), sink, POLL_EVERY):
+                        rows += sent
+                        self.control.count(sent)
+                        if sent < POLL_EVERY:
+                            break  # the rows are done
+                        sink.poll()
+                        if self.control.halted():
+                            halted = True
+                            conn.cancel_safe()
+                            break
         except psycopg.errors.QueryCanceled:
             if not halted:
                 raise
         if halted:
             return None
-        self.control.count(rows % POLL_EVERY)
         return rows
 
     def _name(self, conn: psycopg.Connection[Any], oid: int) -> sql.Composable:
@@ -351,20 +288,6 @@ class Reader:
                 raise RetriableError(f"relation {oid} of the snapshot is gone")
             name = self.names[oid] = sql.Identifier(str(row[0]), str(row[1]))
         return name
-
-
-def snapshot_read(conn: psycopg.Connection[Any], job: Job, version: int) -> SnapshotRead:
-    """The Debezium ``source`` of a chunk's rows, read in its transaction: ``lsn`` the
-    slot's restart position (``version`` + 1) — not its consistent point, as the
-    connector writes: a transaction that began before that point and committed after it
-    is streamed with changes below it, and a sink ordering by LSN would keep the read row
-    over them (docs/snapshots-design.md); below every streamed change, the row loses to
-    each. Also the run's start and the first transaction the snapshot does not see."""
-    row = conn.execute(
-        "SELECT pg_catalog.pg_snapshot_xmax(pg_catalog.pg_current_snapshot())::text::bigint"
-    ).fetchone()
-    assert row is not None
-    return SnapshotRead(lsn=version + 1, started_us=job.started_us, xid=int(row[0]))
 
 
 def close_tables(
