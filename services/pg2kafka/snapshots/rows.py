@@ -119,46 +119,7 @@ class WalcastReads:
         return self._built(chunk)
 
     def _fast(self, chunk: ChunkRows) -> Send:
-        rel, limit, topic = chunk.rel, chunk.limit, chunk.topic
-        head, middle, tail = pg_json_frame(
-            self.database, rel, chunk.version, chunk.read_at, chunk.info, self.builder,
-            chunk.epoch, append_only=append_only(rel),
-        )  # fmt: skip
-        keyless = not any(c.is_key for c in rel.columns)
-        per_row_key = self.routing.mode == "primary_key" and not keyless
-        fixed_key = (
-            rel.schema.encode()
-            if self.routing.mode == "schema"
-            else table_key(rel.schema, rel.table)
-        )
-        schema, table, oversized = rel.schema, rel.table, self.oversized
-        join, loads = b"".join, orjson.loads
-        new_field = b',"new":'
-
-        def send(rows: Iterable[Row], sink: BulkKafkaSink, every: int) -> Iterator[int]:
-            # The hot loop: a read row costs its bytes, one join and one produce call
-            # (the loop of :func:`_send`, written out).
-            produce = sink.producer.produce
-            n = 0
-            for key_json, new_json in rows:
-                assert new_json is not None
-                if key_json is None:
-                    key_json = "{}" if keyless else new_json
-                value = join((head, str(n).encode(), middle, key_json.encode(), new_field,
-                              new_json.encode(), tail))  # fmt: skip
-                key = row_key(schema, table, loads(key_json)) if per_row_key else fixed_key
-                if len(value) + len(key) > limit:
-                    value = oversized.event(topic, loads(value), len(value))
-                try:
-                    produce(topic, value, key)
-                except BufferError:
-                    sink.write(topic, value, key)
-                n += 1
-                if n % every == 0:
-                    yield every
-            yield n % every
-
-        return send
+        return _FastJson(chunk, self.database, self.builder, self.routing, self.oversized)
 
     def _built(self, chunk: ChunkRows) -> Send:
         rel, limit, topic, epoch = chunk.rel, chunk.limit, chunk.topic, chunk.epoch
@@ -177,6 +138,58 @@ class WalcastReads:
             return value, key
 
         return lambda rows, sink, every: _send(rows, record, topic, sink, every)
+
+
+class _FastJson:
+    """Sends a chunk's rows as Postgres wrote their JSON (see :data:`Send`)."""
+
+    def __init__(
+        self,
+        chunk: ChunkRows,
+        database: str,
+        builder: EventBuilder,
+        routing: Routing,
+        oversized: Oversized,
+    ) -> None:
+        rel = chunk.rel
+        self.limit, self.topic, self.oversized = chunk.limit, chunk.topic, oversized
+        self.frame = pg_json_frame(
+            database, rel, chunk.version, chunk.read_at, chunk.info, builder, chunk.epoch,
+            append_only=append_only(rel),
+        )  # fmt: skip
+        self.keyless = not any(c.is_key for c in rel.columns)
+        self.per_row_key = routing.mode == "primary_key" and not self.keyless
+        self.fixed_key = (
+            rel.schema.encode() if routing.mode == "schema" else table_key(rel.schema, rel.table)
+        )
+        self.schema, self.table = rel.schema, rel.table
+
+    def __call__(self, rows: Iterable[Any], sink: BulkKafkaSink, every: int) -> Iterator[int]:
+        # ``rows``: (key JSON or None, new JSON) each. The hot loop: a read row costs its
+        # bytes, one join and one produce call (the loop of :func:`_send`, written out,
+        # everything it reads in local variables).
+        head, middle, tail = self.frame
+        keyless, per_row_key, fixed_key = self.keyless, self.per_row_key, self.fixed_key
+        schema, table, limit, topic = self.schema, self.table, self.limit, self.topic
+        produce, join, loads = sink.producer.produce, b"".join, orjson.loads
+        new_field = b',"new":'
+        n = 0
+        for key_json, new_json in rows:
+            if key_json is None:
+                key_json = "{}" if keyless else new_json
+            value = join((head, str(n).encode(), middle, key_json.encode(), new_field,
+                          new_json.encode(), tail))  # fmt: skip
+            key = row_key(schema, table, loads(key_json)) if per_row_key else fixed_key
+            if len(value) + len(key) > limit:
+                value = self.oversized.event(topic, loads(value), len(value))
+            try:
+                produce(topic, value, key)
+            except BufferError:
+                sink.write(topic, value, key)
+            n += 1
+            if n % every == 0:
+                yield every
+        yield n % every
 
 
 class DebeziumReads:
