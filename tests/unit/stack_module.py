@@ -20,6 +20,5 @@ def load_stack(state: Path, monkeypatch: pytest.MonkeyPatch) -> ModuleType:
     module = importlib.util.module_from_spec(spec)
     monkeypatch.setitem(sys.modules, spec.name, module)  # dataclasses look their module up
     spec.loader.exec_module(module)
-    monkeypatch.setattr(module, "STATE", state)
-    monkeypatch.setattr(module, "ENV_FILE", state / "walcast.env")
+    monkeypatch.setenv("WALCAST_STACK_DIR", str(state))  # read at each use
     return module

@@ -64,11 +64,11 @@ def test_pg_hba_trusts_nobody_and_peer_is_for_the_owner_as_postgres(stack: Any) 
     lines = [ln.split() for ln in stack.pg_hba().splitlines() if ln and not ln.startswith("#")]
     assert not [ln for ln in lines if "trust" in ln]
     local = [ln for ln in lines if ln[0] == "local"]
-    assert local[0] == ["local", "all", "postgres", "peer", f"map={stack.PG_IDENT_MAP}"]
+    assert local[0] == ["local", "all", "postgres", "peer", f"map={stack.base.PG_IDENT_MAP}"]
     assert all(ln[-1] == "scram-sha-256" for ln in local[1:])
     assert all(ln[0] == "host" and ln[3] == "127.0.0.1/32" for ln in lines if ln[0] != "local")
-    assert stack.pg_ident("alice").splitlines()[-1] == f"{stack.PG_IDENT_MAP} alice postgres"
-    assert stack.SOCKET_MODE == 0o700
+    assert stack.pg_ident("alice").splitlines()[-1] == f"{stack.base.PG_IDENT_MAP} alice postgres"
+    assert stack.base.SOCKET_MODE == 0o700
 
 
 def test_harden_fixes_an_existing_cluster_once(stack: Any, tmp_path: Path) -> None:
@@ -80,7 +80,7 @@ def test_harden_fixes_an_existing_cluster_once(stack: Any, tmp_path: Path) -> No
     (pg.data / "pg_hba.conf").write_text("local all all trust\nlocal replication all trust\n")
     (pg.data / "pg_ident.conf").write_text("# empty\n")
     sock = socket.socket(socket.AF_UNIX)
-    path = pg.run_dir / f".s.PGSQL.{stack.PG_PORT}"
+    path = pg.run_dir / f".s.PGSQL.{stack.base.PG_PORT}"
     sock.bind(str(path))
     try:
         path.chmod(0o777)

@@ -24,7 +24,7 @@ def stack(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> ModuleType:
     (maven / "spark").mkdir(parents=True)
     (maven / "spark/pom.xml").write_text("<project>spark 4.2.0, delta 4.4.0</project>\n")
     (maven / "settings.xml").write_text("<settings/>\n")
-    monkeypatch.setattr(module, "MAVEN_DIR", maven)
+    monkeypatch.setattr(module.base, "MAVEN_DIR", maven)
     return module
 
 
@@ -42,7 +42,7 @@ def spark(stack: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
     jar.write_bytes(b"jar")
     comp.dir.mkdir(parents=True)
     comp.jars_file.write_text(str(jar))
-    comp.classpath_stamp.write_text(stack.maven_digest("spark"))
+    comp.classpath_stamp.write_text(stack.base.maven_digest("spark"))
     comp.verified.write_text(json.dumps(comp.fingerprint()))
     return comp
 
@@ -54,13 +54,13 @@ def test_ready_when_resolved_from_this_pom_and_verified_with_this_pyspark(spark:
 
 
 def test_a_changed_pom_makes_it_unhealthy(stack: Any, spark: Any) -> None:
-    (stack.MAVEN_DIR / "spark/pom.xml").write_text("<project>spark 4.3.0</project>\n")
+    (stack.base.MAVEN_DIR / "spark/pom.xml").write_text("<project>spark 4.3.0</project>\n")
     health = spark.health()
     assert health.state == "unhealthy"
     assert not health.ok  # so `up` resolves and verifies again
     assert health.detail == "pom.xml changed since the jars were resolved"
     # Re-resolved (maven_classpath stamps the new digest) but not verified yet.
-    spark.classpath_stamp.write_text(stack.maven_digest("spark"))
+    spark.classpath_stamp.write_text(stack.base.maven_digest("spark"))
     assert spark.health().detail == "pom.xml changed since the jars were verified"
 
 
