@@ -83,3 +83,16 @@ def test_a_reference_keeps_the_event_but_its_rows() -> None:
     assert ref == {"v": 1, "op": "update", "schema": "s", "table": "t", "lsn": 5,
                    "key": {"id": 1}, "new": None, "old": None, "oversized": 12345}  # fmt: skip
     assert orjson.loads(JsonValues().encode("topic", ref)) == ref
+
+
+def test_a_formats_records_are_chosen_once_per_component() -> None:
+    """Whether rows become Kafka Connect records picks a strategy once: the stream's
+    handler (cdc.py ``cdc_handler``), a snapshot reader's rows (snapshots/readers.py,
+    snapshots/rows.py's strategies) and the destination the source ledger names
+    (source.py) — nowhere per record."""
+    readers = {
+        str(path.relative_to(PG2KAFKA))
+        for path in PG2KAFKA.rglob("*.py")
+        if path.name != "output.py" and ".connect_records" in path.read_text()
+    }
+    assert readers == {"cdc.py", "snapshots/readers.py", "source.py"}
