@@ -14,7 +14,9 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -292,6 +294,9 @@ class Service:
             except Exception:  # noqa: BLE001 - the failure is read below
                 break
         if query.isActive:
+            finish_batch_in_hand(
+                self.mirror.in_batch, lambda: query.isActive, self.settings.trigger.stop_grace_s
+            )
             query.stop()
         failure = query.exception()
         if failure is not None:
@@ -313,6 +318,33 @@ class Service:
 
     def install_signal_handlers(self) -> None:
         self.runner.install_signal_handlers("the query")
+
+
+def finish_batch_in_hand(
+    in_batch: threading.Event,
+    active: Callable[[], bool],
+    grace_s: float,
+    clock: Callable[[], float] = time.monotonic,
+    pause: Callable[[float], None] = time.sleep,
+) -> bool:
+    """Before a stop: wait up to ``grace_s`` for the micro-batch in hand (``in_batch``)
+    to finish while the query is ``active`` — stopping the query interrupts its Delta
+    commit (Delta then overflows its stack unwinding, a log full of errors) and the batch
+    runs again after the restart. True when no batch is in hand any more."""
+    if not in_batch.is_set():
+        return True
+    log.info("finishing the micro-batch in hand before stopping (at most %.0f s)", grace_s)
+    deadline = clock() + grace_s
+    while in_batch.is_set() and active() and clock() < deadline:
+        pause(0.2)
+    if in_batch.is_set():
+        log.warning(
+            "the micro-batch in hand did not finish within trigger.stop_grace_s=%.0f: it is"
+            " interrupted, and runs again from the checkpoint after the restart",
+            grace_s,
+        )
+        return False
+    return True
 
 
 # Spark's Kafka source, with failOnDataLoss (the default), when offsets went backwards.
