@@ -8,14 +8,16 @@ action in ``WALCAST_FAILPOINTS`` in a service process's environment::
 
 Actions: ``exit`` ends the process at once with :data:`EXIT_CODE` — ``os._exit``: no
 cleanup, nothing flushed, no offset committed or LSN confirmed, as a SIGKILL; ``raise``
-raises :class:`FailpointError` (a crash through the service's own error path). ``@N``
+raises :class:`FailpointError` (a crash through the service's own error path); ``term``
+sends the process SIGTERM and goes on (a stop asked at that very moment: the service's
+own shutdown path). ``@N``
 fires on the N-th time the place is reached (default: the first). Each place fires once
 per process.
 
 The variable is read once, on the first :func:`failpoint` call — the one place library
 code reads the environment, because a test tool must reach every process a test starts.
 Unset (production), a call costs one dictionary lookup. The places are listed in
-docs/testing.md; they are:
+docs/development.md ("Failpoints"); they are:
 
 - ``snapshot.chunk_sent`` / ``snapshot.chunk_done``: an initial snapshot's chunk sent to
   Kafka / recorded as done (pg2kafka);
@@ -23,6 +25,8 @@ docs/testing.md; they are:
   an incremental snapshot's chunk read / sent / recorded (pg2kafka);
 - ``consumer.batch_written``: a batch written by the sink (kafka2search: the bulk
   request answered; kafka2webhook: delivered), its offsets not yet committed;
+- ``kafka2spark.batch_started``: a micro-batch handed to the mirror, nothing of it
+  written yet;
 - ``kafka2spark.batch_written``: a micro-batch written to Delta, neither its offsets
   committed to the group nor Spark's checkpoint written.
 """
@@ -31,6 +35,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import sys
 import threading
 
@@ -56,9 +61,10 @@ def _parse(spec: str) -> dict[str, tuple[str, int]]:
     for part in filter(None, (p.strip() for p in spec.split(";"))):
         name, sep, action = part.partition("=")
         kind, _, nth = action.partition("@")
-        if not sep or kind not in ("exit", "raise") or (nth and not nth.isdigit()):
+        if not sep or kind not in ("exit", "raise", "term") or (nth and not nth.isdigit()):
             raise ValueError(
-                f"{ENV}: {part!r} is not name=exit|raise[@N] (e.g. incremental.chunk_sent=exit@3)"
+                f"{ENV}: {part!r} is not name=exit|raise|term[@N]"
+                " (e.g. incremental.chunk_sent=exit@3)"
             )
         armed[name.strip()] = (kind, int(nth or 1))
     return armed
@@ -82,6 +88,10 @@ def failpoint(name: str) -> None:
         return
     if kind == "raise":
         raise FailpointError(f"failpoint {name} (hit {hit})")
+    if kind == "term":
+        log.warning("failpoint %s (hit %d): SIGTERM to this process", name, hit)
+        os.kill(os.getpid(), signal.SIGTERM)
+        return
     log.warning("failpoint %s (hit %d): exiting at once", name, hit)
     for handler in logging.getLogger().handlers:
         handler.flush()

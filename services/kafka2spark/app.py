@@ -14,7 +14,6 @@ from __future__ import annotations
 import logging
 import os
 import sys
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -295,7 +294,9 @@ class Service:
                 break
         if query.isActive:
             finish_batch_in_hand(
-                self.mirror.in_batch, lambda: query.isActive, self.settings.trigger.stop_grace_s
+                lambda: self.mirror.in_batch.is_set() or trigger_active(query),
+                lambda: query.isActive,
+                self.settings.trigger.stop_grace_s,
             )
             query.stop()
         failure = query.exception()
@@ -320,24 +321,34 @@ class Service:
         self.runner.install_signal_handlers("the query")
 
 
+def trigger_active(query: StreamingQuery) -> bool:
+    """Whether the query is inside a trigger: a micro-batch, or the writing of its offsets
+    and commit to the checkpoint after it."""
+    try:
+        return bool(query.status.get("isTriggerActive", False))
+    except Exception:  # noqa: BLE001 - a query gone away is in no trigger
+        return False
+
+
 def finish_batch_in_hand(
-    in_batch: threading.Event,
+    busy: Callable[[], bool],
     active: Callable[[], bool],
     grace_s: float,
     clock: Callable[[], float] = time.monotonic,
     pause: Callable[[float], None] = time.sleep,
 ) -> bool:
-    """Before a stop: wait up to ``grace_s`` for the micro-batch in hand (``in_batch``)
-    to finish while the query is ``active`` — stopping the query interrupts its Delta
-    commit (Delta then overflows its stack unwinding, a log full of errors) and the batch
-    runs again after the restart. True when no batch is in hand any more."""
-    if not in_batch.is_set():
+    """Before a stop: wait up to ``grace_s`` for the micro-batch in hand (``busy``: the
+    mirror at work, or Spark writing the batch's checkpoint) to finish while the query is
+    ``active`` — stopping the query interrupts its Delta commit (Delta then overflows its
+    stack unwinding, a log full of errors) and the batch runs again after the restart.
+    True when no batch is in hand any more."""
+    if not busy():
         return True
     log.info("finishing the micro-batch in hand before stopping (at most %.0f s)", grace_s)
     deadline = clock() + grace_s
-    while in_batch.is_set() and active() and clock() < deadline:
+    while busy() and active() and clock() < deadline:
         pause(0.2)
-    if in_batch.is_set():
+    if busy():
         log.warning(
             "the micro-batch in hand did not finish within trigger.stop_grace_s=%.0f: it is"
             " interrupted, and runs again from the checkpoint after the restart",

@@ -68,6 +68,7 @@ from services.kafka2spark.schema import ENVELOPE
 from services.kafka2spark.settings import Kafka2SparkSettings
 from services.kafka2spark.tables import DeltaTables
 from shared.contract.event import EPOCH_SHIFT
+from shared.failpoints import failpoint
 
 log = logging.getLogger(__name__)
 
@@ -179,6 +180,7 @@ class DeltaMirror:
 
     def __call__(self, df: DataFrame, batch_id: int) -> None:
         self.in_batch.set()
+        failpoint("kafka2spark.batch_started")
         try:
             self._micro_batch(df, batch_id)
         finally:

@@ -32,7 +32,7 @@ class Clock:
 def test_no_batch_in_hand_stops_at_once() -> None:
     in_batch = threading.Event()
     clock = Clock(in_batch, None)
-    assert finish_batch_in_hand(in_batch, lambda: True, 90, clock, clock.pause)
+    assert finish_batch_in_hand(in_batch.is_set, lambda: True, 90, clock, clock.pause)
     assert clock.pauses == 0
 
 
@@ -40,7 +40,7 @@ def test_the_batch_in_hand_finishes_before_the_stop() -> None:
     in_batch = threading.Event()
     in_batch.set()
     clock = Clock(in_batch, ends_after=25)
-    assert finish_batch_in_hand(in_batch, lambda: True, 90, clock, clock.pause)
+    assert finish_batch_in_hand(in_batch.is_set, lambda: True, 90, clock, clock.pause)
     assert clock.pauses == 25  # waited exactly until it ended
 
 
@@ -48,7 +48,7 @@ def test_a_batch_longer_than_the_grace_is_interrupted_after_it() -> None:
     in_batch = threading.Event()
     in_batch.set()
     clock = Clock(in_batch, ends_after=None)
-    assert not finish_batch_in_hand(in_batch, lambda: True, 5, clock, clock.pause)
+    assert not finish_batch_in_hand(in_batch.is_set, lambda: True, 5, clock, clock.pause)
     assert 5 <= clock.now - 1000.0 < 5.5
 
 
@@ -56,7 +56,7 @@ def test_a_query_that_ended_on_its_own_is_not_waited_for() -> None:
     in_batch = threading.Event()
     in_batch.set()
     clock = Clock(in_batch, ends_after=None)
-    assert not finish_batch_in_hand(in_batch, lambda: False, 90, clock, clock.pause)
+    assert not finish_batch_in_hand(in_batch.is_set, lambda: False, 90, clock, clock.pause)
     assert clock.pauses == 0
 
 
@@ -64,5 +64,5 @@ def test_a_grace_of_zero_interrupts_at_once() -> None:
     in_batch = threading.Event()
     in_batch.set()
     clock = Clock(in_batch, ends_after=1)
-    assert not finish_batch_in_hand(in_batch, lambda: True, 0, clock, clock.pause)
+    assert not finish_batch_in_hand(in_batch.is_set, lambda: True, 0, clock, clock.pause)
     assert clock.pauses == 0
