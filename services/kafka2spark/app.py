@@ -293,12 +293,22 @@ class Service:
             except Exception:  # noqa: BLE001 - the failure is read below
                 break
         if query.isActive:
+            commits = self.settings.delta.checkpoint_path() / "commits"
             finish_batch_in_hand(
-                lambda: self.mirror.in_batch.is_set() or trigger_active(query),
+                self.mirror.batch_id,
+                lambda batch: (commits / str(batch)).exists(),
                 lambda: query.isActive,
                 self.settings.trigger.stop_grace_s,
             )
             query.stop()
+            if query.exception() is not None:
+                # Asked to stop: a batch Spark had begun after the one in hand (or one past
+                # the grace) was interrupted, or the query failed meanwhile. Nothing of
+                # that batch was committed; it runs again after the restart.
+                log.warning(
+                    "the query ended while stopping: %s", _first_line(str(query.exception()))
+                )
+                return
         failure = query.exception()
         if failure is not None:
             text = str(failure)
@@ -321,41 +331,37 @@ class Service:
         self.runner.install_signal_handlers("the query")
 
 
-def trigger_active(query: StreamingQuery) -> bool:
-    """Whether the query is inside a trigger: a micro-batch, or the writing of its offsets
-    and commit to the checkpoint after it."""
-    try:
-        return bool(query.status.get("isTriggerActive", False))
-    except Exception:  # noqa: BLE001 - a query gone away is in no trigger
-        return False
-
-
 def finish_batch_in_hand(
-    busy: Callable[[], bool],
+    in_hand: int | None,
+    committed: Callable[[int], bool],
     active: Callable[[], bool],
     grace_s: float,
     clock: Callable[[], float] = time.monotonic,
     pause: Callable[[float], None] = time.sleep,
 ) -> bool:
-    """Before a stop: wait up to ``grace_s`` for the micro-batch in hand (``busy``: the
-    mirror at work, or Spark writing the batch's checkpoint) to finish while the query is
-    ``active`` — stopping the query interrupts its Delta commit (Delta then overflows its
-    stack unwinding, a log full of errors) and the batch runs again after the restart.
-    True when no batch is in hand any more."""
-    if not busy():
+    """Before a stop: wait up to ``grace_s``, while the query is ``active``, until the
+    micro-batch in hand (``in_hand``: the last one handed to the mirror) is ``committed``
+    to Spark's checkpoint (``commits/<id>``, written after the batch) — stopping the
+    query interrupts its Delta commit (Delta then overflows its stack unwinding, a log
+    full of errors) and the batch runs again after the restart. Only that batch: one
+    Spark starts meanwhile is stopped early in its life, before it writes. True when it
+    was committed (or there was none)."""
+    if in_hand is None or committed(in_hand):
         return True
-    log.info("finishing the micro-batch in hand before stopping (at most %.0f s)", grace_s)
+    log.info("finishing micro-batch %d before stopping (at most %.0f s)", in_hand, grace_s)
     deadline = clock() + grace_s
-    while busy() and active() and clock() < deadline:
+    while not committed(in_hand) and active() and clock() < deadline:
         pause(0.2)
-    if busy():
+    if committed(in_hand):
+        return True
+    if active():
         log.warning(
-            "the micro-batch in hand did not finish within trigger.stop_grace_s=%.0f: it is"
+            "micro-batch %d did not finish within trigger.stop_grace_s=%.0f: it is"
             " interrupted, and runs again from the checkpoint after the restart",
+            in_hand,
             grace_s,
         )
-        return False
-    return True
+    return False
 
 
 # Spark's Kafka source, with failOnDataLoss (the default), when offsets went backwards.

@@ -48,7 +48,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -130,8 +129,9 @@ class DeltaMirror:
         self.on_batch = on_batch
         self._app_id: str | None = None
         self._last_records = 0  # the last batch's (spark.interpret_below)
-        # Set while a micro-batch is in hand: a stop waits for it (trigger.stop_grace_s).
-        self.in_batch = threading.Event()
+        # The id of the last micro-batch handed to the mirror: a stop waits until Spark
+        # reports it done, checkpoint included (trigger.stop_grace_s).
+        self.batch_id: int | None = None
         self.tables = DeltaTables(spark, self.root, read_mirrors(self.root))
         self.merger = Merger(spark, self.tables, self._quarantine)
 
@@ -179,14 +179,8 @@ class DeltaMirror:
     # -- the batch -----------------------------------------------------------------------
 
     def __call__(self, df: DataFrame, batch_id: int) -> None:
-        self.in_batch.set()
+        self.batch_id = batch_id
         failpoint("kafka2spark.batch_started")
-        try:
-            self._micro_batch(df, batch_id)
-        finally:
-            self.in_batch.clear()
-
-    def _micro_batch(self, df: DataFrame, batch_id: int) -> None:
         started = time.monotonic()
         result = BatchResult(batch_id)
         self.merger.beyond = result.beyond

@@ -135,25 +135,33 @@ def test_kill_9_mid_batch_then_restart(flow: Any, procs: list[Proc], tmp_path: P
 def test_a_stop_mid_batch_lets_the_batch_finish_first(
     flow: Any, procs: list[Proc], tmp_path: Path
 ) -> None:
-    """SIGTERM the moment a micro-batch begins (a failpoint, not timing): the batch is
-    written and checkpointed before the query stops — no Delta commit cut, no error
-    spew — the process exits 0, and a restart goes on from the next batch."""
+    """SIGTERM the moment micro-batch 0 begins (a failpoint, not timing), with a backlog
+    behind it (batches of 1,000 records, ~6,000 waiting): batch 0 is written and committed
+    to the checkpoint before the query stops — no Delta commit cut, no error spew — the
+    backlog is not waited for (no batch 1 committed), the process exits 0, and a restart
+    goes on from batch 1."""
     start(flow, procs, tmp_path, "pg2kafka")
     write_rows(flow["dsn"], flow["table"], 1, 3000, updates=1)
-    env = {**flow["spark_env"], "WALCAST_FAILPOINTS": "kafka2spark.batch_started=term"}
+    checkpoint = flow["spark"].delta.checkpoint_path()
+    env = {
+        **flow["spark_env"],
+        "KAFKA2SPARK_SOURCE__MAX_OFFSETS_PER_TRIGGER": "1000",
+        "KAFKA2SPARK_TRIGGER__STOP_GRACE_S": "600",  # a slow machine still finishes it
+        "WALCAST_FAILPOINTS": "kafka2spark.batch_started=term",
+    }
     job = Proc("kafka2spark", ["--env-file", str(flow["env_file"]), "run"], env,
                tmp_path / "kafka2spark-term.log")  # fmt: skip
     procs.append(job)
-    wait_until(lambda: not job.alive(), "kafka2spark to stop at its first batch's SIGTERM", 300)
+    wait_until(lambda: not job.alive(), "kafka2spark to stop at its first batch's SIGTERM", 600)
     log = job.log.read_text(errors="replace")
     assert job.popen.returncode == 0, job.tail(60)
     assert "failpoint kafka2spark.batch_started" in log, job.tail(60)
-    assert "finishing the micro-batch in hand" in log, job.tail(60)
+    assert "finishing micro-batch 0 before stopping" in log, job.tail(60)
     assert "did not finish within" not in log, job.tail(60)
     assert "StackOverflowError" not in log, job.tail(60)
-    checkpoint = flow["spark"].delta.checkpoint_path()
-    assert (checkpoint / "commits" / "0").exists(), "batch 0 was not checkpointed"
-    assert delta_rows(flow), "batch 0 wrote nothing"
+    assert (checkpoint / "commits" / "0").exists(), "batch 0 was not committed"
+    assert not (checkpoint / "commits" / "1").exists(), "the stop waited for the backlog"
+    assert 0 < len(delta_rows(flow)) < 3000, "batch 0 holds a part of the rows"
 
     again = start(flow, procs, tmp_path, "kafka2spark")
     want = pg_rows(flow)
@@ -163,5 +171,6 @@ def test_a_stop_mid_batch_lets_the_batch_finish_first(
         return spark_admin.status(flow["spark"])["total_lag"] == 0 and delta_rows(flow) == want
 
     wait_until(caught_up, "the mirror to equal the table after the restart", 300, interval=2)
-    # the restart went on from batch 1: batch 0 was not run again
-    assert "batch 0:" not in again.log.read_text(errors="replace")
+    restarted = again.log.read_text(errors="replace")
+    assert "batch 1:" in restarted, again.tail(60)  # went on from the next batch
+    assert "batch 0:" not in restarted, again.tail(60)  # batch 0 was not run again

@@ -312,6 +312,17 @@ def test_kafka2search_grace_outlasts_a_bulk_write(bins: dict[str, Path]) -> None
     assert grace("kafka2search.config.engine.request_timeout_s=120") == 121 + 30
 
 
+def test_kafka2spark_grace_outlasts_the_batch_in_hand(bins: dict[str, Path]) -> None:
+    def grace(*sets: str) -> int:
+        objs = objects(render(bins, None, *sets))
+        d = next(o for o in objs if o["metadata"]["name"] == "wc-walcast-kafka2spark"
+                 and o["kind"] in ("Deployment", "StatefulSet"))  # fmt: skip
+        return int(d["spec"]["template"]["spec"]["terminationGracePeriodSeconds"])
+
+    assert grace() == 90 + 30
+    assert grace("kafka2spark.config.trigger.stop_grace_s=300") == 300 + 30
+
+
 def test_alert_rules_load_in_promtool(bins: dict[str, Path]) -> None:
     result = subprocess.run(
         [str(bins["promtool"]), "check", "rules", str(RULES)],
