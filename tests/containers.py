@@ -136,7 +136,7 @@ class Containers:
         self.state.mkdir(parents=True, exist_ok=True)
         # Spark's jars as the local stack resolves them (Maven), into this state directory.
         os.environ["WALCAST_STACK_DIR"] = str(self.state)
-        stack = importlib.reload(stack_module())
+        stack = stack_module()  # reads WALCAST_STACK_DIR at each use
         spark = stack.Spark()
         spark.install()
         values = env_values(

@@ -151,7 +151,7 @@ def java_bin() -> str:
 
 def maven_digest(name: str) -> str:
     """The digest of a component's pom and the Maven settings, which ``maven_classpath``
-    stamps its resolved classpath with (``STATE/<name>/classpath.stamp``)."""
+    stamps its resolved classpath with (``<state dir>/<name>/classpath.stamp``)."""
     return file_digest(MAVEN_DIR / name / "pom.xml", MAVEN_DIR / "settings.xml")
 
 
