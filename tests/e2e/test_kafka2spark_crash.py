@@ -132,20 +132,23 @@ def test_kill_9_mid_batch_then_restart(flow: Any, procs: list[Proc], tmp_path: P
         assert r.status == 200
 
 
-def test_a_stop_mid_batch_lets_the_batch_finish_first(
-    flow: Any, procs: list[Proc], tmp_path: Path
-) -> None:
-    """SIGTERM the moment micro-batch 0 begins (a failpoint, not timing), with a backlog
-    behind it (batches of 1,000 records, ~6,000 waiting): batch 0 is written and committed
-    to the checkpoint before the query stops — no Delta commit cut, no error spew — the
-    backlog is not waited for (no batch 1 committed), the process exits 0, and a restart
-    goes on from batch 1."""
+def stopped_at_first_batch(
+    flow: Any, procs: list[Proc], tmp_path: Path, max_offsets: int
+) -> tuple[Proc, str]:
+    """kafka2spark started with a SIGTERM the moment micro-batch 0 begins (a failpoint, not
+    timing), ``max_offsets`` records a batch, 3,000 inserts and 3,000 updates waiting; its
+    process once stopped, and its log."""
     start(flow, procs, tmp_path, "pg2kafka")
     write_rows(flow["dsn"], flow["table"], 1, 3000, updates=1)
-    checkpoint = flow["spark"].delta.checkpoint_path()
+    wait_until(
+        lambda: spark_admin.status(flow["spark"])["total_lag"] >= 6000,
+        "pg2kafka to send the 6,000 changes",
+        300,
+        interval=1,
+    )
     env = {
         **flow["spark_env"],
-        "KAFKA2SPARK_SOURCE__MAX_OFFSETS_PER_TRIGGER": "1000",
+        "KAFKA2SPARK_SOURCE__MAX_OFFSETS_PER_TRIGGER": str(max_offsets),
         "KAFKA2SPARK_TRIGGER__STOP_GRACE_S": "600",  # a slow machine still finishes it
         "WALCAST_FAILPOINTS": "kafka2spark.batch_started=term",
     }
@@ -158,8 +161,30 @@ def test_a_stop_mid_batch_lets_the_batch_finish_first(
     assert "failpoint kafka2spark.batch_started" in log, job.tail(60)
     assert "finishing micro-batch 0 before stopping" in log, job.tail(60)
     assert "did not finish within" not in log, job.tail(60)
-    assert "StackOverflowError" not in log, job.tail(60)
-    assert (checkpoint / "commits" / "0").exists(), "batch 0 was not committed"
+    assert (flow["spark"].delta.checkpoint_path() / "commits" / "0").exists(), job.tail(60)
+    return job, log
+
+
+def test_a_stop_mid_batch_lets_the_batch_finish_first(
+    flow: Any, procs: list[Proc], tmp_path: Path
+) -> None:
+    """Everything in one micro-batch: SIGTERM as it begins, and it is written and
+    committed to the checkpoint before the query stops — no Delta commit cut, no error
+    spew — the process exits 0, and the mirror equals the table without a restart."""
+    _, log = stopped_at_first_batch(flow, procs, tmp_path, max_offsets=100_000)
+    assert "StackOverflowError" not in log
+    assert "Traceback" not in log
+    assert delta_rows(flow) == pg_rows(flow)
+
+
+def test_a_stop_mid_batch_waits_for_that_batch_only(
+    flow: Any, procs: list[Proc], tmp_path: Path
+) -> None:
+    """A backlog behind the batch in hand (batches of 1,000 of 6,000): batch 0 is
+    committed, the backlog is not waited for (no batch 1 committed), and a restart goes
+    on from batch 1 to the table's state."""
+    stopped_at_first_batch(flow, procs, tmp_path, max_offsets=1000)
+    checkpoint = flow["spark"].delta.checkpoint_path()
     assert not (checkpoint / "commits" / "1").exists(), "the stop waited for the backlog"
     assert 0 < len(delta_rows(flow)) < 3000, "batch 0 holds a part of the rows"
 
