@@ -98,10 +98,11 @@ class TriggerSettings(Section):
     interval_s: float = Field(default=5.0, gt=0)
     """Seconds between micro-batches (`processing_time` mode)."""
     stop_grace_s: float = Field(default=90.0, ge=0)
-    """On SIGTERM, seconds the micro-batch in hand may take to finish before the query
-    stops (the chart's pod gives kafka2spark 120 s). Past them, or with 0, the batch is
-    interrupted: nothing is lost (a Delta commit is atomic; the batch runs again from the
-    checkpoint after the restart), but its work is done twice."""
+    """On SIGTERM, seconds the micro-batch in hand may take to finish (written and
+    committed to the checkpoint) before the query stops; a backlog behind it is not waited
+    for. The chart gives the pod this plus `kafka2spark.shutdownMarginSeconds`. Past them,
+    or with 0, the batch is interrupted: nothing is lost (a Delta commit is atomic; the
+    batch runs again from the checkpoint after the restart), but its work is done twice."""
 
 
 _CONF_KEY = re.compile(r"^[A-Za-z0-9_.\-]+$")
