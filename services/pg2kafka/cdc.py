@@ -272,17 +272,8 @@ class DebeziumCdc(CdcHandler):
     changes only (its connector's defaults write neither truncates nor schema changes); a
     schema change still re-checks which tables are left out for want of an identity."""
 
-    def __init__(
-        self,
-        settings: Pg2KafkaSettings,
-        target: StreamTarget,
-        incremental: Incremental | None = None,
-        ledger: SourceLedger | None = None,
-        messages: MessageKey | None = None,
-    ) -> None:
-        super().__init__(settings, target, incremental, ledger, messages)
-        # Made with the session's type registry and catalog, on the first change.
-        self.records: DebeziumRecords | None = None
+    # Made with the session's type registry and catalog, on the first change.
+    records: DebeziumRecords | None = None
 
     def handle(self, session: HandlerContext, lsn: int, msg: pg.Decoded) -> None:
         b = session.builder
