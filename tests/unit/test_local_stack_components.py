@@ -3,6 +3,8 @@ or, for ``down`` and ``status`` without names, while they run."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -46,3 +48,25 @@ def test_an_unknown_component_names_the_known_ones(stack: Any) -> None:
 
 def test_the_env_file_names_debezium_rest_api(stack: Any) -> None:
     assert stack.Debezium().env() == {"WALCAST_DEBEZIUM_URL": "http://127.0.0.1:18083"}
+
+
+def test_a_pid_file_naming_another_process_is_not_the_component(stack: Any) -> None:
+    """A pid file outlives its process and the number is reused: a live process whose
+    command line does not carry the component's state directory is not the component
+    (``up`` once tried to start Debezium because its old pid belonged to a new process)."""
+    dbz = stack.Debezium()
+    dbz.dir.mkdir(parents=True, exist_ok=True)
+    others = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    ours = subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(60)", str(dbz.dir / "marker")]
+    )
+    try:
+        dbz.pid_file.write_text(f"{others.pid}\n")
+        assert dbz.pid() is None
+        assert names(stack.select(None))[-1] != "debezium"
+        dbz.pid_file.write_text(f"{ours.pid}\n")
+        assert dbz.pid() == ours.pid
+    finally:
+        for p in (others, ours):
+            p.kill()
+            p.wait()

@@ -229,11 +229,21 @@ class Component:
         return self.dir / "pid"
 
     def pid(self) -> int | None:
+        """The component's running process, from its pid file: None when that process is
+        gone — or when the number now belongs to another process (a pid file outlives its
+        process; the number is reused), which is told by the component's state directory
+        missing from the command line every process of ours is started with."""
         try:
             pid = int(self.pid_file.read_text().split()[0])
         except (OSError, ValueError, IndexError):
             return None
-        return pid if pid_alive(pid) else None
+        if not pid_alive(pid):
+            return None
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            return pid  # no /proc to ask: trust the pid file
+        return pid if str(self.dir).encode() in cmdline else None
 
     # Subclasses implement these.
     def install(self) -> None: ...
