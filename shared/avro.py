@@ -162,6 +162,9 @@ def event_schema(db: str, schema: str, table: str, types: Mapping[str, str],
             {"name": "epoch", **opt_long},
             # True on an insert-only table's rows (shared/contract/event.py); null else.
             {"name": "append_only", "type": ["null", "boolean"], "default": None},
+            # The row hash of ``new`` (shared/contract/rowhash.py); last, with a default, so
+            # schemas registered before it stay compatible.
+            {"name": "hash", **opt_long},
         ],
     }  # fmt: skip
 
@@ -285,7 +288,7 @@ def event_to_avro(ev: Mapping[str, Any], schema: dict[str, Any]) -> dict[str, An
         "ddl": None if ev.get("ddl") is None else orjson.dumps(ev["ddl"]).decode(),
         "snapshot": None if ev.get("snapshot") is None else orjson.dumps(ev["snapshot"]).decode(),
         "oversized": ev.get("oversized"), "epoch": ev.get("epoch"),
-        "append_only": ev.get("append_only"),
+        "append_only": ev.get("append_only"), "hash": ev.get("hash"),
     }  # fmt: skip
 
 
@@ -310,6 +313,8 @@ def event_from_avro(datum: Mapping[str, Any], schema: dict[str, Any]) -> dict[st
                                None if old_columns is None else set(old_columns))  # fmt: skip
     if toast:
         ev["unchanged_toast"] = toast
+    if datum.get("hash") is not None:
+        ev["hash"] = datum["hash"]
     ev["types"] = {f["pg_name"]: f["pg_type"] for f in _fields(schema, "new")}
     for k in ("ddl", "snapshot"):
         if datum.get(k) is not None:

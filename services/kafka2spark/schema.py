@@ -51,6 +51,7 @@ ENVELOPE = T.StructType(
         T.StructField("new", T.StringType()),
         T.StructField("old", T.StringType()),
         T.StructField("unchanged_toast", T.ArrayType(T.StringType())),
+        T.StructField("hash", T.LongType()),
         T.StructField("types", T.MapType(T.StringType(), T.StringType())),
         T.StructField(
             "ddl",

@@ -16,6 +16,15 @@ class RowEncoder:
         or None, ``(column, reason)`` of values kept as text or None). A value is str,
         None (NULL) or anything else (unchanged TOAST)."""
 
+class RowHasher:
+    """One relation's columns (the stream's names, before any transform) for the row hash
+    of shared/contract/rowhash.py."""
+
+    def __init__(self, names: list[str]) -> None: ...
+    def hash(self, values: tuple[object, ...]) -> int | None:
+        """The row's hash; None when a value is neither str nor None (an unchanged TOAST
+        value: the row's text is not all here)."""
+
 def decode_tuple(
     buf: bytes, pos: int, toast: object, undecodable: Callable[[bytes], str]
 ) -> tuple[tuple[object, ...], int]:

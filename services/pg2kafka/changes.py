@@ -19,7 +19,7 @@ from typing import Any
 import orjson
 
 from services.pg2kafka import pgoutput as pg
-from services.pg2kafka._native import RowEncoder
+from services.pg2kafka._native import RowEncoder, RowHasher
 from services.pg2kafka.ddl_secrets import scrub_statement
 from services.pg2kafka.transforms import WITHHELD, Transforms, unique_key
 from services.pg2kafka.types import TypeRegistry
@@ -66,6 +66,9 @@ def _ddl_shape(payload: Any) -> tuple[list[dict[str, Any]], list[dict[str, Any]]
 @dataclass(frozen=True, slots=True)
 class _RelInfo:
     encoder: RowEncoder
+    # The row hash over the stream's columns, before any transform rule: it describes the
+    # source row (shared/contract/rowhash.py).
+    hasher: RowHasher
     columns: int  # the relation's, before any transform rule drops some
     has_key: bool
     types: orjson.Fragment  # the event's "types", encoded once
@@ -97,7 +100,8 @@ def set_epoch(ev: Event, epoch: int) -> None:
         ev["append_only"] = flag
 
 
-Row = tuple[bytes, bytes, list[str] | None]
+# (row JSON, key JSON, unchanged-TOAST columns or None, row hash or None)
+Row = tuple[bytes, bytes, list[str] | None, int | None]
 """One row as the event carries it: its JSON, its key's JSON (``{}`` when the relation has
 no key columns), ready to embed, and the unchanged-TOAST columns left out (or None). A
 plain tuple: one is built per row."""
@@ -209,6 +213,7 @@ class EventBuilder:
                     [self.types.spec(c.type_oid) for c in cols],
                     [c.is_key for c in cols],
                 ),
+                hasher=RowHasher([c.name for c in rel.columns]),
                 columns=len(rel.columns),
                 has_key=any(c.is_key for c in cols),
                 append_only=append_only(rel),
@@ -232,13 +237,16 @@ class EventBuilder:
             )
         return rel
 
-    def _row(self, rel: pg.Relation, values: tuple[pg.Value, ...]) -> Row:
+    def _row(self, rel: pg.Relation, values: tuple[pg.Value, ...], hashed: bool = False) -> Row:
+        """A row's JSON, key and unchanged-TOAST columns; with ``hashed``, its row hash
+        (None when the row's text is not all here)."""
         info = self._rel_info(rel)
         if len(values) != info.columns:
             raise PermanentError(
                 f"pgoutput protocol: {len(values)} values for {info.columns} columns"
                 f" of {rel.schema}.{rel.table}"
             )
+        row_hash = info.hasher.hash(values) if hashed else None
         if info.apply is not None:
             values = info.apply(values)
         row, key, toast, kept = info.encoder.encode(values)
@@ -255,7 +263,7 @@ class EventBuilder:
                     name,
                     reason,
                 )
-        return row, key if key is not None else b"{}", toast
+        return row, key if key is not None else b"{}", toast, row_hash
 
     def _envelope(self, op: str, lsn: int, rel: pg.Relation | None) -> Event:
         txn = self.txn
@@ -294,7 +302,7 @@ class EventBuilder:
                 )
             return []
         if msg.__class__ is pg.Insert:
-            new = self._row(rel, msg.new)
+            new = self._row(rel, msg.new, hashed=True)
             ev = self._event("insert", lsn, rel, new[1], new, None)
             if self._rel_info(rel).append_only:
                 ev["append_only"] = True
@@ -304,7 +312,7 @@ class EventBuilder:
             gone = before[1] if msg.old_kind == "K" else before[0]
             return [self._event("delete", lsn, rel, before[1], None, gone)]
         assert isinstance(msg, pg.Update)
-        new = self._row(rel, msg.new)
+        new = self._row(rel, msg.new, hashed=True)
         old: Row | None = None
         if msg.old is not None:
             old = self._row(rel, msg.old)
@@ -335,8 +343,11 @@ class EventBuilder:
         ev["key"] = orjson.Fragment(key) if info.has_key else {}
         ev["new"] = orjson.Fragment(new[0]) if new is not None else None
         ev["old"] = orjson.Fragment(old) if old is not None else None
-        if new is not None and new[2]:
-            ev["unchanged_toast"] = new[2]
+        if new is not None:
+            if new[2]:
+                ev["unchanged_toast"] = new[2]
+            if new[3] is not None:
+                ev["hash"] = new[3]
         ev["types"] = info.types
         return ev
 
@@ -353,13 +364,15 @@ class EventBuilder:
         them (the same text pgoutput sends, so the same conversion): ``version`` is its
         ``lsn`` and ``commit_lsn``, ``seq`` its number in the chunk (see
         docs/snapshots.md for why a row carries the version it does)."""
-        new = self._row(rel, values)
+        new = self._row(rel, values, hashed=True)
         ev: Event = {"v": EVENT_VERSION, "op": "read", "db": self.database, "schema": rel.schema,
                      "table": rel.table, "lsn": version, "seq": seq, "commit_lsn": version,
                      "xid": 0, "commit_ts": read_at}  # fmt: skip
         ev["key"] = orjson.Fragment(new[1]) if self._rel_info(rel).has_key else {}
         ev["new"] = orjson.Fragment(new[0])
         ev["old"] = None
+        if new[3] is not None:
+            ev["hash"] = new[3]
         ev["types"] = self._rel_info(rel).types
         ev["snapshot"] = snapshot
         if self._rel_info(rel).append_only:

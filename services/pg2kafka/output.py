@@ -42,7 +42,7 @@ from shared.logs import SampledLog
 log = logging.getLogger(__name__)
 
 # Fields a reference leaves out: the rows (and which of their values were unchanged).
-_ROWS = frozenset({"new", "old", "unchanged_toast"})
+_ROWS = frozenset({"new", "old", "unchanged_toast", "hash"})
 
 
 @dataclass(frozen=True)

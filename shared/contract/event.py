@@ -36,6 +36,7 @@ import orjson
 
 EVENT_VERSION = 1
 MAX_LSN = 2**63 - 1
+MAX_ROW_HASH = 2**32 - 1  # shared/contract/rowhash.py: four bytes of an MD5
 """The largest LSN a consumer accepts: the search engines' external version is a Java long."""
 EPOCH_SHIFT = 48
 """A row's version is ``epoch << EPOCH_SHIFT | lsn``: the source's epoch orders before its
@@ -74,8 +75,8 @@ OPS: frozenset[str] = frozenset(Op)
 
 FIELDS: tuple[str, ...] = (
     "v", "op", "db", "schema", "table", "lsn", "seq", "commit_lsn", "xid", "commit_ts",
-    "key", "new", "old", "unchanged_toast", "types", "ddl", "oversized", "snapshot", "epoch",
-    "append_only",
+    "key", "new", "old", "unchanged_toast", "hash", "types", "ddl", "oversized", "snapshot",
+    "epoch", "append_only",
 )  # fmt: skip
 """The envelope's fields, in the order the producer writes them."""
 REQUIRED: tuple[str, ...] = ("v", "op", "db", "lsn", "seq", "commit_lsn", "xid", "commit_ts")
@@ -129,6 +130,9 @@ class ChangeEvent(TypedDict, total=False):
     new: dict[str, Any] | orjson.Fragment | None
     old: dict[str, Any] | orjson.Fragment | None
     unchanged_toast: list[str]
+    # The row hash of ``new`` (shared/contract/rowhash.py), on insert, update and read
+    # rows whose text pg2kafka held entirely (not with ``unchanged_toast``).
+    hash: int
     types: dict[str, str] | orjson.Fragment
     ddl: DdlChange
     oversized: int  # bytes of the change that was too large for Kafka (a reference event)
@@ -259,6 +263,7 @@ class EventView(msgspec.Struct, gc=False):
     new: msgspec.Raw = _ABSENT
     types: msgspec.Raw = _ABSENT
     unchanged_toast: Any = None
+    hash: Any = None
     ddl: Any = None
     oversized: Any = None
     snapshot: Any = None
@@ -382,6 +387,9 @@ def decode(value: bytes | None) -> EventView:
             type(toast) is not list or not all(type(c) is str for c in toast)
         ):
             raise EventDecodeError("field 'unchanged_toast' is not a list of column names")
+        h = ev.hash
+        if h is not None and (type(h) is not int or not 0 <= h <= MAX_ROW_HASH):
+            raise EventDecodeError(f"field 'hash' not an integer from 0 to {MAX_ROW_HASH}")
         if op == "read" and ev.snapshot is not None and type(ev.snapshot) is not dict:
             raise EventDecodeError("field 'snapshot' is not an object")
     elif op == "snapshot":

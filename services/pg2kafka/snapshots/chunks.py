@@ -18,6 +18,7 @@ from services.pg2kafka.changes import EventBuilder
 from services.pg2kafka.filters import TableFilter
 from services.pg2kafka.types import TypeRegistry
 from shared.contract.event import EVENT_VERSION, SnapshotInfo
+from shared.contract.rowhash import row_hash_sql
 
 log = logging.getLogger(__name__)
 
@@ -184,19 +185,21 @@ def pg_json_frame(
     epoch: int = 0,
     *,
     append_only: bool = False,
-) -> tuple[bytes, bytes, bytes]:
-    """The bytes around a read row's seq, key and row, in the contract's field order
-    (``append_only``: a row of an insert-only table, flagged as the builder flags it)."""
+) -> tuple[bytes, bytes, bytes, bytes]:
+    """The bytes around a read row's seq, key, row and row hash, in the contract's field
+    order (``append_only``: a row of an insert-only table, flagged as the builder flags
+    it)."""
     dumps = orjson.dumps
     types = {c.name: builder.types.name(c.type_oid) for c in rel.columns}
     head = b'{"v":%d,"op":"read","db":%b,"schema":%b,"table":%b,"lsn":%d,"seq":' % (
         EVENT_VERSION, dumps(db), dumps(rel.schema), dumps(rel.table), version)  # fmt: skip
     middle = b',"commit_lsn":%d,"xid":0,"commit_ts":%b,"key":' % (version, dumps(read_at))
-    tail = b',"old":null,"types":%b,"snapshot":%b' % (dumps(types), dumps(info))
+    hash_field = b',"old":null,"hash":'
+    tail = b',"types":%b,"snapshot":%b' % (dumps(types), dumps(info))
     if epoch:
         tail += b',"epoch":%d' % epoch
     tail += b',"append_only":true}' if append_only else b"}"
-    return head, middle, tail
+    return head, middle, hash_field, tail
 
 
 def chunk_where(conn: psycopg.Connection[Any], rel: pg.Relation, chunk: Chunk) -> sql.Composable:
@@ -244,8 +247,9 @@ def chunk_query(
     by_ctid: bool = False,
 ) -> sql.Composed:
     """COPY of one chunk's rows: the columns pgoutput sends, as text; or, for a table
-    Postgres can write as JSON, its key and its row as JSON. ``by_ctid``: in physical
-    order (an insert-only table's chunk, whose rows are numbered by their place)."""
+    Postgres can write as JSON, its key, its row as JSON and its row hash
+    (:func:`shared.contract.rowhash.row_hash_sql`). ``by_ctid``: in physical order (an
+    insert-only table's chunk, whose rows are numbered by their place)."""
     cols = sql.SQL(", ").join(sql.Identifier(c.name) for c in rel.columns)
     inner = sql.SQL("SELECT {} FROM ONLY {} WHERE {}{}").format(
         cols, name, where, sql.SQL(" ORDER BY ctid") if by_ctid else sql.SQL("")
@@ -263,4 +267,7 @@ def chunk_query(
         )
     else:
         key = sql.SQL("NULL::text")  # every column is the key (or none is): the row
-    return sql.SQL("COPY (SELECT {}, to_json(s)::text FROM ({}) s) TO STDOUT").format(key, inner)
+    row_hash = row_hash_sql([c.name for c in rel.columns], "s")
+    return sql.SQL("COPY (SELECT {}, to_json(s)::text, {} FROM ({}) s) TO STDOUT").format(
+        key, row_hash, inner
+    )

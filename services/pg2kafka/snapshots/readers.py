@@ -258,7 +258,7 @@ class Reader:
                     )
                 send = made.begin(conn, at)
                 with conn.cursor().copy(query) as copy:
-                    copy.set_types(["text"] * (2 if json_columns else len(rel.columns)))
+                    copy.set_types(["text"] * (3 if json_columns else len(rel.columns)))
                     for sent in send(copy.rows(), sink, POLL_EVERY):
                         rows += sent
                         self.control.count(sent)

@@ -3,9 +3,9 @@ chosen once per reader (:func:`read_records`), so a reader's loop is the same wh
 the format.
 
 - **walcast events, fast**: a table with no transform rule whose every column Postgres
-  can write as JSON, encoded as JSON — Postgres writes each row's key and new image
-  itself; a record is the event's frame around them (:func:`.chunks.pg_json_frame`), one
-  join per row.
+  can write as JSON, encoded as JSON — Postgres writes each row's key, new image and row
+  hash itself; a record is the event's frame around them (:func:`.chunks.pg_json_frame`),
+  one join per row.
 - **walcast events, built**: every other table (or Avro): the builder makes each event
   from the columns' text, the producer's encoder encodes it.
 - **Debezium**: the connector's ``r`` records (:mod:`services.pg2kafka.debezium_format`).
@@ -165,20 +165,20 @@ class _FastJson:
         self.schema, self.table = rel.schema, rel.table
 
     def __call__(self, rows: Iterable[Any], sink: BulkKafkaSink, every: int) -> Iterator[int]:
-        # ``rows``: (key JSON or None, new JSON) each. The hot loop: a read row costs its
-        # bytes, one join and one produce call (the loop of :func:`_send`, written out,
-        # everything it reads in local variables).
-        head, middle, tail = self.frame
+        # ``rows``: (key JSON or None, new JSON, row hash) each. The hot loop: a read row
+        # costs its bytes, one join and one produce call (the loop of :func:`_send`,
+        # written out, everything it reads in local variables).
+        head, middle, hash_field, tail = self.frame
         keyless, per_row_key, fixed_key = self.keyless, self.per_row_key, self.fixed_key
         schema, table, limit, topic = self.schema, self.table, self.limit, self.topic
         produce, join, loads = sink.producer.produce, b"".join, orjson.loads
         new_field = b',"new":'
         n = 0
-        for key_json, new_json in rows:
+        for key_json, new_json, row_hash in rows:
             if key_json is None:
                 key_json = "{}" if keyless else new_json
             value = join((head, str(n).encode(), middle, key_json.encode(), new_field,
-                          new_json.encode(), tail))  # fmt: skip
+                          new_json.encode(), hash_field, row_hash.encode(), tail))  # fmt: skip
             key = row_key(schema, table, loads(key_json)) if per_row_key else fixed_key
             if len(value) + len(key) > limit:
                 value = self.oversized.event(topic, loads(value), len(value))

@@ -19,6 +19,7 @@ from services.pg2kafka.settings import FilterSettings, Pg2KafkaSettings, inserts
 from services.pg2kafka.snapshots.chunks import chunk_query, pg_json_frame
 from services.pg2kafka.types import TypeRegistry
 from shared.avro import event_from_avro, event_schema, event_to_avro
+from shared.contract import rowhash
 from shared.contract.event import FIELDS, ChangeEvent, decode
 
 KEYED = pg.Relation(16384, "app", "users", "d", (pg.Column("id", 23, -1, True),
@@ -92,9 +93,11 @@ def test_the_fast_snapshot_path_writes_the_same_event_as_the_builder(epoch: int)
     the same event, append_only included."""
     b = builder()
     info: Any = {"id": 7, "chunk": 1}
-    head, middle, tail = pg_json_frame("db1", NOKEY, 99, "2024-01-01T00:00:00.000000Z", info,
-                                       b, epoch, append_only=True)  # fmt: skip
-    fast = orjson.loads(head + b"3" + middle + b"{}" + b',"new":' + b'{"line":"x"}' + tail)
+    head, middle, hash_field, tail = pg_json_frame("db1", NOKEY, 99, "2024-01-01T00:00:00.000000Z",
+                                                   info, b, epoch, append_only=True)  # fmt: skip
+    row_hash = str(rowhash.row_hash([("line", "x")])).encode()  # what Postgres computes
+    fast = orjson.loads(head + b"3" + middle + b"{}" + b',"new":' + b'{"line":"x"}' + hash_field
+                        + row_hash + tail)  # fmt: skip
     slow = b.read(NOKEY, ("x",), 99, 3, "2024-01-01T00:00:00.000000Z", info)
     set_epoch(slow, epoch)
     assert fast == encoded(slow)

@@ -22,17 +22,32 @@ from services.pg2kafka.settings import Pg2KafkaSettings
 from services.pg2kafka.snapshots.rows import ChunkRows, WalcastReads
 from services.pg2kafka.topics import StreamTarget
 from services.pg2kafka.types import TypeRegistry
+from shared.contract.rowhash import row_hash
 from shared.errors import PermanentError
 from shared.settings import load_settings
 
 USERS = pg.Relation(16384, "app", "users", "d", (pg.Column("id", 23, -1, True),
                                                  pg.Column("name", 25, -1, False)))  # fmt: skip
 LOG = pg.Relation(16385, "app", "log", "d", (pg.Column("line", 25, -1, False),))
-# (columns' text as COPY writes them, key and row as Postgres writes their JSON)
-USERS_ROWS = [(("1", "ann"), ('{"id":1}', '{"id":1,"name":"ann"}')),
-              (("2", None), ('{"id":2}', '{"id":2,"name":null}')),
-              (("3", 'say "hi"'), ('{"id":3}', '{"id":3,"name":"say \\"hi\\""}'))]  # fmt: skip
-LOG_ROWS = [(("one",), (None, '{"line":"one"}')), (("two",), (None, '{"line":"two"}'))]
+
+
+def _with_hash(rel: pg.Relation, rows: list[Any]) -> list[Any]:
+    """Each fast row with the row hash Postgres computes for it (the SQL and the reference
+    agree: tests/integration/pg2kafka/test_row_hash.py)."""
+    names = [c.name for c in rel.columns]
+    return [(text, (*js, str(row_hash(zip(names, text, strict=True))))) for text, js in rows]
+
+
+# (columns' text as COPY writes them, (key and row as Postgres writes their JSON, row hash))
+USERS_ROWS = _with_hash(USERS, [
+    (("1", "ann"), ('{"id":1}', '{"id":1,"name":"ann"}')),
+    (("2", None), ('{"id":2}', '{"id":2,"name":null}')),
+    (("3", 'say "hi"'), ('{"id":3}', '{"id":3,"name":"say \\"hi\\""}')),
+])  # fmt: skip
+LOG_ROWS = _with_hash(LOG, [
+    (("one",), (None, '{"line":"one"}')),
+    (("two",), (None, '{"line":"two"}')),
+])  # fmt: skip
 
 
 def reads(mode: str, counted: list[int] | None = None) -> WalcastReads:
@@ -134,7 +149,8 @@ def test_a_row_too_large_travels_as_the_same_reference_either_way(
 ) -> None:
     counted: list[int] = []
     made = reads("primary_key", counted)
-    rows = [USERS_ROWS[0], (("2", "x" * 500), ('{"id":2}', '{"id":2,"name":"%s"}' % ("x" * 500)))]
+    big = (("2", "x" * 500), ('{"id":2}', '{"id":2,"name":"%s"}' % ("x" * 500)))
+    rows = [USERS_ROWS[0], *_with_hash(USERS, [big])]
     with caplog.at_level(logging.WARNING):
         fast, built = both(made, USERS, rows, chunk(made, USERS, limit=400))
     assert fast == built
@@ -171,8 +187,9 @@ def test_sending_yields_every_so_many_rows_then_the_rest(
     json_columns: bool, n: int, every: int, yields: list[int]
 ) -> None:
     made = reads("table")
-    rows = [(f"{i}", "x") if not json_columns else (f'{{"id":{i}}}', f'{{"id":{i},"name":"x"}}')
-            for i in range(n)]  # fmt: skip
+    rows = _with_hash(USERS, [((f"{i}", "x"), (f'{{"id":{i}}}', f'{{"id":{i},"name":"x"}}'))
+                              for i in range(n)])  # fmt: skip
+    rows = [r[1] if json_columns else r[0] for r in rows]
     at = replace(chunk(made, USERS), json_columns=json_columns)
     records, got, _ = sent(made, at, rows, every)
     assert got == yields

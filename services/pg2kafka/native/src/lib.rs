@@ -20,7 +20,8 @@
 //! - `temporal`: dates and timestamps to ISO-8601 (expanded years, `+hh:mm`);
 //! - `array`: array literals to nested JSON arrays;
 //! - `bytea`: bytea's hex output to base64;
-//! - `row`: the `RowEncoder` class (a row's and its key's JSON in one call).
+//! - `row`: the `RowEncoder` class (a row's and its key's JSON in one call);
+//! - `rowhash`: the `RowHasher` class (the row hash `verify` compares by).
 //!
 //! This file is the Python module: its wiring and the exported functions' glue.
 
@@ -32,6 +33,7 @@ mod bytea;
 mod conv;
 mod json;
 mod row;
+mod rowhash;
 mod temporal;
 mod tuple;
 
@@ -41,6 +43,7 @@ use pyo3::types::{PyBytes, PyString, PyTuple};
 
 use crate::conv::{conv_of, convert};
 use crate::row::RowEncoder;
+use crate::rowhash::RowHasher;
 use crate::tuple::{read_tuple, Column, Malformed};
 
 impl From<Malformed> for PyErr {
@@ -84,6 +87,7 @@ fn decode_tuple<'py>(
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<RowEncoder>()?;
+    m.add_class::<RowHasher>()?;
     m.add_function(wrap_pyfunction!(decode_tuple, m)?)?;
     m.add_function(wrap_pyfunction!(convert_value, m)?)?;
     Ok(())

@@ -1,0 +1,46 @@
+"""pg2kafka's compiled row hasher (services/pg2kafka/native/src/rowhash.rs) gives the
+number the contract's reference gives (shared/contract/rowhash.py) for any row: names in
+any script, empty and NULL values, an unchanged TOAST value (no hash). That Postgres's SQL
+gives it too is tests/integration/pg2kafka/test_row_hash.py."""
+
+from __future__ import annotations
+
+import hashlib
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from services.pg2kafka._native import RowHasher
+from shared.contract.rowhash import hash_input, row_hash
+
+names = st.lists(st.text(min_size=1, max_size=12).filter(lambda s: "\x00" not in s),
+                 min_size=0, max_size=8, unique=True)  # fmt: skip
+
+
+@given(names.flatmap(lambda ns: st.tuples(
+    st.just(ns), st.lists(st.one_of(st.none(), st.text(max_size=40)),
+                          min_size=len(ns), max_size=len(ns)))))  # fmt: skip
+def test_the_compiled_hasher_agrees_with_the_reference(
+    row: tuple[list[str], list[str | None]],
+) -> None:
+    cols, values = row
+    assert RowHasher(cols).hash(tuple(values)) == row_hash(zip(cols, values, strict=True))
+
+
+def test_the_input_is_netstrings_in_name_order_without_nulls() -> None:
+    cols = [("id", "7"), ("b", ""), ("é", "ü"), ("z", None)]
+    assert hash_input(cols) == "1:b0:2:id1:72:é2:ü".encode()
+    digest = hashlib.md5(hash_input(cols), usedforsecurity=False).digest()
+    assert row_hash(cols) == int.from_bytes(digest[:4], "big")
+    # A column's place does not matter; a NULL column is as if absent.
+    assert row_hash(reversed(cols)) == row_hash(cols[:3])
+
+
+def test_an_unchanged_toast_value_means_no_hash() -> None:
+    assert RowHasher(["id", "big"]).hash(("1", object())) is None
+
+
+def test_a_row_of_another_width_is_refused() -> None:
+    with pytest.raises(ValueError, match="2 values for 3 columns"):
+        RowHasher(["a", "b", "c"]).hash(("1", "2"))
