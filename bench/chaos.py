@@ -410,7 +410,15 @@ class Chaos:
         if self.http(base, f"/{alias}/_refresh", method="POST") is None:
             return {}
         out: dict[str, Any] = {}
-        page = self.http(base, f"/{alias}/_search?scroll=2m", {"size": 5000, "sort": ["_doc"]})
+        page = self.http(
+            base,
+            f"/{alias}/_search?scroll=2m",
+            {
+                "size": 5000,
+                "sort": ["_doc"],
+                "_source": {"excludes": ["_walcast_hash", "_walcast_xid"]},
+            },
+        )
         while page["hits"]["hits"]:
             out.update({h["_id"]: h["_source"] for h in page["hits"]["hits"]})
             page = self.http(

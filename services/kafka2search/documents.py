@@ -36,7 +36,7 @@ import orjson
 
 from services.kafka2search.mapping import document_id
 from shared.contract import limits
-from shared.contract.event import EventDecodeError, EventView
+from shared.contract.event import ROW_HASH, ROW_XID, EventDecodeError, EventView
 from shared.interfaces import Origin, Rejection
 
 
@@ -86,6 +86,10 @@ class Doc(msgspec.Struct, gc=False):
     # every change before this one (per-key order), an older row may predate some of
     # them — even the table's re-creation.
     fallback: dict[str, tuple[int, Any]] | None = None
+    # The verify fields of the version written (:func:`verify_fields`), spliced into the
+    # source line; None for a delete, and for a ``fill``, whose source is the held
+    # document's and carries its own.
+    meta: bytes | None = None
 
     def row(self) -> dict[str, Any]:
         """The source decoded, and kept so (for merging values into it)."""
@@ -179,8 +183,9 @@ class Batch:
                     fallback = {c: v for c, v in current.fallback.items() if c in missing}
         delete = source is None
         self.docs[(index, doc_id)] = Doc(
-            index, doc_id, delete, lsn, source, missing, origin, fallback=fallback or None
-        )
+            index, doc_id, delete, lsn, source, missing, origin, fallback=fallback or None,
+            meta=None if delete else verify_fields(ev),
+        )  # fmt: skip
         return None
 
     @staticmethod
@@ -238,6 +243,33 @@ def encode_sources(docs: list[Doc]) -> tuple[list[Doc], list[Rejection]]:
     return ok, refused
 
 
+def verify_fields(ev: EventView) -> bytes:
+    """The start of a document's source that ``verify`` reads (docs/design.md#verification):
+    the version's row hash (left out when the event has none: an unchanged TOAST value
+    was left out, the hash is unknown) and the transaction that wrote it (0: a read row).
+    An opening brace and the fields, each followed by a comma."""
+    h, xid = ev.hash, ev.xid
+    x = xid if type(xid) is int else 0
+    if type(h) is int:
+        return b'{"%b":%d,"%b":%d,' % (_HASH, h, _XID, x)
+    return b'{"%b":%d,' % (_XID, x)
+
+
+_HASH, _XID = ROW_HASH.encode(), ROW_XID.encode()
+_BLANK, _CLOSE = frozenset(b" \n\r\t"), ord("}")
+
+
+def _with_fields(meta: bytes, src: bytes | msgspec.Raw) -> bytes:
+    """The row's JSON object with ``meta``'s fields first (``src`` is one object)."""
+    rest = memoryview(src)[1:]
+    i = 0
+    while i < len(rest) and rest[i] in _BLANK:
+        i += 1
+    if i < len(rest) and rest[i] == _CLOSE:  # an empty row: no comma after the fields
+        return meta[:-1] + b"}"
+    return meta + rest
+
+
 def bulk_body(docs: list[Doc]) -> bytes:
     """NDJSON for the engine's bulk API: external versioning by the change's version (its
     LSN, after the source's epoch: :meth:`EventView.version`), so an older or
@@ -264,6 +296,7 @@ def bulk_body(docs: list[Doc]) -> bytes:
         else:
             lines.append(b'{"index":' + meta)
             src = d.source
-            lines.append(src if isinstance(src, msgspec.Raw) else limits.dumps(src))
+            line = src if isinstance(src, msgspec.Raw) else limits.dumps(src)
+            lines.append(line if d.meta is None else _with_fields(d.meta, line))
     lines.append(b"")
     return b"\n".join(lines)

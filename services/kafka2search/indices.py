@@ -15,7 +15,7 @@ from typing import Any
 from prometheus_client import Counter
 
 from services.kafka2search.engines import SearchEngine
-from services.kafka2search.mapping import alias_name, index_name, properties
+from services.kafka2search.mapping import VERIFY_FIELDS, alias_name, index_name, properties
 from services.kafka2search.metrics import Metrics
 from services.kafka2search.moves import Moves
 from services.kafka2search.settings import Kafka2SearchSettings
@@ -219,13 +219,16 @@ class Indices:
             meta = {"db": ev.db, "schema": ev.schema, "table": ev.table}
             st = IndexState(alias, index_name(alias), dict(types), 0, meta)
             if self.engine.create_index(
-                st.index, alias, self.s.index, properties(types), st.to_meta()
-            ):
+                st.index, alias, self.s.index, {**VERIFY_FIELDS, **properties(types)},
+                st.to_meta(),
+            ):  # fmt: skip
                 register(self.engine, alias, st.index)
                 log.info("created index %s (alias %s)", st.index, alias)
                 return st
             index = self.engine.resolve_alias(alias) or st.index
-        _props, meta_doc = self.engine.mapping(index)
+        props, meta_doc = self.engine.mapping(index)
+        if not VERIFY_FIELDS.keys() <= props.keys():  # an index made before them
+            self.engine.put_mapping(index, dict(VERIFY_FIELDS))
         w = meta_doc.get("walcast", {})
         meta = {k: v for k, v in w.items() if k not in ("columns", "truncated_lsn")}
         return IndexState(

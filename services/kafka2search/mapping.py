@@ -7,7 +7,8 @@ Contract (documented in docs/kafka2search.md):
 * Fields are mapped from the Postgres column types carried by every event (and by DDL
   events, before the data of a new column arrives), by the one type table
   (:mod:`shared.contract.pgtypes`). ``dynamic: false``: a field walcast
-  did not map is kept in ``_source`` but never guessed at.
+  did not map is kept in ``_source`` but never guessed at. Two of walcast's own fields,
+  :data:`VERIFY_FIELDS`, are in every document and mapped in every index.
 * Document id = the identity values (:func:`document_id`, the one place an id is made):
   a single column's value as text; several columns as a JSON array (so ``("a,b", "c")``
   and ``("a", "b,c")`` never meet). Ids longer than the engine's 512-byte limit become
@@ -30,6 +31,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from shared.contract import limits, pgtypes
+from shared.contract.event import ROW_HASH, ROW_XID
 from shared.naming import SEARCH_INDEX, table_name
 
 MAX_ID_BYTES = 512
@@ -40,6 +42,14 @@ def field_mapping(pg_type: str) -> Mapping[str, Any]:
     (:mod:`shared.contract.pgtypes`): arrays map like their elements (engines index arrays
     of any field); enums, ranges, unknown types: keyword."""
     return pgtypes.search_mapping(pg_type)
+
+
+VERIFY_FIELDS: dict[str, Mapping[str, Any]] = {
+    ROW_HASH: {"type": "long"},
+    ROW_XID: {"type": "long"},
+}
+"""The fields ``verify`` aggregates and reads (docs/design.md#verification), mapped in
+every index (added to an index made before them when it is opened)."""
 
 
 def properties(types: Mapping[str, str]) -> dict[str, Mapping[str, Any]]:

@@ -35,7 +35,7 @@ from pathlib import Path
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F  # noqa: N812 - the PySpark convention
 
-from shared.contract.event import EPOCH_SHIFT
+from shared.contract.event import EPOCH_SHIFT, ROW_HASH, ROW_XID
 
 ROW_ID = "_walcast_row_id"
 """The mirror's column holding an append-only row's id (NULL in rows merged by key)."""
@@ -73,10 +73,16 @@ def chosen() -> Column:
 
 def ensure_column(spark: SparkSession, path: Path) -> None:
     """Add ``_walcast_row_id`` to a mirror created for keyed rows (a table whose key was
-    dropped, then streamed insert-only). Idempotent."""
+    dropped, then streamed insert-only), and verify's columns to one made before them.
+    Idempotent."""
     names = spark.read.format("delta").load(str(path)).schema.fieldNames()
     if ROW_ID not in names:
         spark.sql(f"ALTER TABLE delta.{_quote(str(path))} ADD COLUMNS ({ROW_ID} string)")
+    if ROW_HASH not in names:
+        spark.sql(
+            f"ALTER TABLE delta.{_quote(str(path))}"
+            f" ADD COLUMNS ({ROW_HASH} bigint, {ROW_XID} bigint)"
+        )
 
 
 def append_rows(spark: SparkSession, path: Path, src: DataFrame, names: dict[str, str]) -> int:
@@ -100,6 +106,8 @@ def append_rows(spark: SparkSession, path: Path, src: DataFrame, names: dict[str
         values: dict[str, str | Column] = {_quote(m): f"s.{_quote(m)}" for m in names.values()}
         values[LSN] = "s.__w_lsn"
         values[ROW_ID] = f"s.{W_ROW}"
+        values[ROW_HASH] = "s.__w_hash"
+        values[ROW_XID] = "s.__w_xid"
         (
             DeltaTable.forPath(spark, str(path))
             .alias("t")

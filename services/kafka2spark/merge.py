@@ -18,10 +18,12 @@ from services.kafka2spark import append_only
 from services.kafka2spark.append_only import W_ROW
 from services.kafka2spark.names import (
     CORRUPT,
+    HASH,
     LSN,
     TRUNCATED,
     W_BEYOND,
     W_CARRY,
+    W_HASH,
     W_KAFKA,
     W_KEEP,
     W_KEY,
@@ -34,6 +36,8 @@ from services.kafka2spark.names import (
     W_SUPPLIED,
     W_TOAST,
     W_UNFILLED,
+    W_XID,
+    XID,
     MirrorError,
     quote,
 )
@@ -164,6 +168,8 @@ class Merger:
             F.col("lsn").alias(W_LSN),
             F.col("seq").alias(W_SEQ),
             F.col("op").alias(W_OP),
+            F.col("hash").alias(W_HASH),
+            F.coalesce(F.col("xid"), F.lit(0)).alias(W_XID),
             F.coalesce("unchanged_toast", F.array().cast("array<string>")).alias(W_TOAST),
             F.coalesce(F.json_object_keys("new"), F.array().cast("array<string>")).alias(W_PRESENT),
             F.from_json(
@@ -186,6 +192,8 @@ class Merger:
             W_LSN,
             W_SEQ,
             W_OP,
+            W_HASH,
+            W_XID,
             W_TOAST,
             W_PRESENT,
             *([W_ROW] if appending else []),
@@ -269,10 +277,14 @@ class Merger:
             F.when(k & F.array_contains(W_TOAST, c), F.lit(c))
             for k, c in zip(keep, values, strict=True)
         ]
+        # The newest change's row hash: null (unknown) when it left a TOAST value out, even
+        # if an older change of the batch supplied it (docs/design.md#verification).
         src = src.select(
             W_LSN,
             W_SEQ,
             W_OP,
+            W_HASH,
+            W_XID,
             *[F.col(mq(k)) for k in key],
             *[F.col(f"{W_CARRY}{i}.v").alias(names[c]) for i, c in enumerate(values)],
             *[k.alias(f"{W_KEEP}{i}") for i, k in enumerate(keep)],
@@ -288,7 +300,14 @@ class Merger:
         ).persist()
         try:
             table = DeltaTable.forPath(self.spark, str(path))
-            unfilled = UNFILLED in table.toDF().schema.fieldNames()
+            held_columns = table.toDF().schema.fieldNames()
+            if HASH not in held_columns:  # a mirror made before verify's columns
+                self.spark.sql(
+                    f"ALTER TABLE delta.{quote(str(path))}"
+                    f" ADD COLUMNS ({HASH} bigint, {XID} bigint)"
+                )
+                table = DeltaTable.forPath(self.spark, str(path))
+            unfilled = UNFILLED in held_columns
             if not unfilled and self.unheld_partial(src, table, [mq(k) for k in key]):
                 # the first partial row without a base: the mirror gets the column
                 self.spark.sql(
@@ -299,6 +318,8 @@ class Merger:
                 src.where(F.col(W_OP) != "delete").select(
                     *[F.col(mq(c)) for c in columns],
                     F.col(W_LSN).alias(LSN),
+                    F.col(W_HASH).alias(HASH),
+                    F.col(W_XID).alias(XID),
                     *(
                         [F.expr(f"nullif({W_UNFILLED}, array())").alias(UNFILLED)]
                         if unfilled
@@ -314,9 +335,10 @@ class Merger:
                 mq(c): f"CASE WHEN s.{W_KEEP}{i} THEN t.{mq(c)} ELSE s.{mq(c)} END"
                 for i, c in enumerate(values)
             }
-            assign[LSN] = f"s.{W_LSN}"
             insert: dict[str, str | Column] = {mq(c): f"s.{mq(c)}" for c in columns}
-            insert[LSN] = f"s.{W_LSN}"
+            for held, working in ((LSN, W_LSN), (HASH, W_HASH), (XID, W_XID)):
+                # (a fill below writes none of them: the held version stays, its hash too)
+                assign[held] = insert[held] = f"s.{working}"
             merge = table.alias("t").merge(src.alias("s"), on)
             merge = merge.whenMatchedDelete(condition=f"s.{W_OP} = 'delete' AND {newer}")
             if unfilled:

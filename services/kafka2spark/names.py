@@ -8,11 +8,16 @@ from __future__ import annotations
 from urllib.parse import unquote
 
 from services.kafka2spark.append_only import ROW_ID
-from shared.contract.event import UNFILLED
+from shared.contract.event import ROW_HASH, ROW_XID, UNFILLED
 from shared.naming import DELTA_DIRECTORY, table_name
 
 LSN = "_walcast_lsn"  # the row's version: its LSN, after epoch * 2^48 (a new source)
 SOURCE_LSN = "__source_lsn"  # the event's own lsn, for the changelog
+# verify's columns (docs/design.md#verification): the row hash of the version held (null:
+# unknown) and the transaction that wrote it (0: a read row)
+HASH, XID = ROW_HASH, ROW_XID
+OWN = (LSN, ROW_ID, UNFILLED, HASH, XID)
+"""walcast's own columns of a mirror (no Postgres column is named so: :func:`column_name`)."""
 TRUNCATED = "walcast.truncated_lsn"
 SCHEMA_AT = "walcast.schema_at"  # "lsn:seq" of the last DDL applied
 NUMBERS = "walcast.column_numbers"  # JSON: column -> attnum, to recognise renames
@@ -24,6 +29,7 @@ W_NEW, W_KEY, W_KAFKA, W_CARRY, W_KEEP, W_RANK, W_BEYOND = (
     "__w_new", "__w_key", "__w_", "__w_carry_", "__w_keep_", "__w_rank", "__w_beyond",
 )  # fmt: skip
 W_UNFILLED, W_SUPPLIED = "__w_unfilled", "__w_supplied"
+W_HASH, W_XID = "__w_hash", "__w_xid"
 
 
 def quote(name: str) -> str:
@@ -77,7 +83,7 @@ def mirror_names(taken: list[str], columns: list[str]) -> dict[str, str]:
     :func:`_case_escaped` form. Either decodes back with :func:`postgres_name`. The order
     of ``columns`` decides which twin keeps the plain name: callers pass Postgres' column
     order."""
-    seen = {_folded(t) for t in taken} | {_folded(LSN), _folded(ROW_ID), _folded(UNFILLED)}
+    seen = {_folded(t) for t in taken} | {_folded(o) for o in OWN}
     out: dict[str, str] = {}
     for c in columns:
         name = column_name(c)
@@ -102,7 +108,7 @@ def postgres_name(name: str) -> str:
 
 def _walcast_own(name: str) -> bool:
     folded = _folded(name)
-    return folded in (LSN, ROW_ID, UNFILLED) or folded.startswith("__w_")
+    return folded in OWN or folded.startswith("__w_")
 
 
 def table_dir(template: str, db: str, schema: str, table: str) -> str:

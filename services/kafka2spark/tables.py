@@ -17,10 +17,13 @@ from pyspark.sql import types as T  # noqa: N812 - the PySpark convention
 from services.kafka2spark.append_only import ROW_ID
 from services.kafka2spark.held import add_mirror
 from services.kafka2spark.names import (
+    HASH,
     LSN,
     NUMBERS,
+    OWN,
     SCHEMA_AT,
     TRUNCATED,
+    XID,
     mirror_names,
     postgres_name,
     quote,
@@ -52,8 +55,7 @@ class DeltaTables:
         """The mirror's columns (field name = mirror name, :func:`mirror_names`) by their
         Postgres names, without walcast's own ``_walcast_lsn``."""
         df = self.spark.read.format("delta").load(str(path))
-        own = (LSN, ROW_ID, UNFILLED)
-        return {postgres_name(f.name): f for f in df.schema.fields if f.name not in own}
+        return {postgres_name(f.name): f for f in df.schema.fields if f.name not in OWN}
 
     def properties(self, path: Path) -> dict[str, str]:
         rows = self.spark.sql(f"SHOW TBLPROPERTIES delta.{quote(str(path))}").collect()
@@ -80,6 +82,7 @@ class DeltaTables:
         for column, pg in types.items():
             builder = builder.addColumn(names[column], spark_type(pg))
         builder = builder.addColumn(LSN, T.LongType())
+        builder = builder.addColumn(HASH, T.LongType()).addColumn(XID, T.LongType())
         if appending:  # an insert-only table: its rows' ids (services.kafka2spark.append_only)
             builder = builder.addColumn(ROW_ID, T.StringType())
         builder = (

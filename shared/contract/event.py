@@ -163,6 +163,13 @@ def read_row_version(below_unseen: int, floor: int | None) -> int:
 # columns the sink could not fill: see :func:`fill_unfilled`.
 UNFILLED = "_walcast_unfilled"
 
+# What every sink stores with a row for ``verify`` (docs/design.md#verification): the row
+# hash of the version it holds (``hash``; absent when unknown: an update that left a
+# TOAST value out) and the transaction that wrote that version (``xid``; 0 for a read
+# row). kafka2search: fields of the document; kafka2spark: columns of the mirror.
+ROW_HASH = "_walcast_hash"
+ROW_XID = "_walcast_xid"
+
 
 def fill_unfilled(
     held: dict[str, Any], unfilled: list[str], older: dict[str, Any], older_unfilled: list[str]
@@ -271,6 +278,7 @@ class EventView(msgspec.Struct, gc=False):
     append_only: Any = None
     commit_lsn: Any = None
     seq: Any = None
+    xid: Any = None
 
     def version(self) -> int:
         """What a sink compares to order two writes of a row: ``lsn`` within an epoch,

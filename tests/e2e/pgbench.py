@@ -77,7 +77,17 @@ def index_rows(flow: Any, table: str) -> dict[str, dict[str, Any]]:
         return {}
     http(base, f"/{alias}/_refresh", method="POST")
     out: dict[str, dict[str, Any]] = {}
-    page = json.loads(http(base, f"/{alias}/_search?scroll=1m", {"size": 5000, "sort": ["_doc"]}))
+    page = json.loads(
+        http(
+            base,
+            f"/{alias}/_search?scroll=1m",
+            {
+                "size": 5000,
+                "sort": ["_doc"],
+                "_source": {"excludes": ["_walcast_hash", "_walcast_xid"]},
+            },
+        )
+    )
     while page["hits"]["hits"]:
         out.update({h["_id"]: h["_source"] for h in page["hits"]["hits"]})
         more = {"scroll": "1m", "scroll_id": page["_scroll_id"]}

@@ -87,7 +87,12 @@ def docs(engine: SearchEngine, alias: str) -> dict[str, dict[str, Any]]:
         return {}
     engine.refresh(alias)
     out: dict[str, dict[str, Any]] = {}
-    answer = engine.request("POST", f"/{alias}/_search", body={"size": 10000, "sort": ["_doc"]},
+    body = {
+        "size": 10000,
+        "sort": ["_doc"],
+        "_source": {"excludes": ["_walcast_hash", "_walcast_xid"]},
+    }  # the row alone
+    answer = engine.request("POST", f"/{alias}/_search", body=body,
                             params={"scroll": "1m"})  # fmt: skip
     while answer["hits"]["hits"]:
         out.update({h["_id"]: h["_source"] for h in answer["hits"]["hits"]})

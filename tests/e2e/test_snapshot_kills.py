@@ -79,7 +79,15 @@ def engine_docs(url: str, alias: str) -> dict[str, dict[str, Any]]:
 
     call("POST", f"/{alias}/_refresh")
     out: dict[str, dict[str, Any]] = {}
-    page = call("POST", f"/{alias}/_search?scroll=2m", {"size": 5000, "sort": ["_doc"]})
+    page = call(
+        "POST",
+        f"/{alias}/_search?scroll=2m",
+        {
+            "size": 5000,
+            "sort": ["_doc"],
+            "_source": {"excludes": ["_walcast_hash", "_walcast_xid"]},
+        },
+    )
     while page["hits"]["hits"]:
         out.update({h["_id"]: h["_source"] for h in page["hits"]["hits"]})
         page = call("POST", "/_search/scroll", {"scroll": "2m", "scroll_id": page["_scroll_id"]})

@@ -34,7 +34,15 @@ def documents(url: str, alias: str) -> list[dict[str, Any]]:
             return json.loads(r.read() or b"{}")
 
     call("POST", f"/{alias}/_refresh")
-    page = call("POST", f"/{alias}/_search", {"size": 10000, "query": {"match_all": {}}})
+    page = call(
+        "POST",
+        f"/{alias}/_search",
+        {
+            "size": 10000,
+            "query": {"match_all": {}},
+            "_source": {"excludes": ["_walcast_hash", "_walcast_xid"]},
+        },
+    )
     return [h["_source"] for h in page["hits"]["hits"]]
 
 

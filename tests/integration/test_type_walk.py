@@ -197,7 +197,7 @@ def _delta_row(path: Path, cols: list[tuple[str, str, str, str]]) -> dict[str, A
     (row,) = [r for r in rows if r["id"] == 1]
     out: dict[str, Any] = {}
     for key, value in row.items():
-        if key == "_walcast_lsn":
+        if key in ("_walcast_lsn", "_walcast_hash", "_walcast_xid"):
             continue
         name = next((n for c, _, _, n in cols if c == key), "int4")
         if name.removeprefix("_") in ("json", "jsonb") and value is not None:

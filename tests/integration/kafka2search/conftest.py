@@ -89,7 +89,13 @@ class Indexer:
             return {}
         self.es.refresh(alias)
         answer = self.es.request(
-            "POST", f"/{alias}/_search", body={"size": 10000, "query": {"match_all": {}}}
+            "POST",
+            f"/{alias}/_search",
+            body={
+                "size": 10000,
+                "query": {"match_all": {}},
+                "_source": {"excludes": ["_walcast_hash", "_walcast_xid"]},
+            },
         )
         return {h["_id"]: h["_source"] for h in answer["hits"]["hits"]}
 
@@ -101,7 +107,9 @@ class Indexer:
         self.es.refresh(alias)
         out: dict[str, dict[str, Any]] = {}
         page = self.es.request(
-            "POST", f"/{alias}/_search", body={"size": 5000, "sort": ["_doc"]},
+            "POST", f"/{alias}/_search",
+            body={"size": 5000, "sort": ["_doc"],
+                  "_source": {"excludes": ["_walcast_hash", "_walcast_xid"]}},
             params={"scroll": "2m"},
         )  # fmt: skip
         while page["hits"]["hits"]:

@@ -45,7 +45,8 @@ def pg_rows(h: Harness, table: str, columns: str = COLUMNS) -> dict[int, dict[st
 def delta_rows(path: Path) -> dict[int, dict[str, Any]]:
     """The mirror read by delta-rs, not Spark: proof the table is valid for other engines."""
     rows = DeltaTable(str(path)).to_pyarrow_table().to_pylist()
-    return {r["id"]: _normal({k: v for k, v in r.items() if k != "_walcast_lsn"}) for r in rows}
+    own = ("_walcast_lsn", "_walcast_hash", "_walcast_xid")
+    return {r["id"]: _normal({k: v for k, v in r.items() if k not in own}) for r in rows}
 
 
 def _normal(row: dict[str, Any]) -> dict[str, Any]:
@@ -131,8 +132,9 @@ def test_mirror_equals_the_table_through_a_mixed_workload_and_ddl(
     # for column-mapped tables, docs/decisions.md), so the values above are the files'.
     mirror = DeltaTable(str(path))
     names = [c.split("::")[0].strip() for c in cols.split(",")]
-    assert [n for n in mirror.to_pyarrow_table().column_names if n != "_walcast_lsn"] == names
-    assert [f.name for f in mirror.schema().fields if f.name != "_walcast_lsn"] == names
+    own = ("_walcast_lsn", "_walcast_hash", "_walcast_xid")
+    assert [n for n in mirror.to_pyarrow_table().column_names if n not in own] == names
+    assert [f.name for f in mirror.schema().fields if f.name not in own] == names
     assert "delta.columnMapping.mode" not in mirror.metadata().configuration
     assert mirror.protocol().min_reader_version == 1
     h.sql(f"TRUNCATE {table}")
@@ -353,7 +355,10 @@ def test_odd_columns_case_twins_structured_renames_and_widening(
     m = make_mirror(h.settings.producer.topic)
     m.run()
 
-    mirror = DeltaTable(str(m.path(odd))).to_pyarrow_table().to_pylist()
+    verify_columns = ["_walcast_hash", "_walcast_xid"]
+    mirror = (
+        DeltaTable(str(m.path(odd))).to_pyarrow_table().drop_columns(verify_columns).to_pylist()
+    )
     assert mirror == [
         {"id": 1, "first%20name": "Ada", "a%2Cb%3Bc": 9000000000, "%_walcast_lsn": "mine",
          "%__w_new": 3, "m": 1, "_walcast_lsn": mirror[0]["_walcast_lsn"]}
@@ -366,7 +371,14 @@ def test_odd_columns_case_twins_structured_renames_and_widening(
     # the case twins: each has its own column, read back by its Postgres name
     rows = DeltaTable(str(m.path(twins))).to_pyarrow_table().to_pylist()
     assert sorted(
-        ({postgres_name(k): v for k, v in r.items() if k != "_walcast_lsn"} for r in rows),
+        (
+            {
+                postgres_name(k): v
+                for k, v in r.items()
+                if k not in ("_walcast_lsn", *verify_columns)
+            }
+            for r in rows
+        ),
         key=lambda r: r["id"],
     ) == [
         {"id": 1, "Name": "A", "nAme": "a", "NAME": 1},

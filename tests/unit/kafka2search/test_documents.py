@@ -10,7 +10,7 @@ import pytest
 
 from services.kafka2search.documents import Batch, Doc, Origin, bulk_body
 from shared.contract import event as contract_event
-from shared.contract.event import EventDecodeError, EventView, decode
+from shared.contract.event import ROW_HASH, ROW_XID, EventDecodeError, EventView, decode
 
 INDEX = "walcast-public.users"
 
@@ -423,14 +423,48 @@ def test_bulk_body_ends_with_a_newline() -> None:
 
 
 def test_the_row_is_the_source_line_byte_for_byte() -> None:
-    """Never decoded and encoded again: "1.50" and 1.50 reach the engine as written."""
+    """Never decoded and encoded again: "1.50" and 1.50 reach the engine as written,
+    after verify's fields (the row hash and the transaction of the version)."""
     row = b'{"id":1,"price":"1.50","ratio":1.50,"name":"\\u00e9"}'
-    value = b'{"v":1,"op":"insert","db":"app","schema":"public","table":"t","lsn":5,'
-    value += b'"key":{"id":1},"new":' + row + b',"types":{"id":"int4"}}'
+    value = b'{"v":1,"op":"insert","db":"app","schema":"public","table":"t","lsn":5,"xid":77,'
+    value += b'"key":{"id":1},"new":' + row + b',"hash":4294967295,"types":{"id":"int4"}}'
     b = Batch()
     b.add(INDEX, decode(value), origin(value))
     body = bulk_body(list(b.docs.values()))
-    assert body.split(b"\n")[1] == row
+    assert body.split(b"\n")[1] == b'{"_walcast_hash":4294967295,"_walcast_xid":77,' + row[1:]
+
+
+@pytest.mark.parametrize(
+    ("new", "extra", "want"),
+    [
+        (b'{"id":1}', b',"hash":5', {ROW_HASH: 5, ROW_XID: 9, "id": 1}),
+        # an update that left a TOAST value out: no hash (unknown), the xid still
+        (b'{"id":1}', b',"unchanged_toast":["big"]', {ROW_XID: 9, "id": 1}),
+        (b"{}", b',"hash":5', {ROW_HASH: 5, ROW_XID: 9}),  # a row without columns
+        (b"{ \n }", b"", {ROW_XID: 9}),
+    ],
+    ids=["hashed", "toast", "empty", "blank"],
+)
+def test_every_written_version_carries_verifys_fields(
+    new: bytes, extra: bytes, want: dict[str, Any]
+) -> None:
+    value = b'{"v":1,"op":"update","db":"app","schema":"public","table":"t","lsn":5,"xid":9,'
+    value += b'"key":{"id":1},"new":' + new + extra + b',"types":{"id":"int4"}}'
+    b = Batch()
+    assert b.add(INDEX, decode(value), origin(value)) is None
+    body = bulk_body(list(b.docs.values()))
+    assert lines(body)[1] == want
+
+
+def test_a_read_row_is_written_by_transaction_zero_and_a_fill_keeps_the_held_fields() -> None:
+    value = b'{"v":1,"op":"read","db":"app","schema":"public","table":"t","lsn":5,"xid":0,'
+    value += b'"key":{"id":1},"new":{"id":1},"hash":8,"types":{"id":"int4"}}'
+    b = Batch()
+    b.add(INDEX, decode(value), origin(value))
+    assert lines(bulk_body(list(b.docs.values())))[1] == {ROW_HASH: 8, ROW_XID: 0, "id": 1}
+    held = {ROW_XID: 3, "id": 1, "big": "x"}  # a held partial version, its hash unknown
+    fill = Doc(INDEX, "1", False, 9, held, (), origin(), fill=True)
+    assert lines(bulk_body([fill]))[1] == held
 
 
 def test_a_row_written_over_several_lines_is_put_on_one() -> None:
@@ -440,7 +474,7 @@ def test_a_row_written_over_several_lines_is_put_on_one() -> None:
     b.add(INDEX, decode(value), origin(value))
     body = bulk_body(list(b.docs.values()))
     assert body.count(b"\n") == 2
-    assert lines(body)[1] == {"id": 1, "name": "ann"}
+    assert lines(body)[1] == {ROW_XID: 0, "id": 1, "name": "ann"}
 
 
 def test_fields_the_service_does_not_read_are_skipped() -> None:

@@ -19,7 +19,7 @@ from services.kafka2search.indexer import Indexer
 from services.kafka2search.indices import IndexState
 from services.kafka2search.metrics import Metrics
 from services.kafka2search.settings import Kafka2SearchSettings
-from shared.contract.event import decode
+from shared.contract.event import ROW_HASH, ROW_XID, decode
 from shared.errors import RetriableError
 from shared.interfaces import Rejection
 from tests.unit.kafka2search.conftest import SettingsFactory, StrictEngine
@@ -48,6 +48,7 @@ class FakeEngine(StrictEngine):
         self.mget_failures: deque[Exception] = deque()
         self.bulks: list[list[tuple[str, dict[str, Any], dict[str, Any] | None]]] = []
         self.mgets: list[tuple[str, list[str]]] = []
+        self.verify_fields: dict[str, dict[str, int]] = {}
         self.log = log if log is not None else []
 
     def bulk(self, ndjson: bytes, *, require_alias: bool = True) -> list[dict[str, Any]] | None:
@@ -61,6 +62,11 @@ class FakeEngine(StrictEngine):
             source = None
             if action == "index":
                 source = rows[i + 1]
+                # verify's fields apart: the tests here look at the row
+                # (tests/unit/kafka2search/test_documents.py looks at them)
+                self.verify_fields[meta["_id"]] = {
+                    k: source.pop(k) for k in (ROW_HASH, ROW_XID) if k in source
+                }
                 i += 1
             actions.append((action, meta, source))
             i += 1
