@@ -32,6 +32,7 @@ from psycopg import pq
 
 from services.pg2kafka import pgoutput
 from services.pg2kafka.pgoutput import format_lsn
+from shared.contract.rowhash import TEXT_OUTPUT_OPTIONS
 from shared.errors import PermanentError, RetriableError
 from shared.interfaces import Source
 from shared.settings import SAFE_SEARCH_PATH
@@ -46,11 +47,9 @@ _STATUS = struct.Struct("!cQQQqB")
 # lc_monetary (walcast's event keeps money's text as the server writes it).
 DEBEZIUM_SESSION_OPTIONS = "-c lc_monetary=C"
 
-# Pin the text output of every type, so the converters in types.py see one format.
-SESSION_OPTIONS = SAFE_SEARCH_PATH + (
-    " -c DateStyle=ISO,YMD -c TimeZone=UTC -c IntervalStyle=iso_8601 "
-    "-c extra_float_digits=3 -c bytea_output=hex"
-)
+# Pin the text output of every type, so the converters in types.py see one format and
+# the row hash is the one Postgres computes in a verify session (the same settings).
+SESSION_OPTIONS = f"{SAFE_SEARCH_PATH} {TEXT_OUTPUT_OPTIONS}"
 
 
 def replication_application_name(slot: str) -> str:
