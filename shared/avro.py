@@ -165,6 +165,9 @@ def event_schema(db: str, schema: str, table: str, types: Mapping[str, str],
             # The row hash of ``new`` (shared/contract/rowhash.py); last, with a default, so
             # schemas registered before it stay compatible.
             {"name": "hash", **opt_long},
+            # A verification marker's JSON (op verify), as in the JSON event; last, with a
+            # default, like ``hash``.
+            {"name": "verify", **opt_string},
         ],
     }  # fmt: skip
 
@@ -289,6 +292,7 @@ def event_to_avro(ev: Mapping[str, Any], schema: dict[str, Any]) -> dict[str, An
         "snapshot": None if ev.get("snapshot") is None else orjson.dumps(ev["snapshot"]).decode(),
         "oversized": ev.get("oversized"), "epoch": ev.get("epoch"),
         "append_only": ev.get("append_only"), "hash": ev.get("hash"),
+        "verify": None if ev.get("verify") is None else orjson.dumps(ev["verify"]).decode(),
     }  # fmt: skip
 
 
@@ -316,7 +320,7 @@ def event_from_avro(datum: Mapping[str, Any], schema: dict[str, Any]) -> dict[st
     if datum.get("hash") is not None:
         ev["hash"] = datum["hash"]
     ev["types"] = {f["pg_name"]: f["pg_type"] for f in _fields(schema, "new")}
-    for k in ("ddl", "snapshot"):
+    for k in ("ddl", "snapshot", "verify"):
         if datum.get(k) is not None:
             ev[k] = orjson.Fragment(datum[k])
     for k in ("oversized", "epoch", "append_only"):

@@ -19,7 +19,7 @@ from shared.contract.event import CONTROL_OPS, DATA_OPS
 
 @dataclass
 class Control:
-    """One truncate, DDL or snapshot marker of the batch (``table``: db.schema.table;
+    """One truncate, DDL, snapshot or verification marker of the batch (``table``: db.schema.table;
     ``event``: its db, schema and table)."""
 
     table: str
@@ -135,7 +135,10 @@ def distinct(controls: list[Control]) -> Iterator[Control]:
 def cuts(c: Control) -> bool:
     """Whether a control event changes the mirror, so the rows before it are merged
     before it is applied: a truncate, a snapshot's end, a schema change (not a table's
-    drop, which keeps the mirror, nor a snapshot's start, which is only recorded)."""
+    drop, which keeps the mirror, nor a snapshot's start, which is only recorded, nor a
+    verification marker)."""
+    if c.op == "verify":
+        return False
     if c.op == "snapshot":
         return (c.snapshot or {}).get("phase") == "end"
     if c.op == "ddl":

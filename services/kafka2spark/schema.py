@@ -89,5 +89,6 @@ ENVELOPE = T.StructType(
         ),
         T.StructField("epoch", T.LongType()),
         T.StructField("append_only", T.BooleanType()),
+        T.StructField("verify", T.StructType([T.StructField("id", T.StringType())])),
     ]
 )

@@ -36,11 +36,14 @@ from services.pg2kafka.transforms import check_database, from_settings
 from shared.contract.event import ChangeEvent
 from shared.errors import PermanentError
 from shared.kafka import Outgoing
+from shared.logs import SampledLog
 
 log = logging.getLogger(__name__)
 
 DDL_PREFIX = "walcast.ddl"
-_AUTHORED = frozenset({DDL_PREFIX, WATERMARK})  # acted on only when walcast signed them
+VERIFY_PREFIX = "walcast.verify"  # verification marks (V020, docs/design.md#verification)
+# acted on only when walcast signed them
+_AUTHORED = frozenset({DDL_PREFIX, WATERMARK, VERIFY_PREFIX})
 
 
 def joined_tables(content: bytes) -> frozenset[tuple[str, str]]:
@@ -190,6 +193,12 @@ class WalcastCdc(CdcHandler):
                     inc.watermark(session, self, lsn, opened)
             elif opened.prefix == DDL_PREFIX:
                 self.ddl(session, lsn, opened)
+            elif opened.prefix == VERIFY_PREFIX and opened.transactional and b.txn is not None:
+                # on every partition of each table, like a truncate: a sink has applied
+                # everything before it once each partition's offsets pass it
+                for ev in b.verify_marks(opened, lsn):
+                    if self.filter.matches(ev["schema"], ev["table"]):
+                        self.send_table_wide(session, ev)
         # Commits, heartbeats, other logical messages and Origin only move the position.
 
     def ddl(self, session: HandlerContext, lsn: int, msg: pg.Message) -> None:
@@ -274,6 +283,7 @@ class DebeziumCdc(CdcHandler):
 
     # Made with the session's type registry and catalog, on the first change.
     records: DebeziumRecords | None = None
+    _verify_log = SampledLog(log, "verification marks not written")
 
     def handle(self, session: HandlerContext, lsn: int, msg: pg.Decoded) -> None:
         b = session.builder
@@ -302,6 +312,13 @@ class DebeziumCdc(CdcHandler):
             opened = self.opened(session, lsn, msg)
             if opened is not None and opened.prefix == DDL_PREFIX:
                 self.check_keyless(session)
+            elif opened is not None and opened.prefix == VERIFY_PREFIX:
+                # The connector's records have no marker: a sink of this format cannot
+                # know when it has applied everything up to a point of the stream.
+                self._verify_log.warning(
+                    "verify", "a verification mark was asked for; the debezium format"
+                    " writes no markers: verify needs producer.format walcast",
+                )  # fmt: skip
 
     def _records(self, session: HandlerContext) -> DebeziumRecords:
         if self.records is None:

@@ -23,7 +23,7 @@ from services.pg2kafka._native import RowEncoder, RowHasher
 from services.pg2kafka.ddl_secrets import scrub_statement
 from services.pg2kafka.transforms import WITHHELD, Transforms, unique_key
 from services.pg2kafka.types import TypeRegistry
-from shared.contract.event import EVENT_VERSION, SnapshotInfo
+from shared.contract.event import EVENT_VERSION, MAX_MARK_ID, SnapshotInfo
 from shared.contract.event import ChangeEvent as Event
 from shared.errors import PermanentError
 from shared.logs import SampledLog
@@ -459,6 +459,33 @@ class EventBuilder:
         out["new"] = None
         out["old"] = None
         return out
+
+    def verify_marks(self, msg: pg.Message, lsn: int) -> list[Event]:
+        """The ``op: verify`` markers of a verification mark message (V020's
+        ``_walcast.verify_mark``: ``{"id", "tables": [{"schema", "table"}]}``), one per
+        table, in the transaction that wrote it; none for a malformed one (logged: it
+        must not stop the stream)."""
+        try:
+            payload = orjson.loads(msg.content)
+            mark = payload["id"]
+            tables = payload["tables"]
+            if not (isinstance(mark, str) and 0 < len(mark) <= MAX_MARK_ID):
+                raise ValueError("no id of 1 to 200 characters")
+            if not isinstance(tables, list) or not all(
+                isinstance(t, dict) and isinstance(t.get("schema"), str)
+                and isinstance(t.get("table"), str) for t in tables
+            ):  # fmt: skip
+                raise ValueError("tables is not a list of {schema, table}")
+        except (orjson.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
+            log.warning("skipping a malformed verification mark at %s: %s", pg.format_lsn(lsn), exc)
+            return []
+        events = []
+        for t in tables:
+            ev = self._ddl_envelope(lsn, t["schema"], t["table"])
+            ev["op"] = "verify"
+            ev["verify"] = {"id": mark}
+            events.append(ev)
+        return events
 
     def truncate(self, msg: pg.Truncate, lsn: int) -> list[Event]:
         events = []

@@ -66,17 +66,18 @@ class Op(StrEnum):
     DDL = "ddl"
     READ = "read"
     SNAPSHOT = "snapshot"
+    VERIFY = "verify"
 
 
 DATA_OPS: tuple[str, ...] = (Op.INSERT, Op.UPDATE, Op.DELETE, Op.READ)
-CONTROL_OPS: tuple[str, ...] = (Op.TRUNCATE, Op.DDL, Op.SNAPSHOT)
+CONTROL_OPS: tuple[str, ...] = (Op.TRUNCATE, Op.DDL, Op.SNAPSHOT, Op.VERIFY)
 SNAPSHOT_PHASES: tuple[str, ...] = ("start", "end")
 OPS: frozenset[str] = frozenset(Op)
 
 FIELDS: tuple[str, ...] = (
     "v", "op", "db", "schema", "table", "lsn", "seq", "commit_lsn", "xid", "commit_ts",
     "key", "new", "old", "unchanged_toast", "hash", "types", "ddl", "oversized", "snapshot",
-    "epoch", "append_only",
+    "epoch", "append_only", "verify",
 )  # fmt: skip
 """The envelope's fields, in the order the producer writes them."""
 REQUIRED: tuple[str, ...] = ("v", "op", "db", "lsn", "seq", "commit_lsn", "xid", "commit_ts")
@@ -111,6 +112,15 @@ class SnapshotInfo(TypedDict, total=False):
     source: dict[str, Any]  # start marker: {"system": identifier, "timeline": n} of the server read
 
 
+class VerifyMark(TypedDict):
+    """``verify`` of an ``op: verify`` marker: the id its verifier gave it."""
+
+    id: str
+
+
+MAX_MARK_ID = 200  # characters of a verification mark's id (V020 refuses longer)
+
+
 class ChangeEvent(TypedDict, total=False):
     """One change as the producer builds it (see docs/events.md for each field). pg2kafka
     holds ``key``, ``new``, ``old`` and ``types`` already encoded (``orjson.Fragment``:
@@ -142,6 +152,7 @@ class ChangeEvent(TypedDict, total=False):
     # (filters.keyless_tables=inserts): an insert-only table, whose rows sinks append,
     # each under :func:`append_only_id` (docs/events.md, "Insert-only tables").
     append_only: bool
+    verify: VerifyMark  # a verification marker (docs/design.md#verification)
 
 
 def read_row_version(below_unseen: int, floor: int | None) -> int:
@@ -276,6 +287,7 @@ class EventView(msgspec.Struct, gc=False):
     snapshot: Any = None
     epoch: Any = None
     append_only: Any = None
+    verify: Any = None
     commit_lsn: Any = None
     seq: Any = None
     xid: Any = None
@@ -411,6 +423,14 @@ def decode(value: bytes | None) -> EventView:
         sid = info.get("id")
         if type(sid) is not int or not 0 <= sid <= MAX_LSN:
             raise EventDecodeError("snapshot 'id' missing or not an integer from 0 to 2^63-1")
+    elif op == "verify":
+        mark = ev.verify
+        if type(mark) is not dict or type(mark.get("id")) is not str:
+            raise EventDecodeError("verify event without a 'verify' object with a string 'id'")
+        if not 0 < len(mark["id"]) <= MAX_MARK_ID:
+            raise EventDecodeError(
+                f"verify 'id' of {len(mark['id'])} characters (1 to {MAX_MARK_ID})"
+            )
     elif op == "ddl":
         ddl = ev.ddl
         if type(ddl) is not dict:
