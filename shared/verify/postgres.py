@@ -1,0 +1,215 @@
+"""The Postgres side of ``verify`` (:class:`~shared.verify.core.VerifySource`): a table's
+key ranges with their count and row-hash sum, a range's rows, and the marker request.
+
+Every range is read in its own short ``REPEATABLE READ, READ ONLY`` transaction, which
+also reads its snapshot: first the range's upper bound (the ``max_rows``-th key after the
+lower one, an index-ordered scan of the key), then the count and hash sum of the rows up
+to it — no transaction outlives one range, and ``rows_per_s`` paces the reads. The row
+hash is :func:`shared.contract.rowhash.row_hash_sql` over the columns the stream carries,
+in a session with the same text-output settings as pg2kafka's
+(:data:`~shared.contract.rowhash.TEXT_OUTPUT_OPTIONS`).
+
+Keys: the primary key, else the replica identity index — the key events carry. Ranges
+follow Postgres's order of the key, which the sinks' range queries must share: integer
+and uuid columns (and tuples of them) order alike everywhere; other key types are refused
+with what to do (docs/design.md#verification).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import psycopg
+from psycopg import sql
+
+from shared.contract.rowhash import TEXT_OUTPUT_OPTIONS, row_hash_sql
+from shared.errors import PermanentError
+from shared.verify.core import KeyRange, Snapshot, SourceRange, SourceRow, Summary
+
+ORDERED_KEY_TYPES = frozenset({"int2", "int4", "int8", "uuid"})
+"""Key column types whose order Postgres, the search engines and Delta share."""
+
+
+@dataclass(frozen=True)
+class TableShape:
+    """What verifying a table needs of its definition: the columns the stream carries (not
+    dropped, not generated), its key columns in key order, and whether it is partitioned
+    (its rows are in its partitions)."""
+
+    columns: tuple[str, ...]
+    key: tuple[str, ...]
+    partitioned: bool
+
+
+class PostgresSource:
+    """Reads ``conninfo``'s tables for ``verify``; ``rows_per_s``: the most rows it reads
+    per second (None: as fast as Postgres answers). ``session_options``: added to the
+    text-output settings (the Debezium format's ``lc_monetary=C``)."""
+
+    def __init__(
+        self, conninfo: str, rows_per_s: float | None = None, session_options: str = ""
+    ) -> None:
+        self.conninfo = conninfo
+        self.rows_per_s = rows_per_s
+        self.options = f"{TEXT_OUTPUT_OPTIONS} {session_options}".strip()
+        self._shapes: dict[tuple[str, str], TableShape] = {}
+        self._read = 0
+        self._started = time.monotonic()
+
+    def _connect(self) -> psycopg.Connection[Any]:
+        return psycopg.connect(self.conninfo, autocommit=True, options=self.options)
+
+    def shape(self, table: tuple[str, str]) -> TableShape:
+        """The table's columns and key (read once); PermanentError when it has no key
+        walcast streams it by, or a key whose order the sinks do not share."""
+        got = self._shapes.get(table)
+        if got is not None:
+            return got
+        name = ".".join(table)
+        with self._connect() as conn:
+            row = conn.execute(
+                "SELECT c.oid, c.relkind FROM pg_catalog.pg_class c"
+                " JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace"
+                " WHERE n.nspname = %s AND c.relname = %s",
+                list(table),
+            ).fetchone()
+            if row is None:
+                raise PermanentError(f"verify: no table {name} in the source database")
+            oid, relkind = row
+            cols = conn.execute(
+                "SELECT a.attname, t.typname, a.attnum FROM pg_catalog.pg_attribute a"
+                " JOIN pg_catalog.pg_type t ON t.oid = a.atttypid"
+                " WHERE a.attrelid = %s AND a.attnum > 0 AND NOT a.attisdropped"
+                " AND a.attgenerated = '' ORDER BY a.attnum",
+                [oid],
+            ).fetchall()
+            index = conn.execute(
+                "SELECT i.indkey::int2[] FROM pg_catalog.pg_index i WHERE i.indrelid = %s"
+                " AND (i.indisprimary OR i.indisreplident) ORDER BY i.indisprimary DESC LIMIT 1",
+                [oid],
+            ).fetchone()
+        if index is None:
+            raise PermanentError(
+                f"verify: {name} has no primary key or replica identity index",
+                hint="verify compares keyed tables; add a primary key",
+            )
+        by_num = {int(num): (str(n), str(t)) for n, t, num in cols}
+        key = [by_num[int(num)] for num in index[0]]
+        odd = [f"{n} ({t})" for n, t in key if t not in ORDERED_KEY_TYPES]
+        if odd:
+            raise PermanentError(
+                f"verify: {name}'s key column {', '.join(odd)} is of a type whose order the"
+                " sinks do not share",
+                hint="verify compares tables keyed by integer or uuid columns",
+            )
+        got = TableShape(
+            tuple(str(n) for n, _, _ in cols), tuple(n for n, _ in key), relkind == "p"
+        )
+        self._shapes[table] = got
+        return got
+
+    def _parts(self, table: tuple[str, str]) -> tuple[TableShape, sql.Composable, sql.Composable]:
+        """(shape, the table as a FROM item aliased ``s``, its key as a row)."""
+        shape = self.shape(table)
+        only = sql.SQL("") if shape.partitioned else sql.SQL("ONLY ")
+        source = sql.SQL("{}{} s").format(only, sql.Identifier(*table))
+        cols = sql.SQL(", ").join(sql.Identifier("s", k) for k in shape.key)
+        key = cols if len(shape.key) == 1 else sql.SQL("({})").format(cols)
+        return shape, source, key
+
+    @staticmethod
+    def _bound(values: tuple[object, ...]) -> sql.Composable:
+        lits = sql.SQL(", ").join(sql.Literal(v) for v in values)
+        return lits if len(values) == 1 else sql.SQL("({})").format(lits)
+
+    def _where(self, key: sql.Composable, rng: KeyRange) -> sql.Composable:
+        parts: list[sql.Composable] = []
+        if rng.lower is not None:
+            parts.append(sql.SQL("{} > {}").format(key, self._bound(rng.lower)))
+        if rng.upper is not None:
+            parts.append(sql.SQL("{} <= {}").format(key, self._bound(rng.upper)))
+        return sql.SQL(" AND ").join(parts) if parts else sql.SQL("true")
+
+    def _pace(self, rows: int) -> None:
+        self._read += rows
+        if self.rows_per_s:
+            ahead = self._read / self.rows_per_s - (time.monotonic() - self._started)
+            if ahead > 0:
+                time.sleep(ahead)
+
+    def ranges(self, table: tuple[str, str], max_rows: int) -> Iterator[SourceRange]:
+        if max_rows < 1:
+            raise ValueError("max_rows must be at least 1")
+        shape, source, key = self._parts(table)
+        order = sql.SQL(", ").join(sql.Identifier("s", k) for k in shape.key)
+        keys = sql.SQL(", ").join(sql.Identifier("s", k) for k in shape.key)
+        row_hash = row_hash_sql(shape.columns, "s")
+        lower: tuple[object, ...] | None = None
+        with self._connect() as conn:
+            while True:
+                with conn.transaction():
+                    conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+                    snap = _snapshot(conn)
+                    after = self._where(key, KeyRange(lower, None))
+                    nth = sql.SQL("SELECT {} FROM {} WHERE {} ORDER BY {} OFFSET {} LIMIT 1")
+                    upper_row = conn.execute(
+                        nth.format(keys, source, after, order, sql.Literal(max_rows - 1))
+                    ).fetchone()
+                    upper = tuple(upper_row) if upper_row is not None else None
+                    rng = KeyRange(lower, upper)
+                    summary = sql.SQL(
+                        "SELECT count(*), coalesce(sum({}), 0)::text FROM {} WHERE {}"
+                    )
+                    count, total = conn.execute(
+                        summary.format(row_hash, source, self._where(key, rng))
+                    ).fetchone() or (0, "0")
+                self._pace(int(count))
+                yield SourceRange(rng, Summary(int(count), int(total)), snap)
+                if upper is None:
+                    return
+                lower = upper
+
+    def rows(self, table: tuple[str, str], rng: KeyRange) -> tuple[list[SourceRow], Snapshot]:
+        shape, source, key = self._parts(table)
+        keys = sql.SQL(", ").join(sql.Identifier("s", k) for k in shape.key)
+        query = sql.SQL("SELECT {}, {}, s.xmin::text FROM {} WHERE {}").format(
+            keys, row_hash_sql(shape.columns, "s"), source, self._where(key, rng)
+        )
+        n = len(shape.key)
+        with self._connect() as conn, conn.transaction():
+            conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+            snap = _snapshot(conn)
+            got = [
+                SourceRow(tuple(r[:n]), int(r[n]), int(r[n + 1]))
+                for r in conn.execute(query).fetchall()
+            ]
+        self._pace(len(got))
+        return got, snap
+
+    def mark(self, mark_id: str, tables: Sequence[tuple[str, str]]) -> None:
+        with self._connect() as conn:
+            names = [sql.Identifier(*t).as_string(conn) for t in tables]
+            try:
+                conn.execute(
+                    "SELECT _walcast.verify_mark(%s, %s::text[]::pg_catalog.regclass[])",
+                    [mark_id, names],
+                )
+            except psycopg.errors.InsufficientPrivilege as exc:
+                raise PermanentError(
+                    f"verify: this role may not ask pg2kafka for a verification marker: {exc}",
+                    hint="GRANT walcast_verifier TO the role verify connects as",
+                ) from exc
+            except psycopg.errors.UndefinedFunction as exc:
+                raise PermanentError(
+                    "verify: the source has no _walcast.verify_mark (pg2kafka's migration V020)",
+                    hint="run pg2kafka init with this version",
+                ) from exc
+
+
+def _snapshot(conn: psycopg.Connection[Any]) -> Snapshot:
+    row = conn.execute("SELECT pg_catalog.pg_current_snapshot()::text").fetchone()
+    assert row is not None
+    return Snapshot.parse(str(row[0]))
