@@ -180,8 +180,14 @@ class VerifySource(Protocol):
         """The range's rows and the snapshot they were read in."""
         ...
 
-    def mark(self, mark_id: str, tables: Sequence[tuple[str, str]]) -> None:
-        """Ask pg2kafka for a verification marker on each table (committed on return)."""
+    def mark(self, mark_id: str, tables: Sequence[tuple[str, str]]) -> int:
+        """Ask pg2kafka for a verification marker on each table (committed on return);
+        its position in the WAL."""
+        ...
+
+    def wait_streamed(self, slot: str, lsn: int, timeout_s: float) -> None:
+        """Return once pg2kafka's slot has passed ``lsn`` (every copy of a marker there
+        is in Kafka); raise after ``timeout_s``."""
         ...
 
 
@@ -195,6 +201,10 @@ class VerifyTarget(Protocol):
 
     def rows(self, table: tuple[str, str], rng: KeyRange) -> list[SinkRow]:
         """The range's rows as the sink holds them."""
+        ...
+
+    def before_mark(self, tables: Sequence[tuple[str, str]]) -> None:
+        """Note where the tables' partitions end now: a marker asked for next lies after."""
         ...
 
     def wait_for_mark(

@@ -26,7 +26,7 @@ import psycopg
 from psycopg import sql
 
 from shared.contract.rowhash import TEXT_OUTPUT_OPTIONS, row_hash_sql
-from shared.errors import PermanentError
+from shared.errors import PermanentError, RetriableError
 from shared.verify.core import KeyRange, Snapshot, SourceRange, SourceRow, Summary
 
 ORDERED_KEY_TYPES = frozenset({"int2", "int4", "int8", "uuid"})
@@ -189,14 +189,15 @@ class PostgresSource:
         self._pace(len(got))
         return got, snap
 
-    def mark(self, mark_id: str, tables: Sequence[tuple[str, str]]) -> None:
+    def mark(self, mark_id: str, tables: Sequence[tuple[str, str]]) -> int:
         with self._connect() as conn:
             names = [sql.Identifier(*t).as_string(conn) for t in tables]
             try:
-                conn.execute(
-                    "SELECT _walcast.verify_mark(%s, %s::text[]::pg_catalog.regclass[])",
+                row = conn.execute(
+                    "SELECT (_walcast.verify_mark(%s, %s::text[]::pg_catalog.regclass[])"
+                    " - '0/0'::pg_catalog.pg_lsn)::bigint",
                     [mark_id, names],
-                )
+                ).fetchone()
             except psycopg.errors.InsufficientPrivilege as exc:
                 raise PermanentError(
                     f"verify: this role may not ask pg2kafka for a verification marker: {exc}",
@@ -207,6 +208,38 @@ class PostgresSource:
                     "verify: the source has no _walcast.verify_mark (pg2kafka's migration V020)",
                     hint="run pg2kafka init with this version",
                 ) from exc
+        if row is None or row[0] is None:
+            raise PermanentError(
+                "verify: no marker was written (the source's _walcast.message_key is empty)",
+                hint="run pg2kafka init",
+            )
+        return int(row[0])
+
+    def wait_streamed(self, slot: str, lsn: int, timeout_s: float) -> None:
+        """Return once pg2kafka's slot ``slot`` has confirmed past ``lsn``: everything
+        before it, the marker's copies included, acknowledged by Kafka."""
+        deadline = time.monotonic() + timeout_s
+        with self._connect() as conn:
+            while True:
+                row = conn.execute(
+                    "SELECT (confirmed_flush_lsn - '0/0'::pg_catalog.pg_lsn)::bigint, active"
+                    " FROM pg_catalog.pg_replication_slots WHERE slot_name = %s",
+                    [slot],
+                ).fetchone()
+                if row is None:
+                    raise PermanentError(
+                        f"verify: no replication slot {slot!r} in the source",
+                        hint="set verify.slot to pg2kafka's replication.slot",
+                    )
+                if row[0] is not None and int(row[0]) > lsn:
+                    return
+                if time.monotonic() > deadline:
+                    state = "streamed" if row[1] else "not streamed (is pg2kafka running?)"
+                    raise RetriableError(
+                        f"verify: slot {slot!r} ({state}) has not passed the marker at"
+                        f" {lsn} within {timeout_s:.0f}s"
+                    )
+                time.sleep(0.2)
 
 
 def _snapshot(conn: psycopg.Connection[Any]) -> Snapshot:

@@ -1,0 +1,137 @@
+"""Where a verification marker landed in Kafka, and waiting until a sink has applied
+everything up to it (docs/design.md#verification, steps 2 and 3).
+
+The verifier notes each partition's end offset before it asks for the marker
+(:func:`end_offsets`); once pg2kafka's slot has passed the marker (every copy of it
+acknowledged by Kafka: checkpoint last), the copies lie between those offsets and the
+partitions' ends, and :func:`find_marks` reads just that stretch. :func:`wait_applied`
+then waits until the sink's applied offsets pass every copy — a consumer group's
+committed offsets, a Structured Streaming checkpoint's — failing only after
+``timeout_s`` without progress, with how far the sink got.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable
+
+import orjson
+from confluent_kafka import Consumer, KafkaException, TopicPartition
+
+from shared.errors import RetriableError
+from shared.kafka import topic_partitions
+
+Partition = tuple[str, int]
+
+
+class MarkNotAppliedError(RetriableError):
+    """The sink made no progress towards a marker within the time allowed."""
+
+
+def end_offsets(consumer: Consumer, topics: Iterable[str]) -> dict[Partition, int]:
+    """Each partition's end offset now."""
+    out: dict[Partition, int] = {}
+    for topic in topics:
+        for tp in topic_partitions(consumer, topic):
+            _low, high = consumer.get_watermark_offsets(tp, timeout=10)
+            out[(tp.topic, tp.partition)] = high
+    return out
+
+
+def find_marks(
+    consumer: Consumer, since: dict[Partition, int], mark_id: str, table: tuple[str, str]
+) -> dict[Partition, int]:
+    """The offset of each copy of the marker ``mark_id`` for ``table`` written after
+    ``since``, reading each partition from there to its end now (call it once pg2kafka's
+    slot has passed the marker: every copy is then in Kafka). A partition without a copy
+    carries none of the table's rows."""
+    ends = end_offsets(consumer, {t for t, _ in since})
+    todo = {p: o for p, o in since.items() if ends.get(p, o) > o}
+    if not todo:
+        return {}
+    consumer.assign([TopicPartition(t, p, o) for (t, p), o in todo.items()])
+    found: dict[Partition, int] = {}
+    done: set[Partition] = set()
+    needle = mark_id.encode()
+    deadline = time.monotonic() + 120
+    try:
+        while len(done) < len(todo):
+            if time.monotonic() > deadline:
+                left = sorted(set(todo) - done)
+                raise RetriableError(
+                    f"verify: reading the marker's partitions took too long: {left}"
+                )
+            for msg in consumer.consume(500, 1.0):
+                if msg.error():
+                    continue
+                topic, partition, offset = msg.topic(), msg.partition(), msg.offset()
+                if topic is None or partition is None or offset is None:
+                    continue
+                p = (topic, partition)
+                value = msg.value() or b""
+                if needle in value and b'"verify"' in value and _is_mark(value, mark_id, table):
+                    found.setdefault(p, offset)
+                if offset + 1 >= ends[p]:
+                    done.add(p)
+            for p in todo:
+                if p not in done and _position(consumer, p) >= ends[p]:
+                    done.add(p)
+    finally:
+        consumer.unassign()
+    return found
+
+
+def _position(consumer: Consumer, p: Partition) -> int:
+    try:
+        (tp,) = consumer.position([TopicPartition(p[0], p[1])])
+    except KafkaException:
+        return -1
+    return int(tp.offset) if tp.offset >= 0 else -1
+
+
+def _is_mark(value: bytes, mark_id: str, table: tuple[str, str]) -> bool:
+    try:
+        ev = orjson.loads(value)
+    except orjson.JSONDecodeError:
+        return False
+    return (
+        isinstance(ev, dict)
+        and ev.get("op") == "verify"
+        and (ev.get("schema"), ev.get("table")) == table
+        and isinstance(ev.get("verify"), dict)
+        and ev["verify"].get("id") == mark_id
+    )
+
+
+def wait_applied(
+    applied: Callable[[], dict[Partition, int]],
+    marks: dict[Partition, int],
+    timeout_s: float,
+    sleep: Callable[[float], None] = time.sleep,
+    clock: Callable[[], float] = time.monotonic,
+) -> None:
+    """Return once ``applied()`` — per partition, the next offset the sink will apply
+    (a committed offset) — is past every marker copy in ``marks``; raise
+    :class:`MarkNotAppliedError` after ``timeout_s`` in which no partition moved closer."""
+    last_progress = clock()
+    best: dict[Partition, int] = {}
+    while True:
+        now = applied()
+        behind = {p: o for p, o in marks.items() if now.get(p, -1) <= o}
+        if not behind:
+            return
+        moved = any(now.get(p, -1) > best.get(p, -1) for p in behind)
+        for p in behind:
+            best[p] = max(best.get(p, -1), now.get(p, -1))
+        if moved:
+            last_progress = clock()
+        elif clock() - last_progress > timeout_s:
+            shown = ", ".join(
+                f"{t}[{n}] at {best.get((t, n), -1)} of {o + 1}"
+                for (t, n), o in sorted(behind.items())
+            )
+            raise MarkNotAppliedError(
+                f"verify: the sink has not applied up to the marker within {timeout_s:.0f}s"
+                f" without progress ({shown}): is it running?"
+            )
+        sleep(0.2)

@@ -1,0 +1,159 @@
+"""The rounds of one table's verification (shared/verify/run.py) with fakes of both sides
+that implement the real protocols: a table equal to its sink is verified from summaries
+alone (no row read from the sink); a missing, an extra and a differing row are each
+reported with their key; a row the sink holds ahead of every read (a transaction the
+snapshots do not see) is reported as changing, never as a difference; a row missing in one
+round and back in the next is no difference; a marker precedes every sink read."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+
+import pytest
+
+from shared.verify.core import (
+    KeyRange,
+    SinkRow,
+    Snapshot,
+    SourceRange,
+    SourceRow,
+    Summary,
+    VerifySource,
+    VerifyTarget,
+)
+from shared.verify.run import Plan, Verifier
+
+T = ("app", "t")
+SNAP = Snapshot.parse("100:110:105")
+
+
+def within(rng: KeyRange, key: tuple[object, ...]) -> bool:
+    k = key[0]
+    assert isinstance(k, int)
+    lo = rng.lower[0] if rng.lower else None
+    hi = rng.upper[0] if rng.upper else None
+    return (lo is None or k > lo) and (hi is None or k <= hi)  # type: ignore[operator]
+
+
+class FakeSource(VerifySource):
+    def __init__(self, rows: dict[int, int], log: list[str]) -> None:
+        self.rows_by_key = rows  # key -> hash
+        self.log = log
+
+    def _rows(self, rng: KeyRange) -> list[SourceRow]:
+        return [SourceRow((k,), h, 99) for k, h in sorted(self.rows_by_key.items())
+                if within(rng, (k,))]  # fmt: skip
+
+    def ranges(self, table: tuple[str, str], max_rows: int) -> Iterator[SourceRange]:
+        keys = sorted(self.rows_by_key)
+        lower = None
+        for i in range(0, max(len(keys), 1), max_rows):
+            chunk = keys[i : i + max_rows]
+            upper = (chunk[-1],) if i + max_rows < len(keys) else None
+            rng = KeyRange(lower, upper)
+            rows = self._rows(rng)
+            yield SourceRange(rng, Summary(len(rows), sum(r.hash for r in rows)), SNAP)
+            lower = upper
+
+    def rows(self, table: tuple[str, str], rng: KeyRange) -> tuple[list[SourceRow], Snapshot]:
+        self.log.append("source rows")
+        return self._rows(rng), SNAP
+
+    def mark(self, mark_id: str, tables: Sequence[tuple[str, str]]) -> int:
+        self.log.append("mark")
+        return 1
+
+    def wait_streamed(self, slot: str, lsn: int, timeout_s: float) -> None:
+        self.log.append("streamed")
+
+
+class FakeTarget(VerifyTarget):
+    def __init__(self, rows: dict[int, tuple[int | None, int]], log: list[str]) -> None:
+        self.rows_by_key = rows  # key -> (hash, xid)
+        self.log = log
+        self.rounds: list[dict[int, tuple[int | None, int]]] = []  # per later sink read
+
+    def before_mark(self, tables: Sequence[tuple[str, str]]) -> None:
+        self.log.append("before mark")
+
+    def wait_for_mark(
+        self, mark_id: str, tables: Sequence[tuple[str, str]], timeout_s: float
+    ) -> None:
+        self.log.append("applied")
+        if self.rounds:
+            self.rows_by_key = self.rounds.pop(0)
+
+    def summaries(self, table: tuple[str, str], ranges: Sequence[KeyRange]) -> list[Summary]:
+        self.log.append("sink summaries")
+        out = []
+        for rng in ranges:
+            held = [v for k, v in self.rows_by_key.items() if within(rng, (k,))]
+            out.append(Summary(len(held), sum(h for h, _ in held if h is not None),
+                               sum(1 for h, _ in held if h is None)))  # fmt: skip
+        return out
+
+    def rows(self, table: tuple[str, str], rng: KeyRange) -> list[SinkRow]:
+        self.log.append("sink rows")
+        return [SinkRow((k,), h, x) for k, (h, x) in sorted(self.rows_by_key.items())
+                if within(rng, (k,))]  # fmt: skip
+
+
+def verify(source: dict[int, int], sink: dict[int, tuple[int | None, int]],
+           later: list[dict[int, tuple[int | None, int]]] | None = None,
+           ) -> tuple[dict[str, object], list[str]]:  # fmt: skip
+    log: list[str] = []
+    target = FakeTarget(sink, log)
+    target.rounds = later or []
+    report = Verifier(FakeSource(source, log), target, Plan(range_rows=10), "test").table(T)
+    return report.as_dict(), log
+
+
+ROWS = {k: 1000 + k for k in range(1, 31)}
+HELD = {k: (h, 50) for k, h in ROWS.items()}
+
+
+def test_an_equal_table_is_verified_from_summaries_alone() -> None:
+    report, log = verify(ROWS, dict(HELD))
+    assert report["ok"] is True
+    assert (report["rows"], report["ranges"], report["ranges_looked_into"]) == (30, 3, 0)
+    assert "sink rows" not in log
+    assert log.index("applied") < log.index("sink summaries")
+
+
+def test_missing_extra_and_differing_rows_are_reported_by_key() -> None:
+    sink = dict(HELD)
+    del sink[4]  # missing
+    sink[31] = (7, 50)  # extra (and beyond the last bound: the open range)
+    sink[17] = (9, 50)  # differs, written by a transaction the reads see
+    sink[25] = (None, 50)  # hash unknown, the row not read again
+    report, log = verify(ROWS, sink)
+    assert report["ok"] is False
+    assert report["missing"] == {"count": 1, "sample": [4]}
+    assert report["extra"] == {"count": 1, "sample": [31]}
+    assert report["differs"] == {"count": 1, "sample": [17]}
+    assert report["unknown"] == {"count": 1, "sample": [25]}
+    # every sink read follows a marker the sink applied
+    for i, entry in enumerate(log):
+        if entry.startswith("sink"):
+            assert "applied" in log[:i]
+
+
+def test_a_row_the_sink_holds_ahead_of_every_read_is_changing_not_different() -> None:
+    sink = dict(HELD)
+    sink[12] = (5, 120)  # xid 120: begun after every snapshot here
+    report, _ = verify(ROWS, sink)
+    assert report["ok"] is True
+    assert report["changing"] == {"count": 1, "sample": [12]}
+
+
+def test_a_row_missing_in_one_round_and_back_in_the_next_is_no_difference() -> None:
+    sink = dict(HELD)
+    del sink[4]
+    report, _ = verify(ROWS, sink, later=[sink, dict(HELD)])
+    assert report["ok"] is True
+    assert report["missing"]["count"] == 0
+
+
+def test_fewer_than_two_rounds_are_refused() -> None:
+    with pytest.raises(ValueError, match="at least 2 rounds"):
+        Verifier(FakeSource({}, []), FakeTarget({}, []), Plan(rounds=1), "test")
