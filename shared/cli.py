@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import json
 import logging
 import signal
 import sys
@@ -21,9 +22,17 @@ from pathlib import Path
 from types import FrameType
 from typing import TypeVar
 
-from shared.errors import RetriesExhaustedError, Verdict, WalcastError, classify, operator_hint
+from shared.errors import (
+    ConfigError,
+    RetriesExhaustedError,
+    Verdict,
+    WalcastError,
+    classify,
+    operator_hint,
+)
 from shared.logs import configure_logging, log_uncaught, redact, register_secrets_of
 from shared.settings import ServiceSettings, load_settings
+from shared.verify.run import TableReport
 
 log = logging.getLogger(__name__)
 
@@ -124,3 +133,37 @@ def stop_on_signals(stop: Callable[[], None], what: str) -> None:
 
     signal.signal(signal.SIGTERM, handler)
     signal.signal(signal.SIGINT, handler)
+
+
+def split_table(text: str) -> tuple[str, str]:
+    """``schema.table`` as a pair (the first dot separates: a schema name has none);
+    ConfigError without one."""
+    schema, dot, table = text.partition(".")
+    if not dot or not schema or not table:
+        raise ConfigError(f"--table {text!r}: expected SCHEMA.TABLE")
+    return schema, table
+
+
+def print_verify(reports: list[TableReport], as_json: bool) -> int:
+    """A verification's reports: one line per table (or one JSON document); the exit
+    code — 1 when a table differs from its source, else 0."""
+    if as_json:
+        print(json.dumps({"ok": all(r.ok for r in reports),
+                          "tables": [r.as_dict() for r in reports]}, indent=2))  # fmt: skip
+    else:
+        for r in reports:
+            d = r.as_dict()
+            found = ", ".join(
+                f"{kind} {d[kind]['count']} (e.g. {d[kind]['sample']})"
+                for kind in ("missing", "extra", "differs", "unknown")
+                if d[kind]["count"]
+            )
+            changing = f"; {d['changing']['count']} rows changing" if d["changing"]["count"] else ""
+            print(
+                f"{d['table']}: {'equal' if r.ok else 'DIFFERS: ' + found} — {d['rows']} rows in"
+                f" {d['ranges']} ranges ({d['ranges_looked_into']} looked into), {d['elapsed_s']}s,"
+                f" {d['rows_per_s']} rows/s{changing}"
+            )
+        if not reports:
+            print("no table to verify")
+    return 0 if all(r.ok for r in reports) else 1

@@ -117,6 +117,29 @@ def _libpq_quote(value: str) -> str:
     return value.replace("\\", "\\\\").replace("'", "\\'")
 
 
+class VerifySettings(Section):
+    """`verify`: comparing the sink with its Postgres tables
+    ([design.md](design.md#verification))."""
+
+    postgres: PostgresSettings = PostgresSettings()
+    """The source database: a role in `walcast_verifier`, with `SELECT` on the tables
+    verified ([security.md](security.md))."""
+    slot: str = Field(default="walcast", min_length=1)
+    """pg2kafka's replication slot (its `replication.slot`): a marker is in Kafka once
+    the slot has passed it."""
+    range_rows: int = Field(default=10_000, ge=1, le=1 << 21)
+    """The most rows one range holds: a range compares by count and hash sum, and only
+    the rows of a range that differs are read."""
+    rounds: int = Field(default=3, ge=2, le=20)
+    """Rounds that look at the rows of differing ranges; a row still changing after the
+    last is reported as changing, not as a difference."""
+    rows_per_s: float | None = Field(default=None, gt=0)
+    """The most rows per second read from Postgres (unset: no bound)."""
+    mark_timeout_s: float = Field(default=120.0, gt=0)
+    """Seconds without progress towards a marker (pg2kafka streaming it, the sink
+    applying it) before verify gives up, saying how far each got."""
+
+
 class KafkaSettings(Section):
     """Connection to the Kafka cluster, shared by producers and consumers."""
 

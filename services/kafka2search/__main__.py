@@ -1,4 +1,4 @@
-"""kafka2search command line: ``run``, ``status``, ``replay``, ``forget``."""
+"""kafka2search command line: ``run``, ``status``, ``replay``, ``forget``, ``verify``."""
 
 from __future__ import annotations
 
@@ -11,7 +11,8 @@ from services.kafka2search.app import build
 from services.kafka2search.engines import engine_for
 from services.kafka2search.indices import forget
 from services.kafka2search.settings import Kafka2SearchSettings
-from shared.cli import add_replay_range, base_parser, run_command
+from services.kafka2search.verify import verify
+from shared.cli import add_replay_range, base_parser, print_verify, run_command, split_table
 from shared.service import serve
 
 
@@ -27,6 +28,15 @@ def build_parser() -> argparse.ArgumentParser:
         "forget", help="let an alias whose index was deleted be created again, empty"
     )
     fg.add_argument("--alias", required=True)
+    vf = sub.add_parser(
+        "verify",
+        help="compare indices with their Postgres tables (exit 1 when one differs)",
+    )
+    vf.add_argument(
+        "--table", action="append", default=[], metavar="SCHEMA.TABLE",
+        help="a table to verify (repeatable); none: every table the service indexes",
+    )  # fmt: skip
+    vf.add_argument("--json", action="store_true", help="one JSON report on standard output")
     rp.add_argument(
         "--allow-deleted-to-return",
         action="store_true",
@@ -39,12 +49,12 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
 
-    def command(settings: Kafka2SearchSettings) -> None:
+    def command(settings: Kafka2SearchSettings) -> int | None:
         if args.command == "status":
             info = admin.status(settings)
             if args.json:
                 print(json.dumps(info, indent=2))
-                return
+                return None
             print(f"group {info['group']} ({info['engine']}), total lag {info['total_lag']}")
             for p in info["lag"]:
                 print(f"  {p['topic']}[{p['partition']}]  committed {p['committed']}"
@@ -63,6 +73,8 @@ def main(argv: list[str] | None = None) -> int:
                 f"{args.alias}: {state}; the next write creates its index again, empty:"
                 " replay or re-snapshot to fill it"
             )
+        elif args.command == "verify":
+            return print_verify(verify(settings, [split_table(t) for t in args.table]), args.json)
         elif args.command == "replay":
             n = admin.replay(
                 settings,
@@ -74,6 +86,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"replayed {n} records")
         else:
             serve("kafka2search", settings, lambda: build(settings))
+        return None
 
     return run_command("kafka2search", Kafka2SearchSettings, args, command)
 

@@ -19,6 +19,7 @@ from shared.settings import (
     SchemaRegistrySettings,
     Section,
     ServiceSettings,
+    VerifySettings,
     check_table_template,
 )
 
@@ -126,3 +127,5 @@ class Kafka2SearchSettings(ServiceSettings):
     retry: Kafka2SearchRetry = Kafka2SearchRetry()
     # walcast's events in Avro (the Confluent wire format): where their schemas are.
     schema_registry: SchemaRegistrySettings = SchemaRegistrySettings()
+    # `kafka2search verify`: the indices compared with their Postgres tables.
+    verify: VerifySettings = VerifySettings()

@@ -27,6 +27,7 @@ from psycopg import sql
 
 from shared.contract.rowhash import TEXT_OUTPUT_OPTIONS, row_hash_sql
 from shared.errors import PermanentError, RetriableError
+from shared.settings import SAFE_SEARCH_PATH
 from shared.verify.core import KeyRange, Snapshot, SourceRange, SourceRow, Summary
 
 ORDERED_KEY_TYPES = frozenset({"int2", "int4", "int8", "uuid"})
@@ -41,6 +42,7 @@ class TableShape:
 
     columns: tuple[str, ...]
     key: tuple[str, ...]
+    key_types: tuple[str, ...]  # pg_type.typname of each key column
     partitioned: bool
 
 
@@ -54,7 +56,8 @@ class PostgresSource:
     ) -> None:
         self.conninfo = conninfo
         self.rows_per_s = rows_per_s
-        self.options = f"{TEXT_OUTPUT_OPTIONS} {session_options}".strip()
+        # SAFE_SEARCH_PATH first: the options replace those of the conninfo string.
+        self.options = f"{SAFE_SEARCH_PATH} {TEXT_OUTPUT_OPTIONS} {session_options}".strip()
         self._shapes: dict[tuple[str, str], TableShape] = {}
         self._read = 0
         self._started = time.monotonic()
@@ -106,7 +109,10 @@ class PostgresSource:
                 hint="verify compares tables keyed by integer or uuid columns",
             )
         got = TableShape(
-            tuple(str(n) for n, _, _ in cols), tuple(n for n, _ in key), relkind == "p"
+            tuple(str(n) for n, _, _ in cols),
+            tuple(n for n, _ in key),
+            tuple(t for _, t in key),
+            relkind == "p",
         )
         self._shapes[table] = got
         return got
@@ -188,6 +194,13 @@ class PostgresSource:
             ]
         self._pace(len(got))
         return got, snap
+
+    def database(self) -> str:
+        """The source database's name (sinks name what they hold after it)."""
+        with self._connect() as conn:
+            row = conn.execute("SELECT pg_catalog.current_database()").fetchone()
+        assert row is not None
+        return str(row[0])
 
     def mark(self, mark_id: str, tables: Sequence[tuple[str, str]]) -> int:
         with self._connect() as conn:

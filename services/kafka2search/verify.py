@@ -1,0 +1,225 @@
+"""kafka2search's side of ``verify`` (:class:`~shared.verify.core.VerifyTarget`,
+docs/design.md#verification): an index compared with its table without reading every
+document out of the engine.
+
+- A range's summary is one bucket of a ``filters`` aggregation — the range as a query on
+  the key fields, with the sum and the count of ``_walcast_hash`` (doc values; the engine
+  sums in doubles, exact for the at most 2^21 hashes of a range): many ranges per request.
+- A range's rows are its documents' key fields, hash and transaction as doc values
+  (``_source`` not read), paged by the key.
+- A marker has been applied once the consumer group's committed offsets pass each of its
+  copies (the loop commits past a control event right after writing what came before).
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from confluent_kafka import Consumer
+
+from services.kafka2search.engines import SearchEngine, engine_for
+from services.kafka2search.mapping import alias_name
+from services.kafka2search.settings import Kafka2SearchSettings
+from shared.contract.event import ROW_HASH, ROW_XID
+from shared.errors import PermanentError, RetriableError
+from shared.kafka import topic_partitions
+from shared.verify.core import Key, KeyRange, SinkRow, Summary, VerifyTarget
+from shared.verify.marks import Partition, end_offsets, find_marks, wait_applied
+from shared.verify.postgres import PostgresSource
+from shared.verify.run import Plan, TableReport, Verifier
+
+RANGES_PER_REQUEST = 200
+PAGE = 5000
+
+KeyShape = Callable[[tuple[str, str]], tuple[tuple[str, ...], tuple[str, ...]]]
+"""A table's key columns and their types (the source's, :meth:`PostgresSource.shape`)."""
+
+
+def _value(pg_type: str, v: Any) -> object:
+    """A key value as the engine's doc values give it, as Postgres's driver gives it."""
+    return uuid.UUID(str(v)) if pg_type == "uuid" else int(v)
+
+
+def _json(v: object) -> object:
+    return str(v) if isinstance(v, uuid.UUID) else v
+
+
+def range_query(columns: Sequence[str], rng: KeyRange) -> dict[str, Any]:
+    """The documents whose key is in ``rng``, in the key's order (the tuple's: the first
+    column, then the next among equals)."""
+    parts: list[dict[str, Any]] = []
+    if rng.lower is not None:
+        parts.append(_beyond(columns, rng.lower, "gt"))
+    if rng.upper is not None:
+        parts.append(_beyond(columns, rng.upper, "lte"))
+    if not parts:
+        return {"match_all": {}}
+    return {"bool": {"filter": parts}}
+
+
+def _beyond(columns: Sequence[str], bound: Key, last: str) -> dict[str, Any]:
+    """key > bound (``last`` gt) or key <= bound (lte), lexicographically: the first
+    column strictly beyond, or equal and the rest so."""
+    strict = "gt" if last == "gt" else "lt"
+    (c, *rest), (v, *more) = columns, bound
+    if not rest:
+        return {"range": {c: {last: _json(v)}}}
+    return {
+        "bool": {
+            "should": [
+                {"range": {c: {strict: _json(v)}}},
+                {"bool": {"filter": [{"term": {c: _json(v)}}, _beyond(rest, tuple(more), last)]}},
+            ],
+            "minimum_should_match": 1,
+        }
+    }
+
+
+class SearchTarget(VerifyTarget):
+    """One engine's indices, as ``settings`` names them for tables of ``database``."""
+
+    def __init__(
+        self,
+        settings: Kafka2SearchSettings,
+        engine: SearchEngine,
+        database: str,
+        key_shape: KeyShape,
+    ) -> None:
+        self.s = settings
+        self.engine = engine
+        self.database = database
+        self.key_shape = key_shape
+        self.consumer = Consumer(
+            {**settings.kafka.client_config(), "group.id": settings.consumer.group_id,
+             "enable.auto.commit": False, "auto.offset.reset": "earliest"}
+        )  # fmt: skip
+        self._since: dict[Partition, int] = {}
+
+    def close(self) -> None:
+        self.consumer.close()
+
+    def _alias(self, table: tuple[str, str]) -> str | None:
+        alias = alias_name(self.s.index.name_template, self.database, *table)
+        if self.engine.resolve_alias(alias) is None:
+            return None
+        self.engine.refresh(alias)
+        return alias
+
+    def summaries(self, table: tuple[str, str], ranges: Sequence[KeyRange]) -> list[Summary]:
+        alias = self._alias(table)
+        if alias is None:
+            return [Summary(0, 0) for _ in ranges]
+        columns, _types = self.key_shape(table)
+        out: list[Summary] = []
+        for start in range(0, len(ranges), RANGES_PER_REQUEST):
+            part = ranges[start : start + RANGES_PER_REQUEST]
+            filters = {str(i): range_query(columns, r) for i, r in enumerate(part)}
+            answer = self.engine.request("POST", f"/{alias}/_search", body={
+                "size": 0, "track_total_hits": False,
+                "aggs": {"r": {"filters": {"filters": filters}, "aggs": {
+                    "h": {"sum": {"field": ROW_HASH}},
+                    "n": {"value_count": {"field": ROW_HASH}}}}},
+            })  # fmt: skip
+            buckets = answer["aggregations"]["r"]["buckets"]
+            for i in range(len(part)):
+                b = buckets[str(i)]
+                rows, hashed = int(b["doc_count"]), int(b["n"]["value"])
+                out.append(Summary(rows, round(b["h"]["value"] or 0), rows - hashed))
+        return out
+
+    def rows(self, table: tuple[str, str], rng: KeyRange) -> list[SinkRow]:
+        alias = self._alias(table)
+        if alias is None:
+            return []
+        columns, types = self.key_shape(table)
+        body: dict[str, Any] = {
+            "size": PAGE, "_source": False, "query": range_query(columns, rng),
+            "docvalue_fields": [*columns, ROW_HASH, ROW_XID],
+            "sort": [{c: "asc"} for c in columns], "track_total_hits": False,
+        }  # fmt: skip
+        out: list[SinkRow] = []
+        while True:
+            hits = self.engine.request("POST", f"/{alias}/_search", body=body)["hits"]["hits"]
+            for h in hits:
+                f = h.get("fields", {})
+                if not all(c in f for c in columns):
+                    continue  # no key fields: not a row of the table's key (never ours)
+                key = tuple(_value(t, f[c][0]) for c, t in zip(columns, types, strict=True))
+                row_hash = f.get(ROW_HASH, [None])[0]
+                xid = f.get(ROW_XID, [0])[0]
+                out.append(SinkRow(key, None if row_hash is None else int(row_hash), int(xid)))
+            if len(hits) < PAGE:
+                return out
+            body["search_after"] = hits[-1]["sort"]
+
+    def before_mark(self, tables: Sequence[tuple[str, str]]) -> None:
+        self._since = end_offsets(self.consumer, self.s.consumer.topics)
+
+    def applied(self) -> dict[Partition, int]:
+        """The group's committed offsets (the next record it will apply), per partition."""
+        parts = [tp for t in self.s.consumer.topics for tp in topic_partitions(self.consumer, t)]
+        done = self.consumer.committed(parts, timeout=10) if parts else []
+        return {(tp.topic, tp.partition): int(tp.offset) for tp in done if tp.offset >= 0}
+
+    def wait_for_mark(
+        self, mark_id: str, tables: Sequence[tuple[str, str]], timeout_s: float
+    ) -> None:
+        marks: dict[Partition, int] = {}
+        for table in tables:
+            found = find_marks(self.consumer, self._since, mark_id, table)
+            if not found:
+                raise PermanentError(
+                    f"verify: the marker for {'.'.join(table)} is in none of the topics"
+                    f" kafka2search reads ({', '.join(self.s.consumer.topics)})",
+                    hint="consumer.topics must hold the topic pg2kafka writes the table to,"
+                    " and pg2kafka must write walcast's format",
+                )
+            for p, o in found.items():
+                marks[p] = max(marks.get(p, -1), o)
+        wait_applied(self.applied, marks, timeout_s)
+
+
+def indexed_tables(settings: Kafka2SearchSettings, engine: SearchEngine) -> list[tuple[str, str]]:
+    """The (schema, table) of every index this service's template names, from the
+    ``_meta`` each index records (what ``verify`` checks when no table is named)."""
+    out: set[tuple[str, str]] = set()
+    pattern = settings.index.name_template.format(db="*", schema="*", table="*").lower()
+    for index in engine.aliases(pattern).values():
+        _props, meta = engine.mapping(index)
+        w = meta.get("walcast", {})
+        if isinstance(w.get("schema"), str) and isinstance(w.get("table"), str):
+            out.add((w["schema"], w["table"]))
+    return sorted(out)
+
+
+def verify(
+    settings: Kafka2SearchSettings,
+    tables: Sequence[tuple[str, str]],
+    progress: Callable[[TableReport], None] | None = None,
+) -> list[TableReport]:
+    """Compare each table (all the service's indices when none is named) with Postgres."""
+    v = settings.verify
+    source = PostgresSource(v.postgres.conninfo(), rows_per_s=v.rows_per_s)
+    engine = engine_for(settings.engine)
+    target: SearchTarget | None = None
+    try:
+        chosen = list(tables) or indexed_tables(settings, engine)
+
+        def key_shape(table: tuple[str, str]) -> tuple[tuple[str, ...], tuple[str, ...]]:
+            shape = source.shape(table)
+            return shape.key, shape.key_types
+
+        target = SearchTarget(settings, engine, source.database(), key_shape)
+        plan = Plan(v.range_rows, v.rounds, v.mark_timeout_s, v.slot)
+        try:
+            return Verifier(source, target, plan, "kafka2search", progress).tables(chosen)
+        except RetriableError as exc:
+            raise PermanentError(
+                str(exc), hint="is pg2kafka streaming, kafka2search running?"
+            ) from exc
+    finally:
+        if target is not None:
+            target.close()
+        engine.close()
