@@ -8,7 +8,8 @@ document out of the engine.
 - A range's rows are its documents' key fields, hash and transaction as doc values
   (``_source`` not read), paged by the key.
 - A marker has been applied once the consumer group's committed offsets pass each of its
-  copies (the loop commits past a control event right after writing what came before).
+  copies (:class:`~shared.verify.marks.GroupMarks`; the loop commits past a control event
+  right after writing what came before).
 """
 
 from __future__ import annotations
@@ -17,16 +18,13 @@ import uuid
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from confluent_kafka import Consumer
-
 from services.kafka2search.engines import SearchEngine, engine_for
 from services.kafka2search.mapping import alias_name
 from services.kafka2search.settings import Kafka2SearchSettings
 from shared.contract.event import ROW_HASH, ROW_XID
 from shared.errors import PermanentError, RetriableError
-from shared.kafka import topic_partitions
 from shared.verify.core import Key, KeyRange, SinkRow, Summary, VerifyTarget
-from shared.verify.marks import Partition, end_offsets, find_marks, wait_applied
+from shared.verify.marks import GroupMarks
 from shared.verify.postgres import PostgresSource
 from shared.verify.run import Plan, TableReport, Verifier
 
@@ -91,14 +89,12 @@ class SearchTarget(VerifyTarget):
         self.engine = engine
         self.database = database
         self.key_shape = key_shape
-        self.consumer = Consumer(
-            {**settings.kafka.client_config(), "group.id": settings.consumer.group_id,
-             "enable.auto.commit": False, "auto.offset.reset": "earliest"}
-        )  # fmt: skip
-        self._since: dict[Partition, int] = {}
+        self.group = GroupMarks(
+            settings.kafka.client_config(), settings.consumer.group_id, settings.consumer.topics
+        )
 
     def close(self) -> None:
-        self.consumer.close()
+        self.group.close()
 
     def _alias(self, table: tuple[str, str]) -> str | None:
         alias = alias_name(self.s.index.name_template, self.database, *table)
@@ -155,30 +151,12 @@ class SearchTarget(VerifyTarget):
             body["search_after"] = hits[-1]["sort"]
 
     def before_mark(self, tables: Sequence[tuple[str, str]]) -> None:
-        self._since = end_offsets(self.consumer, self.s.consumer.topics)
-
-    def applied(self) -> dict[Partition, int]:
-        """The group's committed offsets (the next record it will apply), per partition."""
-        parts = [tp for t in self.s.consumer.topics for tp in topic_partitions(self.consumer, t)]
-        done = self.consumer.committed(parts, timeout=10) if parts else []
-        return {(tp.topic, tp.partition): int(tp.offset) for tp in done if tp.offset >= 0}
+        self.group.before_mark()
 
     def wait_for_mark(
         self, mark_id: str, tables: Sequence[tuple[str, str]], timeout_s: float
     ) -> None:
-        marks: dict[Partition, int] = {}
-        for table in tables:
-            found = find_marks(self.consumer, self._since, mark_id, table)
-            if not found:
-                raise PermanentError(
-                    f"verify: the marker for {'.'.join(table)} is in none of the topics"
-                    f" kafka2search reads ({', '.join(self.s.consumer.topics)})",
-                    hint="consumer.topics must hold the topic pg2kafka writes the table to,"
-                    " and pg2kafka must write walcast's format",
-                )
-            for p, o in found.items():
-                marks[p] = max(marks.get(p, -1), o)
-        wait_applied(self.applied, marks, timeout_s)
+        self.group.wait_for_mark("kafka2search", mark_id, tables, timeout_s)
 
 
 def indexed_tables(settings: Kafka2SearchSettings, engine: SearchEngine) -> list[tuple[str, str]]:

@@ -1,4 +1,4 @@
-"""kafka2spark command line: ``run``, ``status``, ``maintain``, ``release``."""
+"""kafka2spark command line: ``run``, ``status``, ``maintain``, ``release``, ``verify``."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import sys
 from services.kafka2spark import admin, held
 from services.kafka2spark.app import build
 from services.kafka2spark.settings import Kafka2SparkSettings
-from shared.cli import base_parser, run_command
+from shared.cli import base_parser, print_verify, run_command, split_table
 from shared.errors import ConfigError
 from shared.service import serve
 
@@ -23,20 +23,28 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("maintain", help="compact small files and vacuum past the retention")
     rl = sub.add_parser("release", help="mirror a held table again (see status)")
     rl.add_argument("--table", required=True, help="db.schema.table, as status lists it")
+    vf = sub.add_parser(
+        "verify", help="compare mirrors with their Postgres tables (exit 1 when one differs)"
+    )
+    vf.add_argument(
+        "--table", action="append", default=[], metavar="SCHEMA.TABLE",
+        help="a table to verify (repeatable); none: every table mirrored",
+    )  # fmt: skip
+    vf.add_argument("--json", action="store_true", help="one JSON report on standard output")
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
 
-    def command(settings: Kafka2SparkSettings) -> None:
+    def command(settings: Kafka2SparkSettings) -> int | None:
         if args.command == "run":
             serve("kafka2spark", settings, lambda: build(settings))
         elif args.command == "status":
             info = admin.status(settings)
             if args.json:
                 print(json.dumps(info, indent=2))
-                return
+                return None
             last = info["last_batch"]
             print(f"group {info['group']}, checkpoint {info['checkpoint']}")
             print(
@@ -52,6 +60,10 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"  {t['table']:<40} version {t['version']:>6} {t['rows']:>12} rows")
             for table, why in info["held"].items():
                 print(f"  HELD {table}: {why['reason']} (since batch {why['batch_id']})")
+        elif args.command == "verify":
+            from services.kafka2spark.verify import verify  # pyarrow, numpy: not for run
+
+            return print_verify(verify(settings, [split_table(t) for t in args.table]), args.json)
         elif args.command == "release":
             if not held.release(settings.delta.root, args.table):
                 raise ConfigError(
@@ -67,6 +79,7 @@ def main(argv: list[str] | None = None) -> int:
                     f"  {entry['table']:<40} compacted {entry['files_removed']} files into"
                     f" {entry['files_added']}, vacuumed {entry['vacuumed']}"
                 )
+        return None
 
     return run_command("kafka2spark", Kafka2SparkSettings, args, command)
 

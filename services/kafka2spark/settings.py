@@ -17,6 +17,7 @@ from shared.settings import (
     SchemaRegistrySettings,
     Section,
     ServiceSettings,
+    VerifySettings,
     check_table_template,
 )
 
@@ -170,3 +171,5 @@ class Kafka2SparkSettings(ServiceSettings):
     http: Kafka2SparkHttpSettings = Kafka2SparkHttpSettings()
     # walcast's events in Avro (the Confluent wire format): where their schemas are.
     schema_registry: SchemaRegistrySettings = SchemaRegistrySettings()
+    # `kafka2spark verify`: the mirrors compared with their Postgres tables.
+    verify: VerifySettings = VerifySettings()

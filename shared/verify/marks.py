@@ -13,13 +13,17 @@ committed offsets, a Structured Streaming checkpoint's — failing only after
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, TypeVar
 
 import orjson
 from confluent_kafka import Consumer, KafkaException, TopicPartition
 
-from shared.errors import RetriableError
+from shared.errors import PermanentError, RetriableError
 from shared.kafka import topic_partitions
+from shared.retry import BackoffPolicy, call_with_retry
+
+T = TypeVar("T")
 
 Partition = tuple[str, int]
 
@@ -135,3 +139,70 @@ def wait_applied(
                 f" without progress ({shown}): is it running?"
             )
         sleep(0.2)
+
+
+class GroupMarks:
+    """Markers in a consumer group's topics, and the group's committed offsets as what
+    the sink applied — the sinks that commit offsets only after writing what they cover
+    (kafka2search; kafka2spark after each batch's Delta commits). ``config``: the Kafka
+    client's; ``group_id``: the sink's group; ``topics``: what it reads."""
+
+    def __init__(
+        self,
+        config: dict[str, Any],
+        group_id: str,
+        topics: Sequence[str],
+        retry: BackoffPolicy | None = None,
+    ) -> None:
+        # Kafka's transient failures (a restarting broker, a coordinator loading) are
+        # waited out, up to the policy's bound.
+        self.retry = retry or BackoffPolicy(max_s=5.0, give_up_after_s=120.0)
+        self.consumer = Consumer(
+            {**config, "group.id": group_id, "enable.auto.commit": False,
+             "auto.offset.reset": "earliest"}
+        )  # fmt: skip
+        self.topics = list(topics)
+        self._since: dict[Partition, int] = {}
+
+    def close(self) -> None:
+        self.consumer.close()
+
+    def _retried(self, fn: Callable[[], T], what: str) -> T:
+        return call_with_retry(fn, policy=self.retry, what=f"verify: {what}")
+
+    def before_mark(self) -> None:
+        self._since = self._retried(
+            lambda: end_offsets(self.consumer, self.topics), "read the topics' end offsets"
+        )
+
+    def applied(self) -> dict[Partition, int]:
+        """The group's committed offsets (the next record it will apply), per partition."""
+
+        def read() -> dict[Partition, int]:
+            parts = [tp for t in self.topics for tp in topic_partitions(self.consumer, t)]
+            done = self.consumer.committed(parts, timeout=10) if parts else []
+            return {(tp.topic, tp.partition): int(tp.offset) for tp in done if tp.offset >= 0}
+
+        return self._retried(read, "read the group's committed offsets")
+
+    def wait_for_mark(
+        self, sink: str, mark_id: str, tables: Sequence[tuple[str, str]], timeout_s: float
+    ) -> None:
+        """Find the marker's copies for each table, then wait for the group to pass them;
+        PermanentError when a table's marker is in none of the topics."""
+        marks: dict[Partition, int] = {}
+        for table in tables:
+            found = self._retried(
+                lambda t=table: find_marks(self.consumer, self._since, mark_id, t),  # type: ignore[misc]
+                "find the marker in the topics",
+            )
+            if not found:
+                raise PermanentError(
+                    f"verify: the marker for {'.'.join(table)} is in none of the topics"
+                    f" {sink} reads ({', '.join(self.topics)})",
+                    hint="the sink's topics must hold the topic pg2kafka writes the table to,"
+                    " and pg2kafka must write walcast's format",
+                )
+            for p, o in found.items():
+                marks[p] = max(marks.get(p, -1), o)
+        wait_applied(self.applied, marks, timeout_s)

@@ -1,0 +1,206 @@
+"""kafka2spark's side of ``verify`` (:class:`~shared.verify.core.VerifyTarget`,
+docs/design.md#verification): a Delta mirror compared with its table without a JVM.
+
+The mirror is read with ``deltalake`` (delta-rs), three kinds of column only — the key,
+``_walcast_hash``, ``_walcast_xid`` — never the rows' values: Parquet's columnar layout
+makes that a fraction of a full read. Summaries of every range come from one read of the
+key and hash columns (sorted once; a single integer key in numpy, other keys as tuples);
+a range's rows from a read filtered to it (files outside it skipped by their
+statistics). The marker has been applied once the source group's committed offsets pass
+it: kafka2spark commits each batch's offsets there after the batch's Delta commits.
+"""
+
+from __future__ import annotations
+
+import bisect
+import uuid
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+from deltalake import DeltaTable
+
+from services.kafka2spark.names import HASH, XID, postgres_name, table_dir
+from services.kafka2spark.settings import Kafka2SparkSettings
+from shared.errors import PermanentError, RetriableError
+from shared.verify.core import Key, KeyRange, SinkRow, Summary, VerifyTarget
+from shared.verify.marks import GroupMarks
+from shared.verify.postgres import PostgresSource
+from shared.verify.run import Plan, TableReport, Verifier
+
+KeyShape = Callable[[tuple[str, str]], tuple[tuple[str, ...], tuple[str, ...]]]
+
+
+def _value(pg_type: str, v: Any) -> object:
+    return uuid.UUID(str(v)) if pg_type == "uuid" else int(v)
+
+
+class DeltaTarget(VerifyTarget):
+    """The mirrors under ``settings.delta.root`` of tables of ``database``."""
+
+    def __init__(self, settings: Kafka2SparkSettings, database: str, key_shape: KeyShape) -> None:
+        self.s = settings
+        self.database = database
+        self.key_shape = key_shape
+        self.group = GroupMarks(
+            settings.kafka.client_config(), settings.source.group_id, settings.source.topics
+        )
+
+    def close(self) -> None:
+        self.group.close()
+
+    def path(self, table: tuple[str, str]) -> Path:
+        return self.s.delta.root / table_dir(self.s.delta.table_template, self.database, *table)
+
+    def _read(
+        self, table: tuple[str, str], rng: KeyRange | None = None
+    ) -> tuple[list[pa.Array], pa.Array, pa.Array, tuple[str, ...]] | None:
+        """(key columns, hashes, xids, key types) of the mirror's rows (in ``rng``), or
+        None when the table has no mirror."""
+        path = self.path(table)
+        if not (path / "_delta_log").is_dir():
+            return None
+        columns, types = self.key_shape(table)
+        dt = DeltaTable(str(path))
+        by_pg = {postgres_name(f.name): f.name for f in dt.schema().fields}
+        missing = [c for c in columns if c not in by_pg]
+        if missing or HASH not in by_pg.values():
+            raise PermanentError(
+                f"verify: the mirror of {'.'.join(table)} at {path} lacks"
+                f" {', '.join(missing) or HASH}",
+                hint="it is verified once kafka2spark (this version) has written a batch to it",
+            )
+        names = [by_pg[c] for c in columns]
+        dataset = dt.to_pyarrow_dataset()
+        flt = None if rng is None else _filter(names, types, rng)
+        t = dataset.to_table(columns=[*names, HASH, XID], filter=flt)
+        return [t.column(n) for n in names], t.column(HASH), t.column(XID), types
+
+    def summaries(self, table: tuple[str, str], ranges: Sequence[KeyRange]) -> list[Summary]:
+        read = self._read(table)
+        if read is None:
+            return [Summary(0, 0) for _ in ranges]
+        keys, hashes, _xids, types = read
+        known = pc.is_valid(hashes).to_numpy(zero_copy_only=False)
+        h = pc.fill_null(hashes, 0).to_numpy(zero_copy_only=False).astype(np.int64)
+        if len(keys) == 1 and types[0] != "uuid":
+            k = pc.fill_null(keys[0], 0).to_numpy(zero_copy_only=False).astype(np.int64)
+            order = np.argsort(k, kind="stable")
+            k, h, known = k[order], h[order], known[order]
+            cum_h = np.concatenate(([0], np.cumsum(h)))
+            cum_k = np.concatenate(([0], np.cumsum(known)))
+
+            def at(bound: Key | None, default: int) -> int:
+                if bound is None:
+                    return default
+                return int(np.searchsorted(k, int(bound[0]), side="right"))  # type: ignore[call-overload]
+
+            out = []
+            for r in ranges:
+                a, b = at(r.lower, 0), at(r.upper, len(k))
+                rows = b - a
+                out.append(Summary(rows, int(cum_h[b] - cum_h[a]), rows - int(cum_k[b] - cum_k[a])))
+            return out
+        # Other keys: tuples in Python, sorted once.
+        values = [c.to_pylist() for c in keys]
+        tuples = [
+            tuple(_value(t, v) for t, v in zip(types, vals, strict=True))
+            for vals in zip(*values, strict=True)
+        ]
+        order_i = sorted(range(len(tuples)), key=lambda i: tuples[i])
+        sorted_keys = [tuples[i] for i in order_i]
+        hs = [int(h[i]) for i in order_i]
+        ks = [bool(known[i]) for i in order_i]
+        cum_hs, cum_ks = [0], [0]
+        for x, y in zip(hs, ks, strict=True):
+            cum_hs.append(cum_hs[-1] + x)
+            cum_ks.append(cum_ks[-1] + int(y))
+        out = []
+        for r in ranges:
+            a = 0 if r.lower is None else bisect.bisect_right(sorted_keys, r.lower)
+            b = len(sorted_keys) if r.upper is None else bisect.bisect_right(sorted_keys, r.upper)
+            rows = b - a
+            out.append(Summary(rows, cum_hs[b] - cum_hs[a], rows - (cum_ks[b] - cum_ks[a])))
+        return out
+
+    def rows(self, table: tuple[str, str], rng: KeyRange) -> list[SinkRow]:
+        read = self._read(table, rng)
+        if read is None:
+            return []
+        keys, hashes, xids, types = read
+        out = []
+        for *vals, row_hash, xid in zip(*(c.to_pylist() for c in keys), hashes.to_pylist(),
+                                       xids.to_pylist(), strict=True):  # fmt: skip
+            key = tuple(_value(t, v) for t, v in zip(types, vals, strict=True))
+            out.append(SinkRow(key, row_hash, int(xid or 0)))
+        return out
+
+    def before_mark(self, tables: Sequence[tuple[str, str]]) -> None:
+        self.group.before_mark()
+
+    def wait_for_mark(
+        self, mark_id: str, tables: Sequence[tuple[str, str]], timeout_s: float
+    ) -> None:
+        self.group.wait_for_mark("kafka2spark", mark_id, tables, timeout_s)
+
+
+def _filter(names: Sequence[str], types: Sequence[str], rng: KeyRange) -> Any:
+    """A dataset filter for the keys in ``rng`` (lexicographic over the key's columns)."""
+
+    def lit(t: str, v: object) -> object:
+        return str(v) if t == "uuid" else v
+
+    def beyond(i: int, bound: Key, strict_last: str) -> Any:
+        f = pc.field(names[i])
+        v = lit(types[i], bound[i])
+        if i == len(names) - 1:
+            return f > v if strict_last == "gt" else f <= v
+        first = f > v if strict_last == "gt" else f < v
+        return first | ((f == v) & beyond(i + 1, bound, strict_last))
+
+    parts = []
+    if rng.lower is not None:
+        parts.append(beyond(0, rng.lower, "gt"))
+    if rng.upper is not None:
+        parts.append(beyond(0, rng.upper, "lte"))
+    if not parts:
+        return None
+    return parts[0] if len(parts) == 1 else parts[0] & parts[1]
+
+
+def mirrored_tables(settings: Kafka2SparkSettings) -> list[tuple[str, str]]:
+    """The (schema, table) of every mirror kafka2spark keeps (its mirror list)."""
+    from services.kafka2spark.held import read_mirrors
+
+    out = set()
+    for name in read_mirrors(settings.delta.root):
+        _db, schema, table = name.split(".", 2)
+        out.add((schema, table))
+    return sorted(out)
+
+
+def verify(
+    settings: Kafka2SparkSettings,
+    tables: Sequence[tuple[str, str]],
+    progress: Callable[[TableReport], None] | None = None,
+) -> list[TableReport]:
+    """Compare each table (every mirror when none is named) with Postgres."""
+    v = settings.verify
+    source = PostgresSource(v.postgres.conninfo(), rows_per_s=v.rows_per_s)
+    chosen = list(tables) or mirrored_tables(settings)
+
+    def key_shape(table: tuple[str, str]) -> tuple[tuple[str, ...], tuple[str, ...]]:
+        shape = source.shape(table)
+        return shape.key, shape.key_types
+
+    target = DeltaTarget(settings, source.database(), key_shape)
+    plan = Plan(v.range_rows, v.rounds, v.mark_timeout_s, v.slot)
+    try:
+        return Verifier(source, target, plan, "kafka2spark", progress).tables(chosen)
+    except RetriableError as exc:
+        raise PermanentError(str(exc), hint="is pg2kafka streaming, kafka2spark running?") from exc
+    finally:
+        target.close()
