@@ -2,9 +2,9 @@
 key ranges with their count and row-hash sum, a range's rows, and the marker request.
 
 Every range is read in its own short ``REPEATABLE READ, READ ONLY`` transaction, which
-also reads its snapshot: first the range's upper bound (the ``max_rows``-th key after the
-lower one, an index-ordered scan of the key), then the count and hash sum of the rows up
-to it — no transaction outlives one range, and ``rows_per_s`` paces the reads. The row
+also reads its snapshot: one index-ordered scan of the ``max_rows`` keys after the lower
+bound gives the range's rows, count, hash sum and upper bound (its last key) — no
+transaction outlives one range, and ``rows_per_s`` paces the reads. The row
 hash is :func:`shared.contract.rowhash.row_hash_sql` over the columns the stream carries,
 in a session with the same text-output settings as pg2kafka's
 (:data:`~shared.contract.rowhash.TEXT_OUTPUT_OPTIONS`).
@@ -150,30 +150,43 @@ class PostgresSource:
         if max_rows < 1:
             raise ValueError("max_rows must be at least 1")
         shape, source, key = self._parts(table)
-        order = sql.SQL(", ").join(sql.Identifier("s", k) for k in shape.key)
         keys = sql.SQL(", ").join(sql.Identifier("s", k) for k in shape.key)
-        row_hash = row_hash_sql(shape.columns, "s")
+        # r's columns: the key as k0, k1, ... and the hash as h (names of our own)
+        named = [sql.Identifier(f"k{i}") for i in range(len(shape.key))]
+        as_named = sql.SQL(", ").join(
+            sql.SQL("{} AS {}").format(sql.Identifier("s", k), n)
+            for k, n in zip(shape.key, named, strict=True)
+        )
+        desc = sql.SQL(", ").join(sql.SQL("{} DESC").format(n) for n in named)
+        # One index-ordered scan per range: its first max_rows keys after the lower bound,
+        # hashed, then their count, sum and last key (the range's upper bound).
+        query = sql.SQL(
+            "WITH r AS MATERIALIZED (SELECT {as_named}, {h} AS h FROM {src} WHERE {after}"
+            " ORDER BY {keys} LIMIT {n})"
+            " SELECT c.n, c.s, l.* FROM (SELECT count(*) AS n, coalesce(sum(h), 0)::text AS s"
+            " FROM r) c LEFT JOIN LATERAL (SELECT {named} FROM r ORDER BY {desc} LIMIT 1) l"
+            " ON true"
+        )
+        params = {
+            "as_named": as_named, "h": row_hash_sql(shape.columns, "s"), "src": source,
+            "keys": keys, "n": sql.Literal(max_rows), "named": sql.SQL(", ").join(named),
+            "desc": desc,
+        }  # fmt: skip
         lower: tuple[object, ...] | None = None
         with self._connect() as conn:
             while True:
+                after = self._where(key, KeyRange(lower, None))
                 with conn.transaction():
                     conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
                     snap = _snapshot(conn)
-                    after = self._where(key, KeyRange(lower, None))
-                    nth = sql.SQL("SELECT {} FROM {} WHERE {} ORDER BY {} OFFSET {} LIMIT 1")
-                    upper_row = conn.execute(
-                        nth.format(keys, source, after, order, sql.Literal(max_rows - 1))
-                    ).fetchone()
-                    upper = tuple(upper_row) if upper_row is not None else None
-                    rng = KeyRange(lower, upper)
-                    summary = sql.SQL(
-                        "SELECT count(*), coalesce(sum({}), 0)::text FROM {} WHERE {}"
-                    )
-                    count, total = conn.execute(
-                        summary.format(row_hash, source, self._where(key, rng))
-                    ).fetchone() or (0, "0")
-                self._pace(int(count))
-                yield SourceRange(rng, Summary(int(count), int(total)), snap)
+                    row = conn.execute(query.format(after=after, **params)).fetchone()
+                assert row is not None
+                count, total, last = int(row[0]), int(row[1]), tuple(row[2:])
+                # fewer than max_rows: the last range, open above (rows added later beyond
+                # the last key belong to it)
+                upper = last if count == max_rows else None
+                self._pace(count)
+                yield SourceRange(KeyRange(lower, upper), Summary(count, total), snap)
                 if upper is None:
                     return
                 lower = upper
