@@ -1,0 +1,236 @@
+"""The cost of ``verify`` (issue 39): `pgbench -i -s N` streamed into OpenSearch and Delta
+by the real services, then, on the caught-up pipeline, each of these as its own process,
+timed with its peak memory:
+
+- ``COPY pgbench_accounts TO STDOUT`` (a client reading every row's text);
+- one full read of the sink: a scroll of the index (every document), a Delta scan (every
+  column, deltalake);
+- ``kafka2search verify`` and ``kafka2spark verify`` of ``pgbench_accounts``.
+
+The target (issue 39): a full verify costs no more than those two reads together —
+ratio = (COPY + the sink's full read) / verify >= 1.0 — and a verify that finds nothing
+different reads no row out of the engine (``ranges_looked_into`` = 0). Ratios are of
+times measured in the same run.
+
+    python bench/verify_bench.py --scale 100     # the long form: 10M accounts
+    python bench/verify_bench.py --scale 2       # a quick run
+
+Needs the local stack (``deploy/local/walcast up``); uses its own schema, slot, topic,
+indices and Delta directory, removed afterwards. Prints a table, writes
+``bench/results/verify.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+from bench.chaos import Chaos, Config, Service, stack_env  # noqa: E402
+
+TABLE = "pgbench_accounts"
+
+
+def measure(cmd: list[str], env: dict[str, str]) -> tuple[float, float, str]:
+    """(wall seconds, peak RSS in MB, stdout) of one command run as its own process."""
+    started = time.monotonic()
+    proc = subprocess.Popen(cmd, env={**os.environ, **env}, stdout=subprocess.PIPE, cwd=REPO)
+    out = proc.stdout.read().decode() if proc.stdout is not None else ""
+    _pid, status, usage = os.wait4(proc.pid, 0)
+    wall = time.monotonic() - started
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    if proc.returncode not in (0, 1):  # verify exits 1 on a difference: reported, not fatal
+        raise RuntimeError(f"{' '.join(cmd[:4])}: exit {proc.returncode}")
+    return wall, usage.ru_maxrss / 1024, out
+
+
+# -- the baselines, each run as `verify_bench.py _<name> ...` in its own process ------------
+
+
+def _copy(dsn: str, schema: str) -> None:
+    import psycopg
+
+    n = 0
+    with (
+        psycopg.connect(dsn) as conn,
+        conn.cursor().copy(f'COPY "{schema}".{TABLE} TO STDOUT') as cp,
+    ):
+        for block in cp:
+            n += len(block)
+    print(json.dumps({"bytes": n}))
+
+
+def _post(url: str, body: Any) -> Any:
+    req = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST")  # noqa: S310
+    req.add_header("content-type", "application/json")
+    with urllib.request.urlopen(req, timeout=300) as resp:  # noqa: S310
+        return json.loads(resp.read())
+
+
+def _scroll(url: str, alias: str) -> None:
+    """Every document of the index, as a reader would fetch them (``_source`` included)."""
+    docs = 0
+    page = _post(f"{url}/{alias}/_search?scroll=2m", {"size": 5000, "sort": ["_doc"]})
+    while page["hits"]["hits"]:
+        docs += len(page["hits"]["hits"])
+        page = _post(f"{url}/_search/scroll", {"scroll": "2m", "scroll_id": page["_scroll_id"]})
+    print(json.dumps({"documents": docs}))
+
+
+def _delta(path: str) -> None:
+    from deltalake import DeltaTable
+
+    print(json.dumps({"rows": DeltaTable(path).to_pyarrow_table().num_rows}))
+
+
+# -- the run ---------------------------------------------------------------------------------
+
+
+def run(scale: int, keep: bool) -> dict[str, Any]:
+    cfg = Config(name=f"vb_{os.getpid()}", scale=scale, kills=0)
+    c = Chaos(cfg)
+    envs = c.envs()
+    wanted = ("pg2kafka", "kafka2search-opensearch", "kafka2spark")
+    try:
+        c.sql(f"CREATE SCHEMA {c.schema}")
+        init = subprocess.run(
+            [sys.executable, "-m", "services.pg2kafka", "--env-file",
+             str(Path(c.env["WALCAST_STACK_DIR"]) / "walcast.env"), "init"],
+            env={**os.environ, **envs["pg2kafka"]}, cwd=REPO, capture_output=True, text=True,
+            timeout=600, check=False,
+        )  # fmt: skip
+        if init.returncode != 0:
+            raise RuntimeError(f"pg2kafka init: {init.stderr[-2000:]}")
+        for svc in wanted:
+            module = svc.split("-")[0]
+            c.services[svc] = Service(svc, module, envs[svc], cfg)
+            c.services[svc].start()
+        time.sleep(3)
+        t0 = time.monotonic()
+        c.bench("-i", "-I", "dtpg", "-s", str(scale))  # tables made after pg2kafka started
+        rows = int(c.sql(f"SELECT count(*) FROM {c.schema}.{TABLE}")[0][0])
+        alias = f"{cfg.name.replace('_', '-')}-opensearch-{TABLE}"
+        delta = c.delta / f"{c.schema}.{TABLE}"
+        print(f"[verify-bench] {rows} accounts; waiting for the sinks", flush=True)
+        _wait_caught_up(c, alias, delta, rows)
+        load_s = time.monotonic() - t0
+        py = sys.executable
+        me = str(Path(__file__).resolve())
+        results: dict[str, Any] = {"scale": scale, "rows": rows, "load_s": round(load_s, 1)}
+        for name, cmd in (
+            ("copy", [py, me, "_copy", c.dsn, c.schema]),
+            ("scroll", [py, me, "_scroll", c.url("opensearch"), alias]),
+            ("delta_scan", [py, me, "_delta", str(delta)]),
+        ):
+            wall, rss, _out = measure(cmd, {})
+            results[name] = {
+                "s": round(wall, 2),
+                "rss_mb": round(rss),
+                "rows_per_s": round(rows / wall),
+            }
+        verify_env = {
+            "VERIFY__POSTGRES__HOST": c.env["PG2KAFKA_POSTGRES__HOST"],
+            "VERIFY__POSTGRES__PORT": c.env["PG2KAFKA_POSTGRES__PORT"],
+            "VERIFY__POSTGRES__DATABASE": c.env["PG2KAFKA_POSTGRES__DATABASE"],
+            "VERIFY__POSTGRES__USER": c.env["PG2KAFKA_POSTGRES__USER"],
+            "VERIFY__POSTGRES__PASSWORD": c.env["PG2KAFKA_POSTGRES__PASSWORD"],
+            "VERIFY__SLOT": cfg.name,
+        }
+        env_file = str(Path(c.env["WALCAST_STACK_DIR"]) / "walcast.env")
+        for name, svc, prefix in (
+            ("verify_opensearch", "kafka2search-opensearch", "KAFKA2SEARCH_"),
+            ("verify_delta", "kafka2spark", "KAFKA2SPARK_"),
+        ):
+            module = svc.split("-")[0]
+            env = {**envs[svc], **{prefix + k: v for k, v in verify_env.items()}}
+            cmd = [py, "-m", f"services.{module}", "--env-file", env_file, "verify",
+                   "--table", f"{c.schema}.{TABLE}", "--json"]  # fmt: skip
+            wall, rss, out = measure(cmd, env)
+            (report,) = json.loads(out)["tables"]
+            results[name] = {"s": round(wall, 2), "rss_mb": round(rss),
+                             "rows_per_s": round(rows / wall), "report": report}  # fmt: skip
+        results["ratio_opensearch"] = round(
+            (results["copy"]["s"] + results["scroll"]["s"]) / results["verify_opensearch"]["s"], 3
+        )
+        results["ratio_delta"] = round(
+            (results["copy"]["s"] + results["delta_scan"]["s"]) / results["verify_delta"]["s"], 3
+        )
+        return results
+    finally:
+        for s in c.services.values():
+            s.stop()
+        if not keep:
+            c.cleanup()
+
+
+def _wait_caught_up(c: Chaos, alias: str, delta: Path, rows: int, timeout_s: float = 3600) -> None:
+    from deltalake import DeltaTable
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        c.http(c.url("opensearch"), f"/{alias}/_refresh", method="POST")
+        count = (c.http(c.url("opensearch"), f"/{alias}/_count") or {}).get("count", 0)
+        mirrored = 0
+        if any((delta / "_delta_log").glob("*.json")):
+            mirrored = DeltaTable(str(delta)).to_pyarrow_table(columns=["aid"]).num_rows
+        if count == rows and mirrored == rows:
+            return
+        dead = [s.name for s in c.services.values() if s.died()]
+        if dead or time.monotonic() > deadline:
+            raise RuntimeError(
+                f"sinks not caught up: index {count}, mirror {mirrored} of {rows}; exited: {dead}"
+            )
+        time.sleep(2)
+
+
+def print_table(r: dict[str, Any]) -> None:
+    print(
+        f"\nverify_bench: pgbench scale {r['scale']} ({r['rows']} accounts),"
+        f" streamed in {r['load_s']} s"
+    )
+    print(f"| {'step':<22} | {'s':>8} | {'rows/s':>10} | {'peak RSS MB':>11} |")
+    print(f"| {'-' * 22} | {'-' * 8} | {'-' * 10} | {'-' * 11} |")
+    for k in ("copy", "scroll", "delta_scan", "verify_opensearch", "verify_delta"):
+        v = r[k]
+        print(f"| {k:<22} | {v['s']:>8} | {v['rows_per_s']:>10} | {v['rss_mb']:>11} |")
+    for k in ("verify_opensearch", "verify_delta"):
+        rep = r[k]["report"]
+        print(f"{k}: ok={rep['ok']} ranges={rep['ranges']} looked_into={rep['ranges_looked_into']}")
+    print(f"ratio (COPY + scroll) / verify, OpenSearch: {r['ratio_opensearch']}  (target >= 1.0)")
+    print(f"ratio (COPY + Delta scan) / verify, Delta:  {r['ratio_delta']}  (target >= 1.0)")
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0].startswith("_"):
+        {"_copy": _copy, "_scroll": _scroll, "_delta": _delta}[argv[0]](*argv[1:])
+        return 0
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--scale", type=int, default=100)
+    p.add_argument("--keep", action="store_true", help="keep the schema, indices and Delta")
+    p.add_argument("--json", type=Path, default=REPO / "bench" / "results" / "verify.json")
+    args = p.parse_args(argv)
+    stack_env()  # fails early without the local stack
+    results = run(args.scale, args.keep)
+    print_table(results)
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps(results, indent=2))
+    return (
+        0
+        if results["verify_opensearch"]["report"]["ok"] and results["verify_delta"]["report"]["ok"]
+        else 1
+    )
+
+
+if __name__ == "__main__":
+    sys.exit(main())
