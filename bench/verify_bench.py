@@ -213,7 +213,13 @@ def print_table(r: dict[str, Any]) -> None:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv and argv[0].startswith("_"):
-        {"_copy": _copy, "_scroll": _scroll, "_delta": _delta}[argv[0]](*argv[1:])
+        step, rest = argv[0], argv[1:]
+        if step == "_copy":
+            _copy(*rest)
+        elif step == "_scroll":
+            _scroll(*rest)
+        else:
+            _delta(*rest)
         return 0
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--scale", type=int, default=100)
