@@ -61,6 +61,11 @@ KEYS = {"pgbench_branches": "bid", "pgbench_tellers": "tid", "pgbench_accounts":
 START_MARK = "=== chaos: started at"
 LOAD_RUN_S = 30  # one pgbench run of the load; the load stops between runs
 SERVICES = ("pg2kafka", "kafka2search-opensearch", "kafka2search-elasticsearch", "kafka2spark")
+_SINK_SERVICES = {
+    "opensearch": "kafka2search-opensearch",
+    "elasticsearch": "kafka2search-elasticsearch",
+    "delta": "kafka2spark",
+}
 
 
 def stack_env() -> dict[str, str]:
@@ -86,6 +91,9 @@ class Config:
     postgres_restarts: int = 2
     seed: int = 1
     converge_timeout_s: float = 900.0  # without progress
+    # run each sink's `verify` over and over during the load, and once after convergence
+    # (issue 39: no false alarm on a moving source under faults)
+    verify: bool = False
     work: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="walcast-chaos-")))
 
 
@@ -101,6 +109,8 @@ class Report:
     tps_with: float = 0.0
     load_s: float = 0.0
     kafka2spark: dict[str, Any] = field(default_factory=dict)
+    # each verification: sink, during the load or after, ok / differences / error
+    verifications: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def total_mismatches(self) -> int:
@@ -362,6 +372,10 @@ class Chaos:
         loader = threading.Thread(target=self.load, args=(stop, done_tx), daemon=True)
         started = time.monotonic()
         loader.start()
+        verifier = None
+        if self.cfg.verify:
+            verifier = threading.Thread(target=self.verify_loop, args=(stop,), daemon=True)
+            verifier.start()
         plan = self.faults()
         gap = self.cfg.duration_s / (len(plan) + 1)
         for what, fault in plan:
@@ -378,8 +392,59 @@ class Chaos:
         time.sleep(max(0.0, started + self.cfg.duration_s - time.monotonic()))
         stop.set()
         loader.join()
+        if verifier is not None:
+            verifier.join(600)
         self.report.load_s = round(time.monotonic() - started, 1)
         self.report.tps_with = sum(done_tx) / max(self.report.load_s, 1e-6)
+
+    # -- verify (walcast's own comparison, issue 39) -------------------------------------
+
+    def verify_once(self, sink: str, phase: str) -> dict[str, Any]:
+        """One ``verify`` of pgbench's tables by ``sink``'s service, as a process."""
+        svc = _SINK_SERVICES[sink]
+        module, prefix = ("kafka2spark", "KAFKA2SPARK_") if sink == "delta" else (
+            "kafka2search", "KAFKA2SEARCH_")  # fmt: skip
+        env = {**os.environ, **self.envs()[svc]}
+        for k, v in {
+            "POSTGRES__HOST": self.env["PG2KAFKA_POSTGRES__HOST"],
+            "POSTGRES__PORT": self.env["PG2KAFKA_POSTGRES__PORT"],
+            "POSTGRES__DATABASE": self.env["PG2KAFKA_POSTGRES__DATABASE"],
+            "POSTGRES__USER": self.env["PG2KAFKA_POSTGRES__USER"],
+            "POSTGRES__PASSWORD": self.env["PG2KAFKA_POSTGRES__PASSWORD"],
+            "SLOT": self.cfg.name, "MARK_TIMEOUT_S": "60", "RANGE_ROWS": "5000",
+        }.items():  # fmt: skip
+            env[f"{prefix}VERIFY__{k}"] = v
+        tables = [a for t in self.keys for a in ("--table", f"{self.schema}.{t}")]
+        started = time.monotonic()
+        done = subprocess.run(
+            [sys.executable, "-m", f"services.{module}", "--env-file",
+             str(Path(self.env["WALCAST_STACK_DIR"]) / "walcast.env"), "verify", *tables,
+             "--json"],
+            env=env, cwd=REPO, capture_output=True, text=True, timeout=900, check=False,
+        )  # fmt: skip
+        out: dict[str, Any] = {"sink": sink, "phase": phase,
+                               "s": round(time.monotonic() - started, 1)}  # fmt: skip
+        try:
+            report = json.loads(done.stdout)
+        except json.JSONDecodeError:
+            lines = done.stderr.strip().splitlines() or [f"exit {done.returncode}"]
+            out["error"] = lines[-1][:300]
+            return out
+        out["ok"] = report["ok"]
+        kinds = ("missing", "extra", "differs", "unknown")
+        out["differences"] = {
+            t["table"]: {k: t[k] for k in kinds if t[k]["count"]}
+            for t in report["tables"] if not t["ok"]
+        }  # fmt: skip
+        out["changing"] = sum(t["changing"]["count"] for t in report["tables"])
+        return out
+
+    def verify_loop(self, stop: threading.Event) -> None:
+        sinks = [s for s, svc in _SINK_SERVICES.items() if svc in self.services]
+        i = 0
+        while not stop.is_set():
+            self.report.verifications.append(self.verify_once(sinks[i % len(sinks)], "load"))
+            i += 1
 
     # -- comparison (no walcast code) ----------------------------------------------------
 
@@ -523,6 +588,9 @@ class Chaos:
             self.setup()
             self.run_load_with_faults()
             self.converge()
+            if self.cfg.verify:  # the sinks equal Postgres now: every verify must say so
+                for sink in ("opensearch", "elasticsearch", "delta"):
+                    self.report.verifications.append(self.verify_once(sink, "after"))
             self.lsn_order()
         finally:
             for s in self.services.values():
@@ -649,6 +717,13 @@ def print_report(cfg: Config, r: Report) -> None:
     print(f"chaos: scale {cfg.scale}, {cfg.clients} clients, TPC-B for {r.load_s:.0f} s")
     for a, b in rows:
         print(f"  {a:<{width}}  {b}")
+    if r.verifications:
+        done = [v for v in r.verifications if "error" not in v]
+        false = [v for v in done if not v["ok"]]
+        print(f"  verify: {len(done)} verifications ({len(false)} reporting a difference),"
+              f" {len(r.verifications) - len(done)} not finished (a fault in the way)")  # fmt: skip
+        for v in false:
+            print(f"    {v['sink']} ({v['phase']}): {v['differences']}")
     if r.mismatches:
         print(f"  differences: {r.mismatches}")
 
@@ -664,6 +739,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--engine-stop-s", type=float, default=60)
     p.add_argument("--postgres-restarts", type=int, default=2)
     p.add_argument("--seed", type=int, default=1)
+    p.add_argument(
+        "--verify", action="store_true", help="each sink's verify during the load and after"
+    )
     p.add_argument("--json", type=Path, default=REPO / "bench/results/chaos.json")
     args = p.parse_args(argv)
     cfg = Config(
@@ -677,6 +755,7 @@ def main(argv: list[str] | None = None) -> int:
         engine_stop_s=args.engine_stop_s,
         postgres_restarts=args.postgres_restarts,
         seed=args.seed,
+        verify=args.verify,
     )
     chaos = Chaos(cfg)
     try:
@@ -692,7 +771,8 @@ def main(argv: list[str] | None = None) -> int:
             default=str,
         )
     )
-    return 0 if report.total_mismatches == 0 else 1
+    false = [v for v in report.verifications if "error" not in v and not v["ok"]]
+    return 0 if report.total_mismatches == 0 and not false else 1
 
 
 if __name__ == "__main__":
