@@ -20,7 +20,7 @@ from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
 from types import FrameType
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from shared.errors import (
     ConfigError,
@@ -167,3 +167,14 @@ def print_verify(reports: list[TableReport], as_json: bool) -> int:
         if not reports:
             print("no table to verify")
     return 0 if all(r.ok for r in reports) else 1
+
+
+def print_last_verified(outcomes: list[dict[str, Any]]) -> None:
+    """``status``'s lines for the continuous mode's last verification of each table."""
+    for o in outcomes:
+        at = datetime.fromtimestamp(float(o.get("at", 0))).isoformat(timespec="seconds")
+        if o.get("ok") is None:
+            print(f"  verify {o['table']}: did not finish at {at}: {o.get('error')}")
+            continue
+        state = "equal" if o["ok"] else "DIFFERS"
+        print(f"  verify {o['table']}: {state} at {at} ({o.get('rows')} rows)")

@@ -138,6 +138,10 @@ class VerifySettings(Section):
     mark_timeout_s: float = Field(default=120.0, gt=0)
     """Seconds without progress towards a marker (pg2kafka streaming it, the sink
     applying it) before verify gives up, saying how far each got."""
+    interval_s: float = Field(default=0.0, ge=0)
+    """Inside `run`: every this many seconds, the next table in rotation is verified,
+    its outcome in the metrics (`walcast_verify_*`) and in `status`; 0: off (the command
+    `verify` only)."""
 
 
 class KafkaSettings(Section):

@@ -12,7 +12,14 @@ from services.kafka2search.engines import engine_for
 from services.kafka2search.indices import forget
 from services.kafka2search.settings import Kafka2SearchSettings
 from services.kafka2search.verify import verify
-from shared.cli import add_replay_range, base_parser, print_verify, run_command, split_table
+from shared.cli import (
+    add_replay_range,
+    base_parser,
+    print_last_verified,
+    print_verify,
+    run_command,
+    split_table,
+)
 from shared.service import serve
 
 
@@ -62,6 +69,7 @@ def main(argv: list[str] | None = None) -> int:
             for i in info["indices"]:
                 print(f"  {i['alias']} -> {i['index']}: {i['documents']} documents")
             print(f"dead letters: {info['dead_letters']}")
+            print_last_verified(info["verify"])
         elif args.command == "forget":
             engine = engine_for(settings.engine)
             try:

@@ -15,6 +15,7 @@ from prometheus_client import CollectorRegistry
 from services.kafka2search.app import consumer_loop
 from services.kafka2search.engines import SearchEngine, engine_for
 from services.kafka2search.settings import Kafka2SearchSettings
+from services.kafka2search.verify import last_outcomes
 from shared.errors import ConfigError, PermanentError
 from shared.kafka import group_lag, replay_range, topic_records
 from shared.retry import call_with_retry
@@ -61,6 +62,7 @@ def status(settings: Kafka2SearchSettings) -> dict[str, Any]:
             {"alias": a, "index": i, "documents": _count(engine, a)}
             for a, i in sorted(aliases.items())
         ]
+        verified = last_outcomes(engine, settings.consumer.group_id)
     finally:
         engine.close()
     return {
@@ -70,6 +72,8 @@ def status(settings: Kafka2SearchSettings) -> dict[str, Any]:
         "total_lag": sum(p["lag"] for p in lag),
         "indices": indices,
         "dead_letters": dlq,
+        # each table's last verification by the continuous mode (verify.interval_s)
+        "verify": verified,
     }
 
 

@@ -24,11 +24,13 @@ from services.kafka2search.engines import SearchEngine, engine_for
 from services.kafka2search.indexer import Indexer
 from services.kafka2search.metrics import PREFIX, Metrics
 from services.kafka2search.settings import Kafka2SearchSettings
+from services.kafka2search.verify import continuous
 from shared.avro import RegistryDecoder
 from shared.cli import tune_gc_for_records
 from shared.consumer import ConsumerLoop, ConsumerMetrics, LoopLink
 from shared.records import change_events
 from shared.service import Runner
+from shared.verify.continuous import Continuous, VerifyMetrics
 
 
 @dataclass
@@ -38,6 +40,7 @@ class Service:
     loop: ConsumerLoop[Batch]
     indexer: Indexer
     engine: SearchEngine
+    verifier: Continuous | None = None  # verify.interval_s
 
     @property
     def registry(self) -> CollectorRegistry:
@@ -45,6 +48,8 @@ class Service:
 
     def run(self) -> None:
         tune_gc_for_records()
+        if self.verifier is not None:
+            self.verifier.start()
         self.runner.run(self.loop.run, cleanup=self.engine.close)
 
     def stop(self, *_: object) -> None:
@@ -101,7 +106,8 @@ def build(settings: Kafka2SearchSettings) -> Service:
     runner.health("loop", alive)
     runner.ready("engine", lambda: (engine.ping(), engine.name))
     runner.ready("consuming", consuming)
-    return Service(settings, runner, loop, indexer, engine)
+    verifier = continuous(settings, engine, VerifyMetrics(runner.registry), runner.stop_event)
+    return Service(settings, runner, loop, indexer, engine, verifier)
 
 
 __all__ = ["Indexer", "Service", "build", "consumer_loop"]

@@ -14,15 +14,19 @@ document out of the engine.
 
 from __future__ import annotations
 
+import json
+import threading
 import uuid
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from services.kafka2search.engines import SearchEngine, engine_for
+from services.kafka2search.indices import quote_id
 from services.kafka2search.mapping import alias_name
 from services.kafka2search.settings import Kafka2SearchSettings
 from shared.contract.event import ROW_HASH, ROW_XID
 from shared.errors import PermanentError, RetriableError
+from shared.verify.continuous import Continuous, VerifyMetrics
 from shared.verify.core import Key, KeyRange, SinkRow, Summary, VerifyTarget
 from shared.verify.marks import GroupMarks
 from shared.verify.postgres import PostgresSource
@@ -201,3 +205,70 @@ def verify(
         if target is not None:
             target.close()
         engine.close()
+
+
+VERIFY_INDEX = "walcast-kafka2search-verify"
+"""The last verification of each table per consumer group (what ``status`` shows): one
+document each, its report as JSON text (never mapped field by field)."""
+
+
+def record_outcome(engine: SearchEngine, group: str, outcome: dict[str, Any]) -> None:
+    """Keep a table's last verification where ``status`` reads it."""
+    doc_id = quote_id(f"{group}:{outcome['table']}")
+    engine.request(
+        "PUT",
+        f"/{VERIFY_INDEX}/_doc/{doc_id}",
+        body={"group": group, "table": outcome["table"], "report": json.dumps(outcome)},
+    )
+
+
+def last_outcomes(engine: SearchEngine, group: str) -> list[dict[str, Any]]:
+    """Each table's last verification by ``group``'s continuous mode, by table."""
+    try:
+        answer = engine.request(
+            "POST",
+            f"/{VERIFY_INDEX}/_search",
+            body={"size": 1000, "query": {"term": {"group.keyword": group}}},
+        )
+    except Exception as exc:
+        if getattr(exc, "status_code", None) == 404:
+            return []  # never verified
+        raise
+    out = [json.loads(h["_source"]["report"]) for h in answer["hits"]["hits"]]
+    return sorted(out, key=lambda o: str(o.get("table")))
+
+
+def continuous(
+    settings: Kafka2SearchSettings,
+    engine: SearchEngine,
+    metrics: VerifyMetrics,
+    stop: threading.Event,
+) -> Continuous | None:
+    """The continuous mode when ``verify.interval_s`` is set (None otherwise)."""
+    v = settings.verify
+    if not v.interval_s:
+        return None
+    source = PostgresSource(v.postgres.conninfo(), rows_per_s=v.rows_per_s)
+
+    def key_shape(table: tuple[str, str]) -> tuple[tuple[str, ...], tuple[str, ...]]:
+        shape = source.shape(table)
+        return shape.key, shape.key_types
+
+    state: dict[str, Verifier] = {}
+
+    def verify_one(table: tuple[str, str]) -> TableReport:
+        if "v" not in state:  # the database's name needs Postgres: asked once it answers
+            target = SearchTarget(settings, engine, source.database(), key_shape)
+            plan = Plan(v.range_rows, v.rounds, v.mark_timeout_s, v.slot)
+            state["v"] = Verifier(source, target, plan, "kafka2search")
+        return state["v"].table(table)
+
+    group = settings.consumer.group_id
+    return Continuous(
+        v.interval_s,
+        lambda: indexed_tables(settings, engine),
+        verify_one,
+        metrics,
+        lambda outcome: record_outcome(engine, group, outcome),
+        stop,
+    )

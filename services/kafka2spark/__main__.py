@@ -9,7 +9,7 @@ import sys
 from services.kafka2spark import admin, held
 from services.kafka2spark.app import build
 from services.kafka2spark.settings import Kafka2SparkSettings
-from shared.cli import base_parser, print_verify, run_command, split_table
+from shared.cli import base_parser, print_last_verified, print_verify, run_command, split_table
 from shared.errors import ConfigError
 from shared.service import serve
 
@@ -60,6 +60,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"  {t['table']:<40} version {t['version']:>6} {t['rows']:>12} rows")
             for table, why in info["held"].items():
                 print(f"  HELD {table}: {why['reason']} (since batch {why['batch_id']})")
+            print_last_verified(info["verify"])
         elif args.command == "verify":
             from services.kafka2spark.verify import verify  # pyarrow, numpy: not for run
 

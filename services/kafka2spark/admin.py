@@ -46,6 +46,8 @@ def last_batch(checkpoint: Path) -> dict[str, Any] | None:
 def status(settings: Kafka2SparkSettings) -> dict[str, Any]:
     from deltalake import DeltaTable
 
+    from services.kafka2spark.verify import last_outcomes
+
     consumer = Consumer({**settings.kafka.client_config(), "group.id": settings.source.group_id})
     try:
         # A brand-new broker answers NOT_COORDINATOR until its group coordinator loaded.
@@ -75,6 +77,8 @@ def status(settings: Kafka2SparkSettings) -> dict[str, Any]:
         "total_lag": sum(p["lag"] for p in lag),
         "tables": tables,
         "held": read_held(settings.delta.root),
+        # each table's last verification by the continuous mode (verify.interval_s)
+        "verify": last_outcomes(settings),
     }
 
 

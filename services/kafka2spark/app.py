@@ -34,6 +34,7 @@ from shared.retry import call_with_retry
 from shared.secrets import SENSITIVE_KEY_PATTERN
 from shared.service import Runner
 from shared.settings import KafkaSettings
+from shared.verify.continuous import Continuous, VerifyMetrics
 
 log = logging.getLogger(__name__)
 
@@ -247,6 +248,7 @@ class Service:
     runner: Runner
     query: StreamingQuery | None = None
     batches: int = 0  # finished since start (readiness)
+    verifier: Continuous | None = None  # verify.interval_s
 
     @property
     def registry(self) -> CollectorRegistry:
@@ -283,6 +285,8 @@ class Service:
 
     def run(self) -> None:
         """Run until stopped (or, with ``trigger.mode = available_now``, caught up)."""
+        if self.verifier is not None:
+            self.verifier.start()
         self.runner.run(self._mirror, cleanup=self.committer.close)
 
     def _mirror(self) -> None:
@@ -436,6 +440,12 @@ def build(settings: Kafka2SparkSettings, spark: SparkSession | None = None) -> S
 
     runner.health("query", failed)
     runner.ready("query", active)
+    verify_metrics = VerifyMetrics(runner.registry)
+    if settings.verify.interval_s:
+        # pyarrow and numpy only when verifying (a plain run does without them)
+        from services.kafka2spark.verify import continuous
+
+        service.verifier = continuous(settings, verify_metrics, runner.stop_event)
     return service
 
 

@@ -13,6 +13,8 @@ it: kafka2spark commits each batch's offsets there after the batch's Delta commi
 from __future__ import annotations
 
 import bisect
+import json
+import threading
 import uuid
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -26,6 +28,7 @@ from deltalake import DeltaTable
 from services.kafka2spark.names import HASH, XID, postgres_name, table_dir
 from services.kafka2spark.settings import Kafka2SparkSettings
 from shared.errors import PermanentError, RetriableError
+from shared.verify.continuous import Continuous, VerifyMetrics
 from shared.verify.core import Key, KeyRange, SinkRow, Summary, VerifyTarget
 from shared.verify.marks import GroupMarks
 from shared.verify.postgres import PostgresSource
@@ -204,3 +207,57 @@ def verify(
         raise PermanentError(str(exc), hint="is pg2kafka streaming, kafka2spark running?") from exc
     finally:
         target.close()
+
+
+def outcomes_path(settings: Kafka2SparkSettings) -> Path:
+    """Each table's last verification by the continuous mode (what ``status`` shows)."""
+    return settings.delta.root / "_walcast_verify.json"
+
+
+def record_outcome(settings: Kafka2SparkSettings, outcome: dict[str, Any]) -> None:
+    path = outcomes_path(settings)
+    known = last_outcomes(settings)
+    known = [o for o in known if o.get("table") != outcome["table"]] + [outcome]
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(sorted(known, key=lambda o: str(o.get("table")))))
+    tmp.replace(path)  # never half written
+
+
+def last_outcomes(settings: Kafka2SparkSettings) -> list[dict[str, Any]]:
+    path = outcomes_path(settings)
+    if not path.exists():
+        return []
+    out: list[dict[str, Any]] = json.loads(path.read_text())
+    return out
+
+
+def continuous(
+    settings: Kafka2SparkSettings, metrics: VerifyMetrics, stop: threading.Event
+) -> Continuous | None:
+    """The continuous mode when ``verify.interval_s`` is set (None otherwise)."""
+    v = settings.verify
+    if not v.interval_s:
+        return None
+    source = PostgresSource(v.postgres.conninfo(), rows_per_s=v.rows_per_s)
+
+    def key_shape(table: tuple[str, str]) -> tuple[tuple[str, ...], tuple[str, ...]]:
+        shape = source.shape(table)
+        return shape.key, shape.key_types
+
+    state: dict[str, Verifier] = {}
+
+    def verify_one(table: tuple[str, str]) -> TableReport:
+        if "v" not in state:  # the database's name needs Postgres: asked once it answers
+            target = DeltaTarget(settings, source.database(), key_shape)
+            plan = Plan(v.range_rows, v.rounds, v.mark_timeout_s, v.slot)
+            state["v"] = Verifier(source, target, plan, "kafka2spark")
+        return state["v"].table(table)
+
+    return Continuous(
+        v.interval_s,
+        lambda: mirrored_tables(settings),
+        verify_one,
+        metrics,
+        lambda outcome: record_outcome(settings, outcome),
+        stop,
+    )

@@ -21,6 +21,7 @@ from services.pg2kafka.app import build as build_pg2kafka
 from services.pg2kafka.settings import Pg2KafkaSettings
 from shared.consumer import ConsumerMetrics
 from shared.http import OpsServer
+from shared.verify.continuous import VerifyMetrics
 
 REPO = Path(__file__).resolve().parents[2]
 FILES = REPO / "deploy" / "kubernetes" / "walcast" / "files"
@@ -49,6 +50,8 @@ def defined_labels() -> dict[str, set[str]]:
     add(pg.runner.registry)  # type: ignore[attr-defined]
     search, spark, webhook = CollectorRegistry(), CollectorRegistry(), CollectorRegistry()
     SearchMetrics(search)
+    VerifyMetrics(search)
+    VerifyMetrics(spark)
     ConsumerMetrics(search, "walcast_kafka2search")
     SparkMetrics(spark)
     ConsumerMetrics(webhook, "walcast_kafka2webhook", member_label="webhook")

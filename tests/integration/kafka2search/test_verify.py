@@ -12,10 +12,10 @@ import threading
 
 import psycopg
 
+from services.kafka2search import admin as search_admin
 from services.kafka2search.settings import Kafka2SearchSettings
 from services.kafka2search.verify import verify
 from services.pg2kafka import admin
-from shared.settings import VerifySettings
 from tests.integration.conftest import Harness, HarnessFactory
 from tests.integration.kafka2search.conftest import Indexer, IndexerFactory
 
@@ -23,7 +23,10 @@ ROWS = 600
 
 
 def pipeline(
-    make_harness: HarnessFactory, make_indexer: IndexerFactory, schema: str
+    make_harness: HarnessFactory,
+    make_indexer: IndexerFactory,
+    schema: str,
+    interval_s: float = 0.0,
 ) -> tuple[Harness, Indexer, Kafka2SearchSettings]:
     """pg2kafka and kafka2search on a table of ROWS rows, the index caught up; the
     settings ``verify`` runs with."""
@@ -39,19 +42,15 @@ def pipeline(
     h.sql(f"INSERT INTO {q}.t SELECT g, 'v' || g, g, g % 2 = 0 FROM generate_series(1, {ROWS}) g")
     admin.init(h.settings)
     h.start()
-    ix = make_indexer(h.settings.producer.topic).start()
+    pg = h.settings.postgres
+    verify_section = {
+        "postgres": {**pg.model_dump(), "password": pg.password.get_secret_value()},
+        "slot": h.settings.replication.slot, "range_rows": 100, "mark_timeout_s": 60,
+        "interval_s": interval_s,
+    }  # fmt: skip
+    ix = make_indexer(h.settings.producer.topic, verify=verify_section).start()
     ix.wait(lambda: len(ix.docs_all("t", schema)) == ROWS, "the index caught up")
-    settings = ix.settings.model_copy(
-        update={
-            "verify": VerifySettings(
-                postgres=h.settings.postgres,
-                slot=h.settings.replication.slot,
-                range_rows=100,
-                mark_timeout_s=60,
-            )
-        }
-    )
-    return h, ix, settings
+    return h, ix, ix.settings
 
 
 def test_an_equal_index_is_verified_even_while_rows_change(
@@ -116,3 +115,32 @@ def test_each_difference_made_behind_walcasts_back_is_reported_with_its_key(
     assert d["extra"] == {"count": 1, "sample": [ROWS + 50]}, d
     assert d["differs"] == {"count": 1, "sample": [9]}, d
     assert d["unknown"]["count"] == 0, d
+
+
+def test_the_continuous_mode_reports_each_table_in_metrics_and_status(
+    make_harness: HarnessFactory, make_indexer: IndexerFactory, unique_name: str
+) -> None:
+    """``verify.interval_s`` inside ``run``: the table verified again and again, its
+    outcome in ``walcast_verify_*`` and in ``status``; a document deleted behind walcast's
+    back turns the next outcome into a difference (what the alert fires on)."""
+    schema = f"kc_{unique_name}"
+    _h, ix, settings = pipeline(make_harness, make_indexer, schema, interval_s=1)
+    name = f"{schema}.t"
+    assert ix.service is not None
+    registry = ix.service.registry
+
+    def outcome() -> dict[str, object] | None:
+        got = [o for o in search_admin.status(settings)["verify"] if o["table"] == name]
+        return got[0] if got else None
+
+    ix.wait(lambda: (o := outcome()) is not None and o.get("ok") is True, "an equal outcome")
+    assert registry.get_sample_value("walcast_verify_differences", {"table": name}) == 0
+    assert (registry.get_sample_value(
+        "walcast_verify_last_success_timestamp", {"table": name}) or 0) > 0  # fmt: skip
+    ix.es.request("DELETE", f"/{ix.alias('t', schema)}/_doc/5", params={"refresh": "true"})
+    ix.wait(lambda: (o := outcome()) is not None and o.get("ok") is False, "a differing outcome",
+            timeout=120)  # fmt: skip
+    o = outcome()
+    assert o is not None
+    assert o["missing"] == {"count": 1, "sample": [5]}, o
+    assert registry.get_sample_value("walcast_verify_differences", {"table": name}) == 1
