@@ -9,12 +9,14 @@ leaves an unchanged TOAST value out carries no hash; the next full row carries i
 
 from __future__ import annotations
 
+import random
+
 import psycopg
 from psycopg import sql
 
 from services.pg2kafka import admin
 from services.pg2kafka.replication import SESSION_OPTIONS
-from shared.contract.rowhash import row_hash_sql
+from shared.contract.rowhash import row_hash_sql, text_hash
 from tests.integration.conftest import HarnessFactory
 
 TYPES_COLUMNS = """
@@ -126,3 +128,17 @@ def test_every_path_hashes_rows_as_postgres_does(
     assert "hash" not in toasted
     ops = {e["op"] for e in h.seen if e.get("table") in tables and "hash" in e}
     assert ops == {"read", "insert", "update"}
+
+
+def test_the_contracts_text_hash_is_the_servers_hashtext(stack_env: dict[str, str]) -> None:
+    """Every length of tail (0..11 bytes after whole 12-byte blocks), multi-byte UTF-8."""
+    rnd = random.Random(11)
+    texts = ["".join(rnd.choice("ab:é€😀\\\"'\n0") for _ in range(n)) for n in range(60)]
+    texts += ["x" * 1000, "é" * 333]
+    with psycopg.connect(stack_env["WALCAST_PG_DSN"], autocommit=True) as conn:
+        got = conn.execute(
+            "SELECT hashtext(t)::bigint & 4294967295 FROM unnest(%s::text[]) WITH ORDINALITY"
+            " AS u(t, n) ORDER BY n",
+            [texts],
+        ).fetchall()
+    assert [int(r[0]) for r in got] == [text_hash(t.encode()) for t in texts]

@@ -1,63 +1,112 @@
 //! The row hash (`shared/contract/rowhash.py` defines it and is the reference; the test
-//! tests/unit/pg2kafka/test_row_hash.py holds this one to it): the first four bytes of the
-//! MD5 of the non-NULL columns, in the order of their names' bytes, each written as
-//! `<len>:<name><len>:<value>`.
+//! tests/unit/pg2kafka/test_row_hash.py holds this one to it): the sum, modulo 2^32, of
+//! one 32-bit hash per non-NULL column — Postgres's `hashtext` (Bob Jenkins' lookup3 over
+//! little-endian words) of `<len>:<name>` followed by the column's text.
 //!
 //! `RowHasher` is the Python class: built once per relation with the stream's column
 //! names (before any transform: the hash describes the source row), `hash` runs per row
 //! and gives None when a value is not text (an unchanged TOAST value the stream left out).
 
-use md5::{Digest, Md5};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::{PyString, PyTuple};
 
-/// `<len>:<bytes>`.
-fn netstring(out: &mut Vec<u8>, data: &[u8]) {
-    out.extend_from_slice(data.len().to_string().as_bytes());
-    out.push(b':');
-    out.extend_from_slice(data);
+fn mix(a: &mut u32, b: &mut u32, c: &mut u32) {
+    *a = a.wrapping_sub(*c) ^ c.rotate_left(4);
+    *c = c.wrapping_add(*b);
+    *b = b.wrapping_sub(*a) ^ a.rotate_left(6);
+    *a = a.wrapping_add(*c);
+    *c = c.wrapping_sub(*b) ^ b.rotate_left(8);
+    *b = b.wrapping_add(*a);
+    *a = a.wrapping_sub(*c) ^ c.rotate_left(16);
+    *c = c.wrapping_add(*b);
+    *b = b.wrapping_sub(*a) ^ a.rotate_left(19);
+    *a = a.wrapping_add(*c);
+    *c = c.wrapping_sub(*b) ^ b.rotate_left(4);
+    *b = b.wrapping_add(*a);
 }
 
-/// The hash of one row: `prefixes[k]` is the netstring of the k-th column's name in hash
-/// order, `values[k]` its text (None: NULL, left out).
-pub(crate) fn hash_sorted<'a>(parts: impl Iterator<Item = (&'a [u8], Option<&'a str>)>) -> u32 {
-    let mut h = Md5::new();
-    let mut buf: Vec<u8> = Vec::with_capacity(256);
-    for (prefix, value) in parts {
-        if let Some(v) = value {
-            buf.extend_from_slice(prefix);
-            netstring(&mut buf, v.as_bytes());
+fn finish(mut a: u32, mut b: u32, mut c: u32) -> u32 {
+    c = (c ^ b).wrapping_sub(b.rotate_left(14));
+    a = (a ^ c).wrapping_sub(c.rotate_left(11));
+    b = (b ^ a).wrapping_sub(a.rotate_left(25));
+    c = (c ^ b).wrapping_sub(b.rotate_left(16));
+    a = (a ^ c).wrapping_sub(c.rotate_left(4));
+    b = (b ^ a).wrapping_sub(a.rotate_left(14));
+    c = (c ^ b).wrapping_sub(b.rotate_left(24));
+    c
+}
+
+/// Up to four bytes as a little-endian word (missing high bytes are zero).
+fn word(bytes: &[u8]) -> u32 {
+    bytes
+        .iter()
+        .take(4)
+        .enumerate()
+        .fold(0u32, |w, (i, &x)| w | (u32::from(x) << (8 * i)))
+}
+
+/// Postgres's `hashtext` of the concatenation of `parts`, unsigned.
+pub(crate) fn text_hash(parts: &[&[u8]]) -> u32 {
+    let total: usize = parts.iter().map(|p| p.len()).sum();
+    // The key's length enters the state as Postgres's 32-bit length does.
+    let init = 0x9e37_79b9u32
+        .wrapping_add(total as u32)
+        .wrapping_add(3_923_095);
+    let (mut a, mut b, mut c) = (init, init, init);
+    let mut block = [0u8; 12];
+    let mut filled = 0usize;
+    for part in parts {
+        for &byte in *part {
+            block[filled] = byte;
+            filled += 1;
+            if filled == 12 {
+                a = a.wrapping_add(word(&block[0..4]));
+                b = b.wrapping_add(word(&block[4..8]));
+                c = c.wrapping_add(word(&block[8..12]));
+                mix(&mut a, &mut b, &mut c);
+                filled = 0;
+            }
         }
     }
-    h.update(&buf);
-    let d = h.finalize();
-    u32::from_be_bytes([d[0], d[1], d[2], d[3]])
+    // The last 0..11 bytes: a takes 0-3, b 4-7, c 8-10 one byte up (its lowest byte is
+    // the length's in the algorithm's design).
+    let tail = &block[..filled];
+    a = a.wrapping_add(word(tail.get(0..).unwrap_or(&[])));
+    b = b.wrapping_add(word(tail.get(4..).unwrap_or(&[])));
+    c = c.wrapping_add(word(tail.get(8..).unwrap_or(&[])) << 8);
+    finish(a, b, c)
 }
 
-/// One relation's columns for the row hash: the order of their names' bytes, and each
-/// name's netstring, computed once.
+/// `<len>:<bytes>`.
+fn netstring(data: &[u8]) -> Vec<u8> {
+    let mut out = data.len().to_string().into_bytes();
+    out.push(b':');
+    out.extend_from_slice(data);
+    out
+}
+
+/// One relation's columns for the row hash: each name's netstring, computed once.
 #[pyclass(frozen, module = "services.pg2kafka._native")]
 pub(crate) struct RowHasher {
-    /// Column positions in hash order.
-    order: Vec<usize>,
-    /// Per position in `order`: the column name's netstring.
     prefixes: Vec<Vec<u8>>,
 }
 
 impl RowHasher {
     pub(crate) fn of(names: &[String]) -> Self {
-        let mut order: Vec<usize> = (0..names.len()).collect();
-        order.sort_by(|&a, &b| names[a].as_bytes().cmp(names[b].as_bytes()));
-        let prefixes = order
+        RowHasher {
+            prefixes: names.iter().map(|n| netstring(n.as_bytes())).collect(),
+        }
+    }
+
+    /// The row hash of one row's texts (None: NULL, contributes nothing).
+    #[cfg(test)]
+    pub(crate) fn hash_texts(&self, values: &[Option<&str>]) -> u32 {
+        self.prefixes
             .iter()
-            .map(|&i| {
-                let mut p = Vec::with_capacity(names[i].len() + 4);
-                netstring(&mut p, names[i].as_bytes());
-                p
-            })
-            .collect();
-        RowHasher { order, prefixes }
+            .zip(values)
+            .filter_map(|(p, v)| v.map(|v| text_hash(&[p, v.as_bytes()])))
+            .fold(0u32, u32::wrapping_add)
     }
 }
 
@@ -71,31 +120,25 @@ impl RowHasher {
     /// The row's hash; None when a value is neither str nor None (an unchanged TOAST
     /// value: the row's text is not all here). ValueError for a row of another width.
     fn hash(&self, values: &Bound<'_, PyTuple>) -> PyResult<Option<u32>> {
-        if values.len() != self.order.len() {
+        if values.len() != self.prefixes.len() {
             return Err(PyValueError::new_err(format!(
                 "{} values for {} columns",
                 values.len(),
-                self.order.len()
+                self.prefixes.len()
             )));
         }
-        let mut texts: Vec<Option<Bound<'_, PyString>>> = Vec::with_capacity(self.order.len());
-        for &i in &self.order {
+        let mut sum = 0u32;
+        for (i, prefix) in self.prefixes.iter().enumerate() {
             let v = values.get_item(i)?;
             if v.is_none() {
-                texts.push(None);
-            } else if let Ok(s) = v.downcast_into::<PyString>() {
-                texts.push(Some(s));
-            } else {
-                return Ok(None);
+                continue;
             }
+            let Ok(s) = v.downcast::<PyString>() else {
+                return Ok(None);
+            };
+            sum = sum.wrapping_add(text_hash(&[prefix, s.to_str()?.as_bytes()]));
         }
-        let strs: Vec<Option<&str>> = texts
-            .iter()
-            .map(|t| t.as_ref().map(|s| s.to_str()).transpose())
-            .collect::<PyResult<_>>()?;
-        Ok(Some(hash_sorted(
-            self.prefixes.iter().map(|p| p.as_slice()).zip(strs),
-        )))
+        Ok(Some(sum))
     }
 }
 
@@ -103,38 +146,40 @@ impl RowHasher {
 mod tests {
     use super::*;
 
-    fn hash_of(cols: &[(&str, Option<&str>)]) -> u32 {
-        let names: Vec<String> = cols.iter().map(|(n, _)| n.to_string()).collect();
-        let h = RowHasher::of(&names);
-        let values: Vec<Option<&str>> = h.order.iter().map(|&i| cols[i].1).collect();
-        hash_sorted(h.prefixes.iter().map(|p| p.as_slice()).zip(values))
+    #[test]
+    fn known_values_of_postgres_hashtext() {
+        // SELECT hashtext(x)::bigint & 4294967295 on a little-endian server (PostgreSQL 15)
+        assert_eq!(text_hash(&[b""]), 2_817_148_525);
+        assert_eq!(text_hash(&[b"abc"]), 3_509_578_647);
+        assert_eq!(
+            text_hash(&[b"0123456789abcdefghijklmnopqrstuvwxyz"]),
+            3_361_583_595
+        );
+        assert_eq!(text_hash(&[b"2:id", b"1"]), 1_832_766_311);
+        assert_eq!(text_hash(&[b""]), text_hash(&[]));
+        assert_eq!(text_hash(&[b"ab", b"c"]), text_hash(&[b"abc"]));
+        assert_eq!(
+            text_hash(&[b"0123456789ab", b"cdefghijklmnopqrstuvwxyz"]),
+            text_hash(&[b"0123456789abcdefghijklmnopqrstuvwxyz"])
+        );
     }
 
     #[test]
-    fn empty_row_is_md5_of_nothing() {
-        // md5("") = d41d8cd98f00b204e9800998ecf8427e
-        assert_eq!(hash_of(&[]), 0xd41d8cd9);
-        assert_eq!(hash_of(&[("a", None)]), 0xd41d8cd9);
-    }
-
-    #[test]
-    fn names_order_not_positions() {
-        let a = hash_of(&[("id", Some("1")), ("b", Some("x"))]);
-        let b = hash_of(&[("b", Some("x")), ("id", Some("1"))]);
-        assert_eq!(a, b);
-    }
-
-    #[test]
-    fn input_is_netstrings_of_names_and_values() {
-        // the input of a one-column row is "1:a1:1"
-        let mut h = Md5::new();
-        h.update(b"1:a1:1");
-        let d = h.finalize();
-        assert_eq!(hash_of(&[("a", Some("1"))]), u32::from_be_bytes([d[0], d[1], d[2], d[3]]));
-    }
-
-    #[test]
-    fn null_and_empty_differ() {
-        assert_ne!(hash_of(&[("a", None)]), hash_of(&[("a", Some(""))]));
+    fn null_columns_add_nothing_and_order_of_names_does_not_matter() {
+        let h = RowHasher::of(&["id".to_string(), "b".to_string()]);
+        let swapped = RowHasher::of(&["b".to_string(), "id".to_string()]);
+        assert_eq!(
+            h.hash_texts(&[Some("1"), Some("x")]),
+            swapped.hash_texts(&[Some("x"), Some("1")])
+        );
+        assert_eq!(
+            h.hash_texts(&[Some("1"), None]),
+            text_hash(&[b"2:id", b"1"])
+        );
+        assert_eq!(h.hash_texts(&[None, None]), 0);
+        assert_ne!(
+            h.hash_texts(&[Some("1"), None]),
+            h.hash_texts(&[Some("1"), Some("")])
+        );
     }
 }
