@@ -137,9 +137,7 @@ def row_hash_sql(columns: Sequence[str], qualifier: str | None = None) -> sql.Co
     to prefix the columns with. Identifiers are quoted; names never become code."""
     pieces: list[sql.Composable] = []
     for name in columns:
-        col: sql.Composable = (
-            sql.Identifier(qualifier, name) if qualifier else sql.Identifier(name)
-        )
+        col: sql.Composable = sql.Identifier(qualifier, name) if qualifier else sql.Identifier(name)
         prefix = _netstring(name.encode()).decode()
         # concat() writes a value by its type's output function (the text pgoutput sends;
         # a cast to text would not: bool, inet and char(n) cast differently).

@@ -38,8 +38,8 @@ class VerifyMetrics:
         )
         self.differences = Gauge(
             "walcast_verify_differences",
-            "Rows the table's last finished verification found missing, extra, differing"
-            " or of unknown hash (0: the sink equals its source)",
+            "Rows the table's last finished verification found missing, extra or differing"
+            " (0: the sink equals its source; rows of unknown hash are not counted)",
             ["table"],
             registry=registry,
         )
@@ -68,7 +68,7 @@ class VerifyMetrics:
         }
         for result, n in counts.items():
             self.rows.labels(table=name, result=result).inc(n)
-        differing = counts["missing"] + counts["extra"] + counts["differs"] + counts["unknown"]
+        differing = counts["missing"] + counts["extra"] + counts["differs"]
         self.differences.labels(table=name).set(differing)
         if report.ok:
             self.last_success.labels(table=name).set(time.time())

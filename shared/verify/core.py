@@ -34,6 +34,10 @@ class Snapshot:
     xmin: int
     xmax: int
     xip: frozenset[int]
+    # The next transaction id read after the sink was read (None: not known). No version
+    # the sink held then can have a later writer: an id that places at or beyond it is an
+    # old one from 2^31 or more transactions ago, long visible.
+    horizon: int | None = None
 
     @classmethod
     def parse(cls, text: str) -> Snapshot:
@@ -62,6 +66,8 @@ class Snapshot:
         if xid32 < FIRST_NORMAL_XID:
             return True
         x = self.full(xid32)
+        if self.horizon is not None and x >= self.horizon:
+            return True
         return x < self.xmin or (x < self.xmax and x not in self.xip)
 
 
@@ -181,13 +187,17 @@ class VerifySource(Protocol):
         ...
 
     def mark(self, mark_id: str, tables: Sequence[tuple[str, str]]) -> int:
-        """Ask pg2kafka for a verification marker on each table (committed on return);
-        its position in the WAL."""
+        """Ask pg2kafka for a verification marker on each table (committed on return); a
+        WAL position at or after the marker's commit (a slot past it has streamed it)."""
         ...
 
     def wait_streamed(self, slot: str, lsn: int, timeout_s: float) -> None:
         """Return once pg2kafka's slot has passed ``lsn`` (every copy of a marker there
         is in Kafka); raise after ``timeout_s``."""
+        ...
+
+    def next_xid(self) -> int:
+        """The next transaction id Postgres will assign (64-bit), without assigning one."""
         ...
 
 

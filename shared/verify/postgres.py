@@ -220,8 +220,7 @@ class PostgresSource:
             names = [sql.Identifier(*t).as_string(conn) for t in tables]
             try:
                 row = conn.execute(
-                    "SELECT (_walcast.verify_mark(%s, %s::text[]::pg_catalog.regclass[])"
-                    " - '0/0'::pg_catalog.pg_lsn)::bigint",
+                    "SELECT _walcast.verify_mark(%s, %s::text[]::pg_catalog.regclass[])",
                     [mark_id, names],
                 ).fetchone()
             except psycopg.errors.InsufficientPrivilege as exc:
@@ -234,11 +233,26 @@ class PostgresSource:
                     "verify: the source has no _walcast.verify_mark (pg2kafka's migration V020)",
                     hint="run pg2kafka init with this version",
                 ) from exc
-        if row is None or row[0] is None:
-            raise PermanentError(
-                "verify: no marker was written (the source's _walcast.message_key is empty)",
-                hint="run pg2kafka init",
-            )
+            if row is None or row[0] is None:
+                raise PermanentError(
+                    "verify: no marker was written (the source's _walcast.message_key is empty)",
+                    hint="run pg2kafka init",
+                )
+            # After the marker's transaction committed (autocommit): the WAL's end now is
+            # past its commit record. The message's own position is not enough: a slot
+            # can pass it before the commit that streams it is decoded.
+            end = conn.execute(
+                "SELECT (pg_catalog.pg_current_wal_lsn() - '0/0'::pg_catalog.pg_lsn)::bigint"
+            ).fetchone()
+        assert end is not None
+        return int(end[0])
+
+    def next_xid(self) -> int:
+        with self._connect() as conn:
+            row = conn.execute(
+                "SELECT pg_catalog.pg_snapshot_xmax(pg_catalog.pg_current_snapshot())::text"
+            ).fetchone()
+        assert row is not None
         return int(row[0])
 
     def wait_streamed(self, slot: str, lsn: int, timeout_s: float) -> None:
@@ -257,7 +271,7 @@ class PostgresSource:
                         f"verify: no replication slot {slot!r} in the source",
                         hint="set verify.slot to pg2kafka's replication.slot",
                     )
-                if row[0] is not None and int(row[0]) > lsn:
+                if row[0] is not None and int(row[0]) >= lsn:
                     return
                 if time.monotonic() > deadline:
                     state = "streamed" if row[1] else "not streamed (is pg2kafka running?)"

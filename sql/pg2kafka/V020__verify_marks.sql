@@ -20,7 +20,7 @@ BEGIN
             CREATE ROLE walcast_verifier NOLOGIN;
         EXCEPTION WHEN insufficient_privilege THEN
             RAISE WARNING 'walcast: role walcast_verifier does not exist and % may not create it: only the owner may ask for verification markers', current_user
-                USING HINT = 'as a superuser run: CREATE ROLE walcast_verifier NOLOGIN; then pg2kafka init again';
+                USING HINT = 'as a superuser run: CREATE ROLE walcast_verifier NOLOGIN; GRANT USAGE ON SCHEMA _walcast TO walcast_verifier; GRANT EXECUTE ON FUNCTION _walcast.verify_mark(text, regclass[]) TO walcast_verifier';
         END;
     END IF;
 END

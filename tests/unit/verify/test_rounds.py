@@ -25,6 +25,12 @@ from shared.verify.run import Plan, Verifier
 
 T = ("app", "t")
 SNAP = Snapshot.parse("100:110:105")
+AHEAD = -1  # a sink xid standing for "written after every read" (in progress in each)
+
+
+def snapshot_of_round(r: int) -> Snapshot:
+    """Round r's reads: every transaction below 1000 r finished; 1000 r + 5 running."""
+    return Snapshot(1000 * r, 1000 * r + 10, frozenset({1000 * r + 5}))
 
 
 def within(rng: KeyRange, key: tuple[object, ...]) -> bool:
@@ -39,6 +45,7 @@ class FakeSource(VerifySource):
     def __init__(self, rows: dict[int, int], log: list[str]) -> None:
         self.rows_by_key = rows  # key -> hash
         self.log = log
+        self.round = 1
 
     def _rows(self, rng: KeyRange) -> list[SourceRow]:
         return [SourceRow((k,), h, 99) for k, h in sorted(self.rows_by_key.items())
@@ -57,17 +64,26 @@ class FakeSource(VerifySource):
 
     def rows(self, table: tuple[str, str], rng: KeyRange) -> tuple[list[SourceRow], Snapshot]:
         self.log.append("source rows")
-        return self._rows(rng), SNAP
+        return self._rows(rng), snapshot_of_round(self.round + 1)
 
     def mark(self, mark_id: str, tables: Sequence[tuple[str, str]]) -> int:
         self.log.append("mark")
+        self.round += 1
         return 1
 
     def wait_streamed(self, slot: str, lsn: int, timeout_s: float) -> None:
         self.log.append("streamed")
 
+    def next_xid(self) -> int:
+        """After the sink's read of this round: the next round's xmin, or (held) not."""
+        return 1000 * self.round + 20 + self.held_back
+
+    held_back = 0  # > 1000: a long transaction keeps the next rounds' xmin below it
+
 
 class FakeTarget(VerifyTarget):
+    source: FakeSource
+
     def __init__(self, rows: dict[int, tuple[int | None, int]], log: list[str]) -> None:
         self.rows_by_key = rows  # key -> (hash, xid)
         self.log = log
@@ -94,17 +110,21 @@ class FakeTarget(VerifyTarget):
 
     def rows(self, table: tuple[str, str], rng: KeyRange) -> list[SinkRow]:
         self.log.append("sink rows")
-        return [SinkRow((k,), h, x) for k, (h, x) in sorted(self.rows_by_key.items())
-                if within(rng, (k,))]  # fmt: skip
+        ahead = 1000 * self.source.round + 5  # in progress in this round's snapshot
+        return [SinkRow((k,), h, ahead if x == AHEAD else x)
+                for k, (h, x) in sorted(self.rows_by_key.items()) if within(rng, (k,))]  # fmt: skip
 
 
 def verify(source: dict[int, int], sink: dict[int, tuple[int | None, int]],
-           later: list[dict[int, tuple[int | None, int]]] | None = None,
+           later: list[dict[int, tuple[int | None, int]]] | None = None, held_back: int = 0,
            ) -> tuple[dict[str, object], list[str]]:  # fmt: skip
     log: list[str] = []
     target = FakeTarget(sink, log)
     target.rounds = later or []
-    report = Verifier(FakeSource(source, log), target, Plan(range_rows=10), "test").table(T)
+    src = FakeSource(source, log)
+    src.held_back = held_back
+    target.source = src
+    report = Verifier(src, target, Plan(range_rows=10), "test").table(T)
     return report.as_dict(), log
 
 
@@ -131,7 +151,7 @@ def test_missing_extra_and_differing_rows_are_reported_by_key() -> None:
     assert report["missing"] == {"count": 1, "sample": [4]}
     assert report["extra"] == {"count": 1, "sample": [31]}
     assert report["differs"] == {"count": 1, "sample": [17]}
-    assert report["unknown"] == {"count": 1, "sample": [25]}
+    assert report["unknown"] == {"count": 1, "sample": [25]}  # said, not a difference
     # every sink read follows a marker the sink applied
     for i, entry in enumerate(log):
         if entry.startswith("sink"):
@@ -140,7 +160,7 @@ def test_missing_extra_and_differing_rows_are_reported_by_key() -> None:
 
 def test_a_row_the_sink_holds_ahead_of_every_read_is_changing_not_different() -> None:
     sink = dict(HELD)
-    sink[12] = (5, 120)  # xid 120: begun after every snapshot here
+    sink[12] = (5, AHEAD)
     report, _ = verify(ROWS, sink)
     assert report["ok"] is True
     assert report["changing"] == {"count": 1, "sample": [12]}
@@ -157,3 +177,32 @@ def test_a_row_missing_in_one_round_and_back_in_the_next_is_no_difference() -> N
 def test_fewer_than_two_rounds_are_refused() -> None:
     with pytest.raises(ValueError, match="at least 2 rounds"):
         Verifier(FakeSource({}, []), FakeTarget({}, []), Plan(rounds=1), "test")
+
+
+def test_unknown_hashes_alone_are_no_difference() -> None:
+    sink = dict(HELD)
+    sink[25] = (None, 50)
+    report, _ = verify(ROWS, sink)
+    assert report["ok"] is True
+    assert report["unknown"]["count"] == 1
+
+
+def test_a_missing_row_is_not_confirmed_while_older_transactions_may_still_be_running() -> None:
+    """The next read's snapshot must see every transaction that existed when the sink was
+    read (a long transaction holds xmin back): until then the row is changing."""
+    sink = dict(HELD)
+    del sink[4]
+    report, _ = verify(ROWS, sink, held_back=5000)
+    assert report["ok"] is True
+    assert report["missing"]["count"] == 0
+    assert report["changing"] == {"count": 1, "sample": [4]}
+
+
+def test_a_row_written_long_ago_is_judged_as_seen_not_as_changing() -> None:
+    """An xid 2^31 or more transactions old places beyond the next one: it is old."""
+    old = 50_000  # places above every round's xmax, beyond every horizon
+    assert not snapshot_of_round(2).sees(old)
+    sink = dict(HELD)
+    sink[17] = (9, old)
+    report, _ = verify(ROWS, sink)
+    assert report["differs"] == {"count": 1, "sample": [17]}, report
