@@ -12,7 +12,6 @@ import threading
 
 import psycopg
 
-from services.kafka2search import admin as search_admin
 from services.kafka2search.settings import Kafka2SearchSettings
 from services.kafka2search.verify import verify
 from services.pg2kafka import admin
@@ -115,32 +114,3 @@ def test_each_difference_made_behind_walcasts_back_is_reported_with_its_key(
     assert d["extra"] == {"count": 1, "sample": [ROWS + 50]}, d
     assert d["differs"] == {"count": 1, "sample": [9]}, d
     assert d["unknown"]["count"] == 0, d
-
-
-def test_the_continuous_mode_reports_each_table_in_metrics_and_status(
-    make_harness: HarnessFactory, make_indexer: IndexerFactory, unique_name: str
-) -> None:
-    """``verify.interval_s`` inside ``run``: the table verified again and again, its
-    outcome in ``walcast_verify_*`` and in ``status``; a document deleted behind walcast's
-    back turns the next outcome into a difference (what the alert fires on)."""
-    schema = f"kc_{unique_name}"
-    _h, ix, settings = pipeline(make_harness, make_indexer, schema, interval_s=1)
-    name = f"{schema}.t"
-    assert ix.service is not None
-    registry = ix.service.registry
-
-    def outcome() -> dict[str, object] | None:
-        got = [o for o in search_admin.status(settings)["verify"] if o["table"] == name]
-        return got[0] if got else None
-
-    ix.wait(lambda: (o := outcome()) is not None and o.get("ok") is True, "an equal outcome")
-    assert registry.get_sample_value("walcast_verify_differences", {"table": name}) == 0
-    assert (registry.get_sample_value(
-        "walcast_verify_last_success_timestamp", {"table": name}) or 0) > 0  # fmt: skip
-    ix.es.request("DELETE", f"/{ix.alias('t', schema)}/_doc/5", params={"refresh": "true"})
-    ix.wait(lambda: (o := outcome()) is not None and o.get("ok") is False, "a differing outcome",
-            timeout=120)  # fmt: skip
-    o = outcome()
-    assert o is not None
-    assert o["missing"] == {"count": 1, "sample": [5]}, o
-    assert registry.get_sample_value("walcast_verify_differences", {"table": name}) == 1
