@@ -25,18 +25,14 @@ from services.kafka2search.indices import quote_id
 from services.kafka2search.mapping import alias_name
 from services.kafka2search.settings import Kafka2SearchSettings
 from shared.contract.event import ROW_HASH, ROW_XID
-from shared.errors import PermanentError, RetriableError
 from shared.verify.continuous import Continuous, VerifyMetrics
 from shared.verify.core import Key, KeyRange, SinkRow, Summary, VerifyTarget
 from shared.verify.marks import GroupMarks
-from shared.verify.postgres import PostgresSource
-from shared.verify.run import Plan, TableReport, Verifier
+from shared.verify.run import TableReport
+from shared.verify.wiring import KeyShape, verify_continuously, verify_once
 
 RANGES_PER_REQUEST = 200
 PAGE = 5000
-
-KeyShape = Callable[[tuple[str, str]], tuple[tuple[str, ...], tuple[str, ...]]]
-"""A table's key columns and their types (the source's, :meth:`PostgresSource.shape`)."""
 
 
 def _value(pg_type: str, v: Any) -> object:
@@ -182,28 +178,15 @@ def verify(
     progress: Callable[[TableReport], None] | None = None,
 ) -> list[TableReport]:
     """Compare each table (all the service's indices when none is named) with Postgres."""
-    v = settings.verify
-    source = PostgresSource(v.postgres.conninfo(), rows_per_s=v.rows_per_s)
     engine = engine_for(settings.engine)
-    target: SearchTarget | None = None
     try:
         chosen = list(tables) or indexed_tables(settings, engine)
-
-        def key_shape(table: tuple[str, str]) -> tuple[tuple[str, ...], tuple[str, ...]]:
-            shape = source.shape(table)
-            return shape.key, shape.key_types
-
-        target = SearchTarget(settings, engine, source.database(), key_shape)
-        plan = Plan(v.range_rows, v.rounds, v.mark_timeout_s, v.slot)
-        try:
-            return Verifier(source, target, plan, "kafka2search", progress).tables(chosen)
-        except RetriableError as exc:
-            raise PermanentError(
-                str(exc), hint="is pg2kafka streaming, kafka2search running?"
-            ) from exc
+        return verify_once(
+            settings.verify, "kafka2search",
+            lambda db, key_shape: SearchTarget(settings, engine, db, key_shape),
+            chosen, progress,
+        )  # fmt: skip
     finally:
-        if target is not None:
-            target.close()
         engine.close()
 
 
@@ -245,30 +228,10 @@ def continuous(
     stop: threading.Event,
 ) -> Continuous | None:
     """The continuous mode when ``verify.interval_s`` is set (None otherwise)."""
-    v = settings.verify
-    if not v.interval_s:
-        return None
-    source = PostgresSource(v.postgres.conninfo(), rows_per_s=v.rows_per_s)
-
-    def key_shape(table: tuple[str, str]) -> tuple[tuple[str, ...], tuple[str, ...]]:
-        shape = source.shape(table)
-        return shape.key, shape.key_types
-
-    state: dict[str, Verifier] = {}
-
-    def verify_one(table: tuple[str, str]) -> TableReport:
-        if "v" not in state:  # the database's name needs Postgres: asked once it answers
-            target = SearchTarget(settings, engine, source.database(), key_shape)
-            plan = Plan(v.range_rows, v.rounds, v.mark_timeout_s, v.slot)
-            state["v"] = Verifier(source, target, plan, "kafka2search")
-        return state["v"].table(table)
-
     group = settings.consumer.group_id
-    return Continuous(
-        v.interval_s,
-        lambda: indexed_tables(settings, engine),
-        verify_one,
-        metrics,
-        lambda outcome: record_outcome(engine, group, outcome),
-        stop,
-    )
+    return verify_continuously(
+        settings.verify, "kafka2search",
+        lambda db, key_shape: SearchTarget(settings, engine, db, key_shape),
+        lambda: indexed_tables(settings, engine), metrics,
+        lambda outcome: record_outcome(engine, group, outcome), stop,
+    )  # fmt: skip

@@ -27,14 +27,12 @@ from deltalake import DeltaTable
 
 from services.kafka2spark.names import HASH, XID, postgres_name, table_dir
 from services.kafka2spark.settings import Kafka2SparkSettings
-from shared.errors import PermanentError, RetriableError
+from shared.errors import PermanentError
 from shared.verify.continuous import Continuous, VerifyMetrics
 from shared.verify.core import Key, KeyRange, SinkRow, Summary, VerifyTarget
 from shared.verify.marks import GroupMarks
-from shared.verify.postgres import PostgresSource
-from shared.verify.run import Plan, TableReport, Verifier
-
-KeyShape = Callable[[tuple[str, str]], tuple[tuple[str, ...], tuple[str, ...]]]
+from shared.verify.run import TableReport
+from shared.verify.wiring import KeyShape, verify_continuously, verify_once
 
 
 def _value(pg_type: str, v: Any) -> object:
@@ -191,22 +189,11 @@ def verify(
     progress: Callable[[TableReport], None] | None = None,
 ) -> list[TableReport]:
     """Compare each table (every mirror when none is named) with Postgres."""
-    v = settings.verify
-    source = PostgresSource(v.postgres.conninfo(), rows_per_s=v.rows_per_s)
-    chosen = list(tables) or mirrored_tables(settings)
-
-    def key_shape(table: tuple[str, str]) -> tuple[tuple[str, ...], tuple[str, ...]]:
-        shape = source.shape(table)
-        return shape.key, shape.key_types
-
-    target = DeltaTarget(settings, source.database(), key_shape)
-    plan = Plan(v.range_rows, v.rounds, v.mark_timeout_s, v.slot)
-    try:
-        return Verifier(source, target, plan, "kafka2spark", progress).tables(chosen)
-    except RetriableError as exc:
-        raise PermanentError(str(exc), hint="is pg2kafka streaming, kafka2spark running?") from exc
-    finally:
-        target.close()
+    return verify_once(
+        settings.verify, "kafka2spark",
+        lambda db, key_shape: DeltaTarget(settings, db, key_shape),
+        list(tables) or mirrored_tables(settings), progress,
+    )  # fmt: skip
 
 
 def outcomes_path(settings: Kafka2SparkSettings) -> Path:
@@ -235,29 +222,9 @@ def continuous(
     settings: Kafka2SparkSettings, metrics: VerifyMetrics, stop: threading.Event
 ) -> Continuous | None:
     """The continuous mode when ``verify.interval_s`` is set (None otherwise)."""
-    v = settings.verify
-    if not v.interval_s:
-        return None
-    source = PostgresSource(v.postgres.conninfo(), rows_per_s=v.rows_per_s)
-
-    def key_shape(table: tuple[str, str]) -> tuple[tuple[str, ...], tuple[str, ...]]:
-        shape = source.shape(table)
-        return shape.key, shape.key_types
-
-    state: dict[str, Verifier] = {}
-
-    def verify_one(table: tuple[str, str]) -> TableReport:
-        if "v" not in state:  # the database's name needs Postgres: asked once it answers
-            target = DeltaTarget(settings, source.database(), key_shape)
-            plan = Plan(v.range_rows, v.rounds, v.mark_timeout_s, v.slot)
-            state["v"] = Verifier(source, target, plan, "kafka2spark")
-        return state["v"].table(table)
-
-    return Continuous(
-        v.interval_s,
-        lambda: mirrored_tables(settings),
-        verify_one,
-        metrics,
-        lambda outcome: record_outcome(settings, outcome),
-        stop,
-    )
+    return verify_continuously(
+        settings.verify, "kafka2spark",
+        lambda db, key_shape: DeltaTarget(settings, db, key_shape),
+        lambda: mirrored_tables(settings), metrics,
+        lambda outcome: record_outcome(settings, outcome), stop,
+    )  # fmt: skip
