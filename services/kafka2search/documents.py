@@ -86,10 +86,12 @@ class Doc(msgspec.Struct, gc=False):
     # every change before this one (per-key order), an older row may predate some of
     # them — even the table's re-creation.
     fallback: dict[str, tuple[int, Any]] | None = None
-    # The verify fields of the version written (:func:`verify_fields`), spliced into the
-    # source line; None for a delete, and for a ``fill``, whose source is the held
-    # document's and carries its own.
-    meta: bytes | None = None
+    # The verify fields of the version written (docs/design.md#verification): the row
+    # hash (None: unknown, left out) and the writing transaction (0: a read row), put
+    # first in the source line. ``xid`` None: no fields — a delete, or a ``fill``, whose
+    # source is the held document's and carries its own.
+    row_hash: int | None = None
+    xid: int | None = None
 
     def row(self) -> dict[str, Any]:
         """The source decoded, and kept so (for merging values into it)."""
@@ -184,7 +186,8 @@ class Batch:
         delete = source is None
         self.docs[(index, doc_id)] = Doc(
             index, doc_id, delete, lsn, source, missing, origin, fallback=fallback or None,
-            meta=None if delete else verify_fields(ev),
+            row_hash=ev.hash if type(ev.hash) is int else None,
+            xid=None if delete else (ev.xid if type(ev.xid) is int else 0),
         )  # fmt: skip
         return None
 
@@ -243,31 +246,23 @@ def encode_sources(docs: list[Doc]) -> tuple[list[Doc], list[Rejection]]:
     return ok, refused
 
 
-def verify_fields(ev: EventView) -> bytes:
-    """The start of a document's source that ``verify`` reads (docs/design.md#verification):
-    the version's row hash (left out when the event has none: an unchanged TOAST value
-    was left out, the hash is unknown) and the transaction that wrote it (0: a read row).
-    An opening brace and the fields, each followed by a comma."""
-    h, xid = ev.hash, ev.xid
-    x = xid if type(xid) is int else 0
-    if type(h) is int:
-        return b'{"%b":%d,"%b":%d,' % (_HASH, h, _XID, x)
-    return b'{"%b":%d,' % (_XID, x)
+_OPEN = ord("{")
 
 
-_HASH, _XID = ROW_HASH.encode(), ROW_XID.encode()
-_BLANK, _CLOSE = frozenset(b" \n\r\t"), ord("}")
+def _fields_first(row: bytes | msgspec.Raw, fields: bytes) -> list[bytes | memoryview]:
+    """The row's JSON object with ``fields`` (``"a":1,"b":2`` and a comma) first, as
+    parts to join: the row itself is not copied. A row whose first member is not right
+    after its brace (an empty object, whitespace) is rebuilt."""
+    view = memoryview(row)
+    if len(view) > 2 and view[0] == _OPEN and view[1] == _QUOTE:
+        return [b"{", fields, view[1:]]
+    inner = bytes(view).strip()[1:].lstrip()
+    if inner[:1] == b"}":  # an empty row: no comma after the fields
+        return [b"{", fields[:-1], b"}"]
+    return [b"{", fields, inner]
 
 
-def _with_fields(meta: bytes, src: bytes | msgspec.Raw) -> bytes:
-    """The row's JSON object with ``meta``'s fields first (``src`` is one object)."""
-    rest = memoryview(src)[1:]
-    i = 0
-    while i < len(rest) and rest[i] in _BLANK:
-        i += 1
-    if i < len(rest) and rest[i] == _CLOSE:  # an empty row: no comma after the fields
-        return meta[:-1] + b"}"
-    return meta + rest
+_QUOTE = ord('"')
 
 
 def bulk_body(docs: list[Doc]) -> bytes:
@@ -277,7 +272,8 @@ def bulk_body(docs: list[Doc]) -> bytes:
     rewrites the version held: ``external_gte``). Rows decoded for
     a merge are encoded by :func:`encode_sources` first (which sets aside those that
     cannot be)."""
-    lines: list[bytes] = []
+    parts: list[bytes | memoryview] = []
+    append = parts.append
     dumps = orjson.dumps
     index_json: dict[str, bytes] = {}
     for d in docs:
@@ -292,11 +288,31 @@ def bulk_body(docs: list[Doc]) -> bytes:
             b"external_gte" if d.fill else b"external",
         )
         if d.delete:
-            lines.append(b'{"delete":' + meta)
-        else:
-            lines.append(b'{"index":' + meta)
-            src = d.source
-            line = src if isinstance(src, msgspec.Raw) else limits.dumps(src)
-            lines.append(line if d.meta is None else _with_fields(d.meta, line))
-    lines.append(b"")
-    return b"\n".join(lines)
+            append(b'{"delete":' + meta + b"\n")
+            continue
+        append(b'{"index":' + meta + b"\n")
+        src = d.source
+        line = src if isinstance(src, msgspec.Raw) else limits.dumps(src)
+        if d.xid is None:
+            append(line)
+            append(b"\n")
+            continue
+        raw = bytes(line)
+        h = d.row_hash
+        if raw[1:2] == b'"':  # '{"': the row's first member follows the fields, written
+            # out (this runs per document: one format, one copy of the row)
+            if h is None:
+                append(b'{"_walcast_xid":%d,%b\n' % (d.xid, raw[1:]))
+            else:
+                append(b'{"_walcast_hash":%d,"_walcast_xid":%d,%b\n' % (h, d.xid, raw[1:]))
+            continue
+        fields = b'"%b":%d,' % (_XID, d.xid)
+        if h is not None:
+            fields = b'"%b":%d,' % (_HASH, h) + fields
+        parts.extend(_fields_first(raw, fields))
+        append(b"\n")
+    return b"".join(parts)
+
+
+_HASH, _XID = ROW_HASH.encode(), ROW_XID.encode()
+assert (_HASH, _XID) == (b"_walcast_hash", b"_walcast_xid")  # written out in bulk_body
