@@ -178,10 +178,12 @@ def test_dashboard_and_rules_use_only_exported_metrics(
         assert not missing, f"{where}: metrics no service exports: {missing}"
         assert len(names) >= 10, where  # the extraction found the expressions
 
-    # One naming convention across the services.
+    # One naming convention across the services; families every sink exports alike (the
+    # ops endpoint's, verify's: shared/verify/continuous.py) carry no service name, the
+    # scrape's job tells them apart.
     for name, kind in families.items():
         services = "pg2kafka|kafka2search|kafka2spark|kafka2webhook"
-        assert re.fullmatch(rf"walcast_(({services})_[a-z0-9_]+|ready|ready_check|healthy)",
-                            name), name  # fmt: skip
+        shared = "ready|ready_check|healthy|verify_[a-z0-9_]+"
+        assert re.fullmatch(rf"walcast_(({services})_[a-z0-9_]+|{shared})", name), name
         if kind == "histogram":
             assert name.endswith(UNITS), f"{name}: a histogram names its unit"
