@@ -32,6 +32,7 @@ from shared.errors import (
 )
 from shared.logs import configure_logging, log_uncaught, redact, register_secrets_of
 from shared.settings import ServiceSettings, load_settings
+from shared.verify.repair import RepairReport
 from shared.verify.run import TableReport
 
 log = logging.getLogger(__name__)
@@ -144,6 +145,22 @@ def split_table(text: str) -> tuple[str, str]:
     return schema, table
 
 
+def add_verify_commands(sub: Any, holds: str, every: str) -> None:
+    """The ``verify`` and ``repair`` commands of a sink (``holds``: what it keeps per table,
+    "indices" / "mirrors"; ``every``: what no ``--table`` means)."""
+    for name, helps in (
+        ("verify", f"compare {holds} with their Postgres tables (exit 1 when one differs)"),
+        ("repair", f"verify, then have pg2kafka read again the key ranges where {holds} differ"
+                   " and check them again (exit 1 when one still differs)"),
+    ):  # fmt: skip
+        p = sub.add_parser(name, help=helps)
+        p.add_argument(
+            "--table", action="append", default=[], metavar="SCHEMA.TABLE",
+            help=f"a table to {name} (repeatable); none: {every}",
+        )  # fmt: skip
+        p.add_argument("--json", action="store_true", help="one JSON report on standard output")
+
+
 def print_verify(reports: list[TableReport], as_json: bool) -> int:
     """A verification's reports: one line per table (or one JSON document); the exit
     code — 1 when a table differs from its source, else 0."""
@@ -166,6 +183,44 @@ def print_verify(reports: list[TableReport], as_json: bool) -> int:
             )
         if not reports:
             print("no table to verify")
+    return 0 if all(r.ok for r in reports) else 1
+
+
+def say(message: str) -> None:
+    """A long command's progress, on standard error (standard output keeps its report)."""
+    print(message, file=sys.stderr, flush=True)
+
+
+def print_repair(reports: list[RepairReport], as_json: bool) -> int:
+    """A repair's reports: what verify found per table, what was read again and repaired,
+    what still differs (or one JSON document); exit code 1 when a table still differs."""
+    if as_json:
+        print(json.dumps({"ok": all(r.ok for r in reports),
+                          "tables": [r.as_dict() for r in reports]}, indent=2))  # fmt: skip
+    else:
+        for r in reports:
+            d = r.as_dict()
+            fixed = ", ".join(
+                f"{kind} {v['count']}" for kind, v in d["repaired"].items() if v["count"]
+            )
+            if r.after is None:
+                state = "equal, nothing to repair" if r.ok else "DIFFERS, nothing to read again"
+            elif r.ok:
+                state = f"repaired ({fixed or 'nothing left different'})"
+            else:
+                after = r.after.as_dict()
+                left = ", ".join(
+                    f"{kind} {after[kind]['count']} (e.g. {after[kind]['sample']})"
+                    for kind in ("missing", "extra", "differs")
+                    if after[kind]["count"]
+                )
+                state = f"STILL DIFFERS: {left}" + (f"; repaired {fixed}" if fixed else "")
+            print(
+                f"{d['table']}: {state} — {d['ranges_read_again']} key range(s) read again in"
+                f" {d['attempts']} attempt(s), {d['elapsed_s']}s"
+            )
+        if not reports:
+            print("no table to repair")
     return 0 if all(r.ok for r in reports) else 1
 
 

@@ -123,7 +123,7 @@ class VerifySettings(Section):
 
     postgres: PostgresSettings = PostgresSettings()
     """The source database: a role in `walcast_verifier`, with `SELECT` on the tables
-    verified ([security.md](security.md))."""
+    verified, and in `walcast_repairer` to `repair` ([security.md](security.md))."""
     slot: str = Field(default="walcast", min_length=1)
     """pg2kafka's replication slot (its `replication.slot`): a marker is in Kafka once
     the slot has passed it."""
@@ -142,6 +142,10 @@ class VerifySettings(Section):
     """Inside `run`: every this many seconds, the next table in rotation is verified,
     its outcome in the metrics (`walcast_verify_*`) and in `status`; 0: off (the command
     `verify` only)."""
+    repair_attempts: int = Field(default=3, ge=1, le=20)
+    """`repair`: how many times the key ranges still different after a repair are read
+    again (a key the sink holds at a version newer than the read's waits for a later
+    one)."""
 
 
 class KafkaSettings(Section):

@@ -32,12 +32,12 @@ def spec(schema: str, name: str, oid: int) -> TableSpec:
 
 def pages(n: int) -> Callable[[TableSpec], list[Bounds]]:
     """``n`` page ranges of each table (the last open-ended, as plan_chunks makes them)."""
-    return lambda t: [(t.leaves[0][0], i, None if i == n - 1 else i + 1, None, None)
+    return lambda t: [(t.leaves[0][0], i, None if i == n - 1 else i + 1, None, None, "[)")
                       for i in range(n)]  # fmt: skip
 
 
-def keys(bounds: list[tuple[str, str]]) -> Callable[[TableSpec], list[Bounds]]:
-    return lambda _t: [(None, None, None, [lo], [hi]) for lo, hi in bounds]
+def keys(bounds: list[tuple[str, str]], ends: str = "[)") -> Callable[[TableSpec], list[Bounds]]:
+    return lambda _t: [(None, None, None, [lo], [hi], ends) for lo, hi in bounds]
 
 
 def two_tables(store: SnapshotStore, slot: str, kind: str = "initial") -> Job:
@@ -197,6 +197,27 @@ def check_keys_read_again_are_a_chunk_of_their_own(stores: Stores) -> None:
         gone = Chunk(job.id + 1000, "s", "k", 0, None, None, None)
         assert store.read_again(gone, ['{"id":1}']) is None
         assert [j.id for j in store.running_incremental(stores.slot)] == [job.id]
+        assert store.table_key_ranges(job.id, "s", "k") is None  # the whole table
+    finally:
+        store.close()
+
+
+def check_a_run_of_key_ranges_keeps_its_ranges_and_each_chunks_bounds(stores: Stores) -> None:
+    store = stores.open()
+    try:
+        ranges = {"columns": ["id"], "ranges": [[[4], [12]]]}
+        job = store.create(stores.slot, "incremental", 2100, [spec("s", "r", 9301)],
+                           keys([("4", "12")], "(]"), "contract test", None,
+                           {("s", "r"): ranges})  # fmt: skip
+        assert store.table_key_ranges(job.id, "s", "r") == ranges
+        assert store.table_key_ranges(job.id, "s", "other") is None
+        first = store.claim(job)
+        assert first is not None
+        assert (first.lower_key, first.upper_key, first.bounds) == (["4"], ["12"], "(]")
+        assert store.read_again(first, ['{"id":7}']) == 1
+        again = store.claim(job)
+        assert again is not None
+        assert (again.bounds, again.only_keys) == ("(]", ['{"id":7}'])
     finally:
         store.close()
 
@@ -239,6 +260,7 @@ CHECKS = [
     check_a_chunk_recorded_twice_counts_once,
     check_a_requeued_chunk_is_claimed_again,
     check_keys_read_again_are_a_chunk_of_their_own,
+    check_a_run_of_key_ranges_keeps_its_ranges_and_each_chunks_bounds,
     check_floors_never_move_back,
     check_an_ended_run_stays_ended,
 ]

@@ -1,4 +1,5 @@
-"""kafka2search command line: ``run``, ``status``, ``replay``, ``forget``, ``verify``."""
+"""kafka2search command line: ``run``, ``status``, ``replay``, ``forget``, ``verify``,
+``repair``."""
 
 from __future__ import annotations
 
@@ -11,13 +12,16 @@ from services.kafka2search.app import build
 from services.kafka2search.engines import engine_for
 from services.kafka2search.indices import forget
 from services.kafka2search.settings import Kafka2SearchSettings
-from services.kafka2search.verify import verify
+from services.kafka2search.verify import repair, verify
 from shared.cli import (
     add_replay_range,
+    add_verify_commands,
     base_parser,
     print_last_verified,
+    print_repair,
     print_verify,
     run_command,
+    say,
     split_table,
 )
 from shared.service import serve
@@ -35,15 +39,7 @@ def build_parser() -> argparse.ArgumentParser:
         "forget", help="let an alias whose index was deleted be created again, empty"
     )
     fg.add_argument("--alias", required=True)
-    vf = sub.add_parser(
-        "verify",
-        help="compare indices with their Postgres tables (exit 1 when one differs)",
-    )
-    vf.add_argument(
-        "--table", action="append", default=[], metavar="SCHEMA.TABLE",
-        help="a table to verify (repeatable); none: every table the service indexes",
-    )  # fmt: skip
-    vf.add_argument("--json", action="store_true", help="one JSON report on standard output")
+    add_verify_commands(sub, "indices", "every table the service indexes")
     rp.add_argument(
         "--allow-deleted-to-return",
         action="store_true",
@@ -83,6 +79,9 @@ def main(argv: list[str] | None = None) -> int:
             )
         elif args.command == "verify":
             return print_verify(verify(settings, [split_table(t) for t in args.table]), args.json)
+        elif args.command == "repair":
+            reports = repair(settings, [split_table(t) for t in args.table], say)
+            return print_repair(reports, args.json)
         elif args.command == "replay":
             n = admin.replay(
                 settings,

@@ -62,12 +62,20 @@ class SearchEngine(Protocol):
 
     def refresh(self, index: str) -> None: ...
 
-    def delete_older(self, index: str, version: int, *, reopen: bool = False) -> int:
+    def delete_older(
+        self,
+        index: str,
+        version: int,
+        *,
+        reopen: bool = False,
+        within: dict[str, Any] | None = None,
+    ) -> int:
         """Remove every document whose version (the LSN of its change) is below
         ``version``, as a delete versioned ``version``: newer documents stay, and an
         older write arriving later is refused while the engine remembers the delete.
         ``reopen``: versioned ``version - 1`` instead, so a write carrying exactly
         ``version`` still lands (a snapshot's end marker: its rows carry that version).
+        ``within``: only the documents this query matches (a snapshot of key ranges).
         Waits until done and visible; returns how many documents were removed."""
         ...
 
@@ -174,7 +182,13 @@ class HttpSearchEngine(SearchEngine):
         self.request("POST", f"/{index}/_refresh")
 
     def delete_older(
-        self, index: str, version: int, page: int = 5000, *, reopen: bool = False
+        self,
+        index: str,
+        version: int,
+        page: int = 5000,
+        *,
+        reopen: bool = False,
+        within: dict[str, Any] | None = None,
     ) -> int:
         """A truncate: every document older than ``version`` is deleted with an external
         version of ``version`` (``_delete_by_query`` cannot compare versions, and a
@@ -188,7 +202,13 @@ class HttpSearchEngine(SearchEngine):
         answer = self.request(
             "POST",
             f"/{index}/_search",
-            body={"size": page, "_source": False, "version": True, "sort": ["_doc"]},
+            body={
+                "size": page,
+                "_source": False,
+                "version": True,
+                "sort": ["_doc"],
+                **({"query": within} if within is not None else {}),
+            },
             params={"scroll": "2m"},
         )
         scroll_id = answer.get("_scroll_id")

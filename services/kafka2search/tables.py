@@ -11,9 +11,11 @@ from functools import partial
 
 from services.kafka2search.engines import SearchEngine
 from services.kafka2search.indices import EngineRetry, Indices, forget
+from services.kafka2search.key_ranges import ranges_query
 from services.kafka2search.metrics import Metrics
 from services.kafka2search.moves import record as record_moves
 from services.kafka2search.settings import Kafka2SearchSettings
+from shared.contract import keyranges
 from shared.contract.ddl import column_numbers
 from shared.contract.ddl import renames as ddl_renames
 from shared.contract.event import EventView
@@ -78,6 +80,9 @@ class TableEvents:
         info = ev.snapshot
         alias = self.indices.alias_for(ev)
         version = ev.version()
+        if info["phase"] == "range_end":
+            self.range_end(ev)
+            return
         if info["phase"] != "end":
             self.metrics.schema_changes.labels("snapshot_start").inc()
             log.info("snapshot %s of %s started (version %d)", info["id"], alias, version)
@@ -97,6 +102,34 @@ class TableEvents:
             "snapshot %s of %s ended (version %d, %s rows delivered): %d documents of rows"
             " no longer in the table removed",
             info["id"], alias, version, info.get("rows"), deleted,
+        )  # fmt: skip
+
+    def range_end(self, ev: EventView) -> None:
+        """The end of a snapshot of key ranges (shared/contract/keyranges.py; ``repair``):
+        as a snapshot's end, but only for the documents whose key lies in its ranges —
+        every row the source holds there was delivered at the marker's version or later,
+        so an older document there is of a row the source no longer has. Nothing outside
+        the ranges changes, and no floor is recorded: applied again (a redelivery, a copy
+        from another partition) it finds nothing more to remove, since each key's own
+        newer change or read row comes after its older ones on the key's partition."""
+        info = ev.snapshot
+        alias = self.indices.alias_for(ev)
+        version = ev.version()
+        ranges = keyranges.parse(info.get("key_ranges"))  # validated with the event
+        st = self.indices.held_state(alias, ev)
+        if st is None or version - 1 <= st.truncated_lsn:
+            return  # no index yet (nothing to remove), or truncated after the run's start
+        deleted = self.retry(
+            lambda: self.engine.delete_older(
+                st.index, version, reopen=True, within=ranges_query(ranges)
+            ),
+            f"remove the rows snapshot {info['id']} did not find in its key ranges of {alias}",
+        )
+        self.metrics.schema_changes.labels("snapshot_range_end").inc()
+        log.info(
+            "snapshot %s of key ranges of %s ended (version %d, %d range(s), %s rows"
+            " delivered): %d documents of rows no longer in the table removed",
+            info["id"], alias, version, len(ranges.ranges), info.get("rows"), deleted,
         )  # fmt: skip
 
     def ddl(self, ev: EventView) -> None:

@@ -22,14 +22,16 @@ from typing import Any
 
 from services.kafka2search.engines import SearchEngine, engine_for
 from services.kafka2search.indices import quote_id
+from services.kafka2search.key_ranges import range_query
 from services.kafka2search.mapping import alias_name
 from services.kafka2search.settings import Kafka2SearchSettings
 from shared.contract.event import ROW_HASH, ROW_XID
 from shared.verify.continuous import Continuous, VerifyMetrics
-from shared.verify.core import Key, KeyRange, SinkRow, Summary, VerifyTarget
+from shared.verify.core import KeyRange, SinkRow, Summary, VerifyTarget
 from shared.verify.marks import GroupMarks
+from shared.verify.repair import RepairReport
 from shared.verify.run import TableReport
-from shared.verify.wiring import KeyShape, verify_continuously, verify_once
+from shared.verify.wiring import KeyShape, repair_once, verify_continuously, verify_once
 
 RANGES_PER_REQUEST = 200
 PAGE = 5000
@@ -38,41 +40,6 @@ PAGE = 5000
 def _value(pg_type: str, v: Any) -> object:
     """A key value as the engine's doc values give it, as Postgres's driver gives it."""
     return uuid.UUID(str(v)) if pg_type == "uuid" else int(v)
-
-
-def _json(v: object) -> object:
-    return str(v) if isinstance(v, uuid.UUID) else v
-
-
-def range_query(columns: Sequence[str], rng: KeyRange) -> dict[str, Any]:
-    """The documents whose key is in ``rng``, in the key's order (the tuple's: the first
-    column, then the next among equals)."""
-    parts: list[dict[str, Any]] = []
-    if rng.lower is not None:
-        parts.append(_beyond(columns, rng.lower, "gt"))
-    if rng.upper is not None:
-        parts.append(_beyond(columns, rng.upper, "lte"))
-    if not parts:
-        return {"match_all": {}}
-    return {"bool": {"filter": parts}}
-
-
-def _beyond(columns: Sequence[str], bound: Key, last: str) -> dict[str, Any]:
-    """key > bound (``last`` gt) or key <= bound (lte), lexicographically: the first
-    column strictly beyond, or equal and the rest so."""
-    strict = "gt" if last == "gt" else "lt"
-    (c, *rest), (v, *more) = columns, bound
-    if not rest:
-        return {"range": {c: {last: _json(v)}}}
-    return {
-        "bool": {
-            "should": [
-                {"range": {c: {strict: _json(v)}}},
-                {"bool": {"filter": [{"term": {c: _json(v)}}, _beyond(rest, tuple(more), last)]}},
-            ],
-            "minimum_should_match": 1,
-        }
-    }
 
 
 class SearchTarget(VerifyTarget):
@@ -111,7 +78,7 @@ class SearchTarget(VerifyTarget):
         out: list[Summary] = []
         for start in range(0, len(ranges), RANGES_PER_REQUEST):
             part = ranges[start : start + RANGES_PER_REQUEST]
-            filters = {str(i): range_query(columns, r) for i, r in enumerate(part)}
+            filters = {str(i): range_query(columns, r.lower, r.upper) for i, r in enumerate(part)}
             answer = self.engine.request("POST", f"/{alias}/_search", body={
                 "size": 0, "track_total_hits": False,
                 "aggs": {"r": {"filters": {"filters": filters}, "aggs": {
@@ -131,7 +98,7 @@ class SearchTarget(VerifyTarget):
             return []
         columns, types = self.key_shape(table)
         body: dict[str, Any] = {
-            "size": PAGE, "_source": False, "query": range_query(columns, rng),
+            "size": PAGE, "_source": False, "query": range_query(columns, rng.lower, rng.upper),
             "docvalue_fields": [*columns, ROW_HASH, ROW_XID],
             "sort": [{c: "asc"} for c in columns], "track_total_hits": False,
         }  # fmt: skip
@@ -182,6 +149,25 @@ def verify(
     try:
         chosen = list(tables) or indexed_tables(settings, engine)
         return verify_once(
+            settings.verify, "kafka2search",
+            lambda db, key_shape: SearchTarget(settings, engine, db, key_shape),
+            chosen, progress,
+        )  # fmt: skip
+    finally:
+        engine.close()
+
+
+def repair(
+    settings: Kafka2SearchSettings,
+    tables: Sequence[tuple[str, str]],
+    progress: Callable[[str], None] | None = None,
+) -> list[RepairReport]:
+    """Verify each table (all the service's indices when none is named) and repair what
+    differs."""
+    engine = engine_for(settings.engine)
+    try:
+        chosen = list(tables) or indexed_tables(settings, engine)
+        return repair_once(
             settings.verify, "kafka2search",
             lambda db, key_shape: SearchTarget(settings, engine, db, key_shape),
             chosen, progress,

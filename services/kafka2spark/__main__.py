@@ -1,4 +1,5 @@
-"""kafka2spark command line: ``run``, ``status``, ``maintain``, ``release``, ``verify``."""
+"""kafka2spark command line: ``run``, ``status``, ``maintain``, ``release``, ``verify``,
+``repair``."""
 
 from __future__ import annotations
 
@@ -9,7 +10,16 @@ import sys
 from services.kafka2spark import admin, held
 from services.kafka2spark.app import build
 from services.kafka2spark.settings import Kafka2SparkSettings
-from shared.cli import base_parser, print_last_verified, print_verify, run_command, split_table
+from shared.cli import (
+    add_verify_commands,
+    base_parser,
+    print_last_verified,
+    print_repair,
+    print_verify,
+    run_command,
+    say,
+    split_table,
+)
 from shared.errors import ConfigError
 from shared.service import serve
 
@@ -23,14 +33,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("maintain", help="compact small files and vacuum past the retention")
     rl = sub.add_parser("release", help="mirror a held table again (see status)")
     rl.add_argument("--table", required=True, help="db.schema.table, as status lists it")
-    vf = sub.add_parser(
-        "verify", help="compare mirrors with their Postgres tables (exit 1 when one differs)"
-    )
-    vf.add_argument(
-        "--table", action="append", default=[], metavar="SCHEMA.TABLE",
-        help="a table to verify (repeatable); none: every table mirrored",
-    )  # fmt: skip
-    vf.add_argument("--json", action="store_true", help="one JSON report on standard output")
+    add_verify_commands(sub, "mirrors", "every table mirrored")
     return parser
 
 
@@ -65,6 +68,11 @@ def main(argv: list[str] | None = None) -> int:
             from services.kafka2spark.verify import verify  # pyarrow, numpy: not for run
 
             return print_verify(verify(settings, [split_table(t) for t in args.table]), args.json)
+        elif args.command == "repair":
+            from services.kafka2spark.verify import repair  # pyarrow, numpy: not for run
+
+            reports = repair(settings, [split_table(t) for t in args.table], say)
+            return print_repair(reports, args.json)
         elif args.command == "release":
             if not held.release(settings.delta.root, args.table):
                 raise ConfigError(

@@ -145,7 +145,7 @@ def reason() -> Column:
         .when(
             (F.col("e.op") == "snapshot")
             & (F.col("e.snapshot.phase").isNull() | ~F.col("e.snapshot.phase").isin(*PHASES)),
-            F.lit("snapshot 'phase' missing or not 'start' or 'end'"),
+            F.lit("snapshot 'phase' missing or not 'start', 'end' or 'range_end'"),
         )
         .when(
             (F.col("e.op") == "snapshot")

@@ -140,7 +140,7 @@ def cuts(c: Control) -> bool:
     if c.op == "verify":
         return False
     if c.op == "snapshot":
-        return (c.snapshot or {}).get("phase") == "end"
+        return (c.snapshot or {}).get("phase") in ("end", "range_end")
     if c.op == "ddl":
         return not (c.ddl or {}).get("dropped")
     return True

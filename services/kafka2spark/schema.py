@@ -84,6 +84,9 @@ ENVELOPE = T.StructType(
                     T.StructField("chunk", T.LongType()),
                     T.StructField("phase", T.StringType()),
                     T.StructField("rows", T.LongType()),
+                    # range_end: the object as JSON text (Spark keeps a nested value read
+                    # as a string as its JSON), checked where it is applied
+                    T.StructField("key_ranges", T.StringType()),
                 ]
             ),
         ),

@@ -30,6 +30,7 @@ from services.kafka2spark.names import (
 )
 from services.kafka2spark.plan import Control
 from services.kafka2spark.schema import spark_type
+from shared.contract import keyranges
 from shared.contract.ddl import column_numbers
 from shared.contract.ddl import renames as ddl_renames
 from shared.contract.event import UNFILLED
@@ -218,6 +219,8 @@ class DeltaTables:
         A redelivered end marker, or its copy from another partition, does nothing."""
         info = c.snapshot or {}
         sid = info.get("id")
+        if info.get("phase") == "range_end":
+            return self.range_end(path, name, c)
         if info.get("phase") != "end":
             log.info("%s: snapshot %s started (version %d)", name, sid, c.lsn)
             return f"{name}: snapshot {sid} started"
@@ -236,6 +239,43 @@ class DeltaTables:
         )  # fmt: skip
         gone = "" if removed is None else f"{removed} "
         return f"{name}: snapshot {sid} ended, {gone}rows older than it removed"
+
+    def range_end(self, path: Path, name: str, c: Control) -> str | None:
+        """The end of a snapshot of key ranges (shared/contract/keyranges.py; ``repair``):
+        as a snapshot's end, but only for the rows whose key lies in its ranges — every
+        row the source holds there was delivered at the marker's version or later, so an
+        older mirror row there is of a row the source no longer has. Nothing outside the
+        ranges changes and no floor is recorded: applied again it removes nothing more
+        (each key's newer change or read row comes after its older ones)."""
+        info = c.snapshot or {}
+        sid = info.get("id")
+        try:
+            ranges = keyranges.parse(json.loads(str(info.get("key_ranges"))))
+        except ValueError as exc:  # json's errors are ValueErrors too
+            log.error("%s: snapshot %s's end marker ignored (nothing removed): %s", name, sid, exc)
+            return f"{name}: snapshot {sid} key ranges malformed, ignored"
+        if not self.exists(path):
+            return None
+        if c.lsn - 1 <= int(self.properties(path).get(TRUNCATED, "0")):
+            return None  # truncated after the run's start: nothing older is left
+        mirror = {pg: f.name for pg, f in self.columns(path).items()}
+        missing = [col for col in ranges.columns if col not in mirror]
+        if missing:
+            log.error("%s: snapshot %s's key columns %s not in the mirror: nothing removed",
+                      name, sid, missing)  # fmt: skip
+            return f"{name}: snapshot {sid} key columns not mirrored, ignored"
+        where = key_ranges_sql([mirror[col] for col in ranges.columns], ranges)
+        done = self.spark.sql(
+            f"DELETE FROM delta.{quote(str(path))} WHERE {LSN} < {int(c.lsn)} AND ({where})"
+        )
+        removed = _affected(done)
+        log.info(
+            "%s: snapshot %s of %d key range(s) ended (version %d): %s rows older than it in"
+            " them removed",
+            name, sid, len(ranges.ranges), c.lsn, "?" if removed is None else removed,
+        )  # fmt: skip
+        gone = "" if removed is None else f"{removed} "
+        return f"{name}: snapshot {sid} of key ranges ended, {gone}rows older than it removed"
 
     def fold(
         self, path: Path, current: dict[str, T.StructField], folds: list[tuple[str, str]]
@@ -323,6 +363,30 @@ def _renamed_in(names: Column, moved: dict[str, str | None]) -> Column:
     for old, new in moved.items():
         names = F.filter(names, keep(old)) if new is None else F.transform(names, rename(old, new))
     return names
+
+
+def key_ranges_sql(columns: list[str], ranges: keyranges.KeyRanges) -> str:
+    """Spark SQL for "the key (``columns``, mirror names) is in one of ``ranges``", in the
+    key's order (the tuple's). Values are checked integers or UUID texts (keyranges.parse):
+    written as literals, they cannot be anything else."""
+
+    def lit(v: int | str) -> str:
+        return str(int(v)) if type(v) is int else "'" + str(v) + "'"
+
+    def beyond(i: int, bound: keyranges.Bound, op: str) -> str:
+        strict = ">" if op == ">" else "<"
+        here = f"{quote(columns[i])} {op if i == len(columns) - 1 else strict} {lit(bound[i])}"
+        if i == len(columns) - 1:
+            return here
+        tail = beyond(i + 1, bound, op)
+        return f"({here} OR ({quote(columns[i])} = {lit(bound[i])} AND {tail}))"
+
+    parts = []
+    for lower, upper in ranges.ranges:
+        conds = [beyond(0, lower, ">")] if lower is not None else []
+        conds += [beyond(0, upper, "<=")] if upper is not None else []
+        parts.append("(" + " AND ".join(conds) + ")" if conds else "TRUE")
+    return " OR ".join(parts)
 
 
 def _affected(result: DataFrame) -> int | None:

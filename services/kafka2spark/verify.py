@@ -31,8 +31,9 @@ from shared.errors import PermanentError
 from shared.verify.continuous import Continuous, VerifyMetrics
 from shared.verify.core import Key, KeyRange, SinkRow, Summary, VerifyTarget
 from shared.verify.marks import GroupMarks
+from shared.verify.repair import RepairReport
 from shared.verify.run import TableReport
-from shared.verify.wiring import KeyShape, verify_continuously, verify_once
+from shared.verify.wiring import KeyShape, repair_once, verify_continuously, verify_once
 
 
 def _value(pg_type: str, v: Any) -> object:
@@ -190,6 +191,19 @@ def verify(
 ) -> list[TableReport]:
     """Compare each table (every mirror when none is named) with Postgres."""
     return verify_once(
+        settings.verify, "kafka2spark",
+        lambda db, key_shape: DeltaTarget(settings, db, key_shape),
+        list(tables) or mirrored_tables(settings), progress,
+    )  # fmt: skip
+
+
+def repair(
+    settings: Kafka2SparkSettings,
+    tables: Sequence[tuple[str, str]],
+    progress: Callable[[str], None] | None = None,
+) -> list[RepairReport]:
+    """Verify each table (every mirror when none is named) and repair what differs."""
+    return repair_once(
         settings.verify, "kafka2spark",
         lambda db, key_shape: DeltaTarget(settings, db, key_shape),
         list(tables) or mirrored_tables(settings), progress,

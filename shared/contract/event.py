@@ -34,9 +34,12 @@ from typing import Any, NamedTuple, TypedDict
 import msgspec
 import orjson
 
+from shared.contract import keyranges
+from shared.contract.keyranges import KeyRangesJson
+
 EVENT_VERSION = 1
 MAX_LSN = 2**63 - 1
-MAX_ROW_HASH = 2**32 - 1  # shared/contract/rowhash.py: four bytes of an MD5
+MAX_ROW_HASH = 2**32 - 1  # shared/contract/rowhash.py: a sum modulo 2**32
 """The largest LSN a consumer accepts: the search engines' external version is a Java long."""
 EPOCH_SHIFT = 48
 """A row's version is ``epoch << EPOCH_SHIFT | lsn``: the source's epoch orders before its
@@ -71,7 +74,7 @@ class Op(StrEnum):
 
 DATA_OPS: tuple[str, ...] = (Op.INSERT, Op.UPDATE, Op.DELETE, Op.READ)
 CONTROL_OPS: tuple[str, ...] = (Op.TRUNCATE, Op.DDL, Op.SNAPSHOT, Op.VERIFY)
-SNAPSHOT_PHASES: tuple[str, ...] = ("start", "end")
+SNAPSHOT_PHASES: tuple[str, ...] = ("start", "end", "range_end")
 OPS: frozenset[str] = frozenset(Op)
 
 FIELDS: tuple[str, ...] = (
@@ -103,11 +106,14 @@ class DdlChange(TypedDict, total=False):
 
 class SnapshotInfo(TypedDict, total=False):
     """``snapshot`` of a ``read`` row (``id``, ``chunk``) or of an ``op: snapshot``
-    marker (``id``, ``phase``, and on the end marker ``rows``)."""
+    marker (``id``, ``phase``, and on the end marker ``rows``; on the end marker of a
+    snapshot of key ranges, ``phase`` ``range_end`` and ``key_ranges``:
+    :mod:`shared.contract.keyranges`)."""
 
     id: int
     chunk: int  # read rows: the chunk the row was read in
-    phase: str  # markers: "start" or "end"
+    phase: str  # markers: "start", "end" or "range_end"
+    key_ranges: KeyRangesJson  # range_end: the key ranges the snapshot read
     rows: int  # end marker: rows the table's snapshot delivered
     source: dict[str, Any]  # start marker: {"system": identifier, "timeline": n} of the server read
 
@@ -418,8 +424,14 @@ def decode(value: bytes | None) -> EventView:
             raise EventDecodeError("snapshot event without a 'snapshot' object")
         if info.get("phase") not in SNAPSHOT_PHASES:
             raise EventDecodeError(
-                f"snapshot 'phase' missing or not 'start' or 'end': {_shown(info.get('phase'))}"
+                "snapshot 'phase' missing or not 'start', 'end' or 'range_end':"
+                f" {_shown(info.get('phase'))}"
             )
+        if info["phase"] == "range_end":
+            try:
+                keyranges.parse(info.get("key_ranges"))
+            except ValueError as exc:
+                raise EventDecodeError(f"snapshot {exc}") from None
         sid = info.get("id")
         if type(sid) is not int or not 0 <= sid <= MAX_LSN:
             raise EventDecodeError("snapshot 'id' missing or not an integer from 0 to 2^63-1")

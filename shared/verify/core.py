@@ -153,15 +153,17 @@ def judge_rows(
     source: Sequence[SourceRow], sink: Sequence[SinkRow], snapshot: Snapshot
 ) -> Iterator[tuple[Key, Verdict]]:
     """Every key either side holds in a range, with its verdict (equal ones included),
-    in key order as far as keys compare."""
+    in key order."""
     ours = {r.key: r for r in source}
     theirs = {r.key: r for r in sink}
     for key in sorted(ours.keys() | theirs.keys(), key=_order):
         yield key, judge(ours.get(key), theirs.get(key), snapshot)
 
 
-def _order(key: Key) -> tuple[tuple[int, str], ...]:
-    return tuple((0, f"{v:+021d}") if isinstance(v, int) else (1, str(v)) for v in key)
+def _order(key: Key) -> tuple[tuple[int, int, str], ...]:
+    """The key's order in Postgres for the key types verify reads: integers by value,
+    UUIDs by their bytes (as their canonical text sorts)."""
+    return tuple((0, v, "") if isinstance(v, int) else (1, 0, str(v)) for v in key)
 
 
 def compare_ranges(source: Sequence[SourceRange], sink: Sequence[Summary]) -> list[SourceRange]:

@@ -24,6 +24,7 @@ from typing import Any
 
 import psycopg
 from psycopg import sql
+from psycopg.types.json import Jsonb
 
 from shared.contract.rowhash import TEXT_OUTPUT_OPTIONS, row_hash_sql
 from shared.errors import PermanentError, RetriableError
@@ -247,6 +248,42 @@ class PostgresSource:
         assert end is not None
         return int(end[0])
 
+    def request_repair(self, table: tuple[str, str], ranges: Sequence[KeyRange]) -> list[int]:
+        """Ask pg2kafka to read ``ranges`` of ``table`` again (``_walcast.request_repair``,
+        V021): the ids of the requests filed, one per publication streaming the table."""
+        pairs = [[_bound_json(r.lower), _bound_json(r.upper)] for r in ranges]
+        with self._connect() as conn:
+            name = sql.Identifier(*table).as_string(conn)
+            try:
+                rows = conn.execute(
+                    "SELECT * FROM _walcast.request_repair(%s::text::pg_catalog.regclass, %s)",
+                    [name, Jsonb(pairs)],
+                ).fetchall()
+            except psycopg.errors.InsufficientPrivilege as exc:
+                raise PermanentError(
+                    f"repair: this role may not ask pg2kafka to read rows again: {exc}",
+                    hint="GRANT walcast_repairer TO the role verify connects as",
+                ) from exc
+            except psycopg.errors.UndefinedFunction as exc:
+                raise PermanentError(
+                    "repair: the source has no _walcast.request_repair (pg2kafka's migration V021)",
+                    hint="run pg2kafka init with this version",
+                ) from exc
+            except (
+                psycopg.errors.InvalidParameterValue,
+                psycopg.errors.FeatureNotSupported,
+            ) as exc:
+                raise PermanentError(f"repair of {'.'.join(table)}: {exc}") from exc
+        return [int(r[0]) for r in rows]
+
+    def repair_progress(self, ids: Sequence[int]) -> list[tuple[int, str, str, int, int]]:
+        """(id, publication, state, chunks done, chunks planned) of each request."""
+        with self._connect() as conn:
+            rows = conn.execute(
+                "SELECT * FROM _walcast.repair_progress(%s::bigint[])", [list(ids)]
+            ).fetchall()
+        return [(int(r[0]), str(r[1]), str(r[2]), int(r[3]), int(r[4])) for r in rows]
+
     def next_xid(self) -> int:
         with self._connect() as conn:
             row = conn.execute(
@@ -280,6 +317,13 @@ class PostgresSource:
                         f" {lsn} within {timeout_s:.0f}s"
                     )
                 time.sleep(0.2)
+
+
+def _bound_json(bound: tuple[object, ...] | None) -> list[object] | None:
+    """A key bound as the signal table takes it: integers, and UUIDs as text."""
+    if bound is None:
+        return None
+    return [v if isinstance(v, int) else str(v) for v in bound]
 
 
 def _snapshot(conn: psycopg.Connection[Any]) -> Snapshot:

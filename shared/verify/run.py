@@ -50,6 +50,10 @@ class TableReport:
     differs: list[Key] = field(default_factory=list)
     unknown: list[Key] = field(default_factory=list)  # sink hash unknown, row different or unread
     changing: list[Key] = field(default_factory=list)  # still changing after the last round
+    # Around each difference reported (missing, extra, differs, unknown), the narrowest
+    # range holding it: from the key before it that either side held (excluded), to it
+    # (included). What ``repair`` asks pg2kafka to read again.
+    around: dict[Key, KeyRange] = field(default_factory=dict)
     rounds: int = 0
     elapsed_s: float = 0.0
 
@@ -129,6 +133,7 @@ class Verifier:
         self.target.wait_for_mark(mark_id, [table], self.plan.mark_timeout_s)
 
     def table(self, table: tuple[str, str]) -> TableReport:
+        """The whole table: every range's summary, then the rows of those that differ."""
         report = TableReport(table)
         started = time.monotonic()
         ranges: list[SourceRange] = []
@@ -138,8 +143,27 @@ class Verifier:
             report.ranges += 1
         self._sync(table)
         summaries = self.target.summaries(table, [r.range for r in ranges])
-        open_ranges = [r.range for r in compare_ranges(ranges, summaries)]
         report.rounds = 1
+        differing = [r.range for r in compare_ranges(ranges, summaries)]
+        return self._rows(table, differing, report, started, count_rows=False)
+
+    def recheck(self, table: tuple[str, str], ranges: Sequence[KeyRange]) -> TableReport:
+        """Only ``ranges`` (small: a repair's), compared row by row from the start."""
+        report = TableReport(table, ranges=len(ranges))
+        return self._rows(table, list(ranges), report, time.monotonic(), count_rows=True)
+
+    def _rows(
+        self,
+        table: tuple[str, str],
+        open_ranges: list[KeyRange],
+        report: TableReport,
+        started: float,
+        *,
+        count_rows: bool,
+    ) -> TableReport:
+        """The rounds that compare the rows of ``open_ranges`` (module docstring);
+        ``count_rows``: the report's rows are those the first round reads (a recheck)."""
+        around: dict[Key, KeyRange] = {}
         # key -> (verdict, evidence, horizon of that round): a difference seen once, to be
         # seen again with the same evidence before it is reported
         pending: dict[Key, tuple[Verdict, tuple[object, ...], int]] = {}
@@ -151,6 +175,9 @@ class Verifier:
             report.rounds += 1
             report.looked_into += len(open_ranges)
             read = [(rng, *self.source.rows(table, rng)) for rng in open_ranges]
+            if count_rows:
+                report.rows += sum(len(rows) for _, rows, _ in read)
+                count_rows = False
             self._sync(table)
             held = [self.target.rows(table, rng) for rng, _, _ in read]
             horizon = self.source.next_xid()  # after the sink's read
@@ -162,7 +189,10 @@ class Verifier:
                 ours = {r.key: r for r in source_rows}
                 theirs = {r.key: r for r in sink_rows}
                 again = False
+                before_key = rng.lower
                 for key, verdict in judge_rows(source_rows, sink_rows, snap):
+                    around[key] = KeyRange(before_key, key)
+                    before_key = key
                     if verdict is Verdict.EQUAL:
                         final.pop(key, None)
                         continue
@@ -200,6 +230,7 @@ class Verifier:
                 Verdict.DIFFERS: report.differs,
                 Verdict.UNKNOWN: report.unknown,
             }[verdict].append(key)
+            report.around[key] = around[key]
         report.changing = sorted(changing - set(final), key=str)
         report.elapsed_s = time.monotonic() - started
         if self.on_range is not None:

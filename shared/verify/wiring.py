@@ -15,6 +15,7 @@ from shared.settings import VerifySettings
 from shared.verify.continuous import Continuous, VerifyMetrics
 from shared.verify.core import VerifyTarget
 from shared.verify.postgres import PostgresSource
+from shared.verify.repair import Repairer, RepairReport
 from shared.verify.run import Plan, TableReport, Verifier
 
 KeyShape = Callable[[tuple[str, str]], tuple[tuple[str, ...], tuple[str, ...]]]
@@ -58,6 +59,27 @@ def verify_once(
     target = make_target(source.database(), key_shape)
     try:
         return Verifier(source, target, _plan(v), service, progress).tables(tables)
+    except RetriableError as exc:
+        raise PermanentError(str(exc), hint=f"is pg2kafka streaming, {service} running?") from exc
+    finally:
+        target.close()
+
+
+def repair_once(
+    v: VerifySettings,
+    service: str,
+    make_target: MakeTarget,
+    tables: Sequence[tuple[str, str]],
+    progress: Callable[[str], None] | None = None,
+) -> list[RepairReport]:
+    """Each of ``tables`` verified and, where it differs, repaired (shared/verify/repair.py);
+    failures as in :func:`verify_once`."""
+    source, key_shape = _source(v)
+    target = make_target(source.database(), key_shape)
+    try:
+        verifier = Verifier(source, target, _plan(v), service)
+        repairer = Repairer(verifier, source, v.mark_timeout_s, v.repair_attempts, progress)
+        return [repairer.table(t) for t in tables]
     except RetriableError as exc:
         raise PermanentError(str(exc), hint=f"is pg2kafka streaming, {service} running?") from exc
     finally:

@@ -59,6 +59,10 @@ class Chunk:
     end_page: int | None
     lower_key: list[str] | None = None
     upper_key: list[str] | None = None
+    # Which key bounds the chunk includes, as a range type writes it (V021): '[)' for the
+    # chunks of a whole table; a snapshot of key ranges (lower < key <= upper) starts a
+    # range's first chunk with '(' and ends its last with ']'.
+    bounds: str = "[)"
     # Only these keys of the range (each as the events' key, JSON text): the keys of an
     # earlier chunk read again (V019, services/pg2kafka/snapshots/incremental.py). None: every row.
     only_keys: list[str] | None = None
@@ -153,8 +157,9 @@ def describe_tables(
     return out
 
 
-Bounds = tuple[int | None, int | None, int | None, list[str] | None, list[str] | None]
-"""A chunk's range: (relation, first page, end page, lower key, upper key)."""
+Bounds = tuple[int | None, int | None, int | None, list[str] | None, list[str] | None, str]
+"""A chunk's range: (relation, first page, end page, lower key, upper key, which key
+bounds it includes: '[)', '(]', '()' or '[]')."""
 
 
 def plan_chunks(spec: TableSpec, chunk_pages: int) -> list[Bounds]:
@@ -164,9 +169,9 @@ def plan_chunks(spec: TableSpec, chunk_pages: int) -> list[Bounds]:
     for oid, pages in spec.leaves:
         first = 0
         while first + chunk_pages < pages:
-            chunks.append((oid, first, first + chunk_pages, None, None))
+            chunks.append((oid, first, first + chunk_pages, None, None, "[)"))
             first += chunk_pages
-        chunks.append((oid, first, None, None, None))
+        chunks.append((oid, first, None, None, None, "[)"))
     return chunks
 
 
@@ -204,7 +209,8 @@ def pg_json_frame(
 
 def chunk_where(conn: psycopg.Connection[Any], rel: pg.Relation, chunk: Chunk) -> sql.Composable:
     """The rows of a chunk: its pages (``ctid`` range, a TID range scan) or its keys
-    (``lower_key`` <= key < ``upper_key``, each bound cast to the key column's type)."""
+    (between ``lower_key`` and ``upper_key`` as ``bounds`` says, each bound cast to the
+    key column's type)."""
     if chunk.first_page is not None:
         where: sql.Composable = sql.SQL("ctid >= {}::tid").format(
             sql.Literal(f"({chunk.first_page},0)")
@@ -214,6 +220,21 @@ def chunk_where(conn: psycopg.Connection[Any], rel: pg.Relation, chunk: Chunk) -
                 where, sql.Literal(f"({chunk.end_page},0)")
             )
         return where
+    return key_where(conn, rel, chunk.lower_key, chunk.upper_key, chunk.bounds)
+
+
+def key_where(
+    conn: psycopg.Connection[Any],
+    rel: pg.Relation,
+    lower: list[str] | None,
+    upper: list[str] | None,
+    bounds: str = "[)",
+) -> sql.Composable:
+    """The rows whose key lies between ``lower`` and ``upper`` (each the key columns'
+    text; None: unbounded), each included as ``bounds`` says ('[)', '(]', '()', '[]'),
+    in the key's order (the tuple's)."""
+    if bounds not in ("[)", "(]", "()", "[]"):
+        raise ValueError(f"key bounds {bounds!r}")
     keys = [c for c in rel.columns if c.is_key]
     types = [
         str(conn.execute("SELECT format_type(%s, %s)", [c.type_oid, c.type_modifier]).fetchone()[0])  # type: ignore[index]
@@ -231,10 +252,12 @@ def chunk_where(conn: psycopg.Connection[Any], rel: pg.Relation, chunk: Chunk) -
         return casts if len(keys) == 1 else sql.SQL("({})").format(casts)
 
     parts = []
-    if chunk.lower_key is not None:
-        parts.append(sql.SQL("{} >= {}").format(lhs, bound(chunk.lower_key)))
-    if chunk.upper_key is not None:
-        parts.append(sql.SQL("{} < {}").format(lhs, bound(chunk.upper_key)))
+    if lower is not None:
+        op = ">=" if bounds[0] == "[" else ">"
+        parts.append(sql.SQL("{} {} {}").format(lhs, sql.SQL(op), bound(lower)))
+    if upper is not None:
+        op = "<=" if bounds[1] == "]" else "<"
+        parts.append(sql.SQL("{} {} {}").format(lhs, sql.SQL(op), bound(upper)))
     return sql.SQL(" AND ").join(parts) if parts else sql.SQL("true")
 
 

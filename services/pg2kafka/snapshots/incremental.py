@@ -58,6 +58,7 @@ from services.pg2kafka.snapshots.chunks import (
     TableSpec,
     chunk_where,
     describe_tables,
+    key_where,
     plan_chunks,
 )
 from services.pg2kafka.snapshots.initial import start_markers
@@ -66,6 +67,7 @@ from services.pg2kafka.snapshots.store import PostgresSnapshotStore, SnapshotSto
 from services.pg2kafka.transforms import from_settings
 from services.pg2kafka.types import TypeRegistry
 from shared.contract.event import ChangeEvent, SnapshotInfo, read_row_version
+from shared.contract.keyranges import KeyRangesJson
 from shared.failpoints import failpoint
 
 if TYPE_CHECKING:
@@ -120,29 +122,56 @@ class ChunkRead:
     outcome: str = ""  # "sent" or "again"
 
 
-def key_ranges(conn: psycopg.Connection[Any], spec: TableSpec, chunk_rows: int) -> list[Bounds]:
+def key_ranges(
+    conn: psycopg.Connection[Any],
+    spec: TableSpec,
+    chunk_rows: int,
+    within: tuple[list[str] | None, list[str] | None] = (None, None),
+) -> list[Bounds]:
     """Chunks of ``chunk_rows`` keys: the boundaries from one ordered pass over the key
-    (an index-only scan of the primary key), first and last range open."""
+    (an index-only scan of the primary key), first and last range open. ``within``: only
+    the keys lower < key <= upper (a snapshot of key ranges; None: unbounded), the first
+    chunk excluding ``lower`` and the last including ``upper``."""
     keys = [sql.Identifier(c.name) for c in spec.relation.columns if c.is_key]
     listed = sql.SQL(", ").join(keys)
     texts = sql.SQL(", ").join(sql.SQL("{}::text").format(k) for k in keys)
+    lo, hi = within
     query = sql.SQL(
         "SELECT json_build_array({texts}) FROM (SELECT {keys}, row_number() OVER"
-        " (ORDER BY {keys}) AS walcast_rn FROM {table}) s"
+        " (ORDER BY {keys}) AS walcast_rn FROM {table} WHERE {where}) s"
         " WHERE walcast_rn % {n} = 0 ORDER BY {keys}"
     ).format(
         texts=texts,
         keys=listed,
         table=sql.Identifier(spec.schema, spec.name),
+        where=key_where(conn, spec.relation, lo, hi, "(]"),
         n=sql.Literal(chunk_rows),
     )
-    bounds = [list(r[0]) for r in conn.execute(query).fetchall()]
+    cuts = [list(r[0]) for r in conn.execute(query).fetchall()]
     out: list[Bounds] = []
-    lower: list[str] | None = None
-    for upper in bounds:
-        out.append((None, None, None, lower, upper))
+    lower: list[str] | None = lo
+    for n, upper in enumerate([*cuts, hi]):
+        first, last = n == 0, n == len(cuts)
+        bounds = ("(" if first and lo is not None else "[") + (
+            "]" if last and hi is not None else ")"
+        )
+        out.append((None, None, None, lower, upper, bounds))
         lower = upper
-    out.append((None, None, None, lower, None))
+    return out
+
+
+def ranged_chunks(
+    conn: psycopg.Connection[Any], spec: TableSpec, chunk_rows: int, ranges: KeyRangesJson
+) -> list[Bounds]:
+    """The chunks of a snapshot of key ranges: each range's keys in chunks of
+    ``chunk_rows`` (V021; ``ranges`` as shared/contract/keyranges.py shapes them)."""
+    out: list[Bounds] = []
+    for lower, upper in ranges["ranges"]:
+        within = (
+            None if lower is None else [str(v) for v in lower],
+            None if upper is None else [str(v) for v in upper],
+        )
+        out.extend(key_ranges(conn, spec, chunk_rows, within))
     return out
 
 
@@ -267,7 +296,8 @@ class Incremental:
         if self.remaining[table] <= 0:
             # Above the table's floor too: a sink ignores an end marker at or below it.
             start = read_row_version(self._store().start_version(*table), floor)
-            marker = end_marker(self.settings, cid, start, self.table_rows[table])
+            ranges = self._store().table_key_ranges(*table)
+            marker = end_marker(self.settings, cid, start, self.table_rows[table], ranges)
             handler.send_table_wide(session, marker)
         self.sent.append((session.transaction, read, rows))
         read.outcome = "sent"
@@ -405,19 +435,33 @@ class Incremental:
         conn = store.conn
         with conn.transaction():
             rows = conn.execute(
-                "SELECT id, schema_name, table_name, reason FROM _walcast.snapshot_requests"
-                " WHERE publication = %s AND taken_at IS NULL ORDER BY id FOR UPDATE SKIP LOCKED",
-                [s.replication.publication],
+                "SELECT id, schema_name, table_name, reason, key_ranges"
+                " FROM _walcast.snapshot_requests WHERE publication = %s AND taken_at IS NULL"
+                # a repair's: once the slot is past it (V021), its rows above what it mends
+                "  AND (after_lsn IS NULL OR after_lsn < (SELECT restart_lsn FROM"
+                "       pg_catalog.pg_replication_slots WHERE slot_name = %s))"
+                " ORDER BY id FOR UPDATE SKIP LOCKED",
+                [s.replication.publication, s.replication.slot],
             ).fetchall()
             if not rows:
                 return
             wanted: dict[tuple[str, str], list[int]] = {}
+            # Tables asked for by key ranges only (V021, `repair`): their ranges; a table
+            # also asked for whole is read whole.
+            ranged: dict[tuple[str, str], KeyRangesJson | None] = {}
             declined = []
-            for rid, schema, table, reason in rows:
+            for rid, schema, table, reason, ranges in rows:
                 if not s.snapshot.automatic and str(reason).startswith("joined"):
                     declined.append(rid)
+                    continue
+                where = (str(schema), str(table))
+                wanted.setdefault(where, []).append(int(rid))
+                if ranges is None or ranged.get(where, ranges) is None:
+                    ranged[where] = None
+                elif (had := ranged.get(where)) is not None and had["columns"] == ranges["columns"]:
+                    had["ranges"].extend(ranges["ranges"])
                 else:
-                    wanted.setdefault((str(schema), str(table)), []).append(int(rid))
+                    ranged[where] = {"columns": ranges["columns"], "ranges": list(ranges["ranges"])}
             if declined:
                 log.info("%d automatic snapshot request(s) declined (snapshot.automatic"
                          " is off)", len(declined))  # fmt: skip
@@ -446,16 +490,20 @@ class Incremental:
             chunk_rows = s.snapshot.chunk_rows
             pages = s.snapshot.chunk_pages
 
+            by_range = {w: r for w, r in ranged.items() if r is not None and w in found}
+
             def planner(t: TableSpec) -> list[Bounds]:
                 keyed = any(c.is_key for c in t.relation.columns)
                 whole_row = all(c.is_key for c in t.relation.columns)
+                if (t.schema, t.name) in by_range:
+                    return ranged_chunks(conn, t, chunk_rows, by_range[(t.schema, t.name)])
                 if keyed and not whole_row:
                     return key_ranges(conn, t, chunk_rows)
                 return plan_chunks(t, pages)
 
             system = identify_system(self.conninfo)
             job = store.create(s.replication.slot, "incremental", version, tables, planner,
-                               "request", system)  # fmt: skip
+                               "request", system, by_range)  # fmt: skip
             conn.execute(
                 "UPDATE _walcast.snapshot_requests SET taken_at = now(), taken_by = %s"
                 " WHERE id = ANY(%s)",
@@ -589,8 +637,19 @@ def _text_rows(cur: psycopg.Cursor[Any], query: sql.Composable, width: int) -> A
         yield from copy.rows()
 
 
-def end_marker(settings: Pg2KafkaSettings, cid: ChunkId, start: int, rows: int) -> ChangeEvent:
+def end_marker(
+    settings: Pg2KafkaSettings,
+    cid: ChunkId,
+    start: int,
+    rows: int,
+    key_ranges: KeyRangesJson | None = None,
+) -> ChangeEvent:
+    """A table's end marker; ``key_ranges``: of a snapshot of those key ranges only (its
+    sweep is theirs: shared/contract/keyranges.py)."""
     info: SnapshotInfo = {"id": cid[0], "phase": "end", "rows": rows}
+    if key_ranges is not None:
+        info["phase"] = "range_end"
+        info["key_ranges"] = key_ranges
     return {"v": 1, "op": "snapshot", "db": settings.postgres.database, "schema": cid[1],
             "table": cid[2], "lsn": start, "seq": 0, "commit_lsn": start, "xid": 0,
             "commit_ts": iso_utc(time.time_ns() // 1000), "key": {}, "new": None,

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -42,6 +42,7 @@ class _Table:
     rows_done: int = 0
     state: str = "pending"
     floor: int | None = None
+    key_ranges: Any = None
     started: float | None = None
     finished: float | None = None
 
@@ -53,6 +54,7 @@ class _Chunk:
     end_page: int | None
     lower_key: list[str] | None
     upper_key: list[str] | None
+    bounds: str = "[)"
     only_keys: list[str] | None = None
     state: str = "pending"
     rows: int = 0
@@ -83,6 +85,7 @@ class InMemorySnapshotStore:
         planner: Callable[[TableSpec], list[Bounds]],
         requested_by: str,
         system: Identity | None,
+        key_ranges: Mapping[tuple[str, str], Any] | None = None,
     ) -> Job:
         with self.lock:
             job_id = max(self.runs, default=0) + 1
@@ -93,9 +96,12 @@ class InMemorySnapshotStore:
                 self.tables[(job_id, spec.schema, spec.name)] = _Table(
                     ord_, spec.rows_estimate, len(planned), version
                 )
-                for n, (rel, first, end, lo, hi) in enumerate(planned):
+                self.tables[(job_id, spec.schema, spec.name)].key_ranges = (key_ranges or {}).get(
+                    (spec.schema, spec.name)
+                )
+                for n, (rel, first, end, lo, hi, bounds) in enumerate(planned):
                     self.chunks[(job_id, spec.schema, spec.name, n)] = _Chunk(
-                        rel, first, end, lo, hi
+                        rel, first, end, lo, hi, bounds
                     )
             return Job(job_id, slot, kind, version, "running", self.epoch, started_us)
 
@@ -142,7 +148,7 @@ class InMemorySnapshotStore:
             if table.state == "pending":
                 table.state, table.started = "running", time.monotonic()
             return Chunk(job.id, key[1], key[2], key[3], c.relation, c.first_page, c.end_page,
-                         c.lower_key, c.upper_key, c.only_keys)  # fmt: skip
+                         c.lower_key, c.upper_key, c.bounds, c.only_keys)  # fmt: skip
 
     def chunk_done(self, chunk: Chunk, rows: int, version: int) -> bool:
         with self.lock:
@@ -164,7 +170,7 @@ class InMemorySnapshotStore:
                 return None
             number = max(k[3] for k in self.chunks if k[:3] == key[:3]) + 1
             self.chunks[(*key[:3], number)] = _Chunk(
-                None, None, None, c.lower_key, c.upper_key, list(keys)
+                None, None, None, c.lower_key, c.upper_key, c.bounds, list(keys)
             )
             self.tables[key[:3]].chunks_total += 1
             return number
@@ -209,6 +215,11 @@ class InMemorySnapshotStore:
         with self.lock:
             t = self.tables.get((job_id, schema, table))
             return t.start_version if t else 0
+
+    def table_key_ranges(self, job_id: int, schema: str, table: str) -> Any:
+        with self.lock:
+            t = self.tables.get((job_id, schema, table))
+            return t.key_ranges if t else None
 
     def floors(self, slot: str) -> dict[tuple[str, str], int]:
         with self.lock:

@@ -6,7 +6,7 @@ last), so a run killed at any point resumes at its first unfinished chunk."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
 import psycopg
@@ -43,9 +43,12 @@ class SnapshotStore(Protocol):
         planner: Callable[[TableSpec], list[Bounds]],
         requested_by: str,
         system: Identity | None,
+        key_ranges: Mapping[tuple[str, str], Any] | None = None,
     ) -> Job:
         """A new ``running`` run of ``tables`` at ``version``, each table's chunks from
-        ``planner`` (numbered from 0, read in table order)."""
+        ``planner`` (numbered from 0, read in table order); ``key_ranges``: the tables
+        read by key ranges only, with their ranges (shared/contract/keyranges.py), which
+        their end markers carry."""
         ...
 
     def unfinished(self, slot: str, kind: str) -> Job | None:
@@ -105,6 +108,10 @@ class SnapshotStore(Protocol):
         """The version the table's run started at (0 for a table the run does not have)."""
         ...
 
+    def table_key_ranges(self, job_id: int, schema: str, table: str) -> Any:
+        """The key ranges the table's run reads (None: the whole table)."""
+        ...
+
     def floors(self, slot: str) -> dict[tuple[str, str], int]:
         """The newest truncate or creation position recorded per table of ``slot``."""
         ...
@@ -130,6 +137,10 @@ class SnapshotStore(Protocol):
     def slot_exists(self, slot: str) -> bool: ...
 
 
+def _json_or_none(value: Any) -> Jsonb | None:
+    return None if value is None else Jsonb(value)
+
+
 class PostgresSnapshotStore:
     """``_walcast.snapshots`` / ``snapshot_tables`` / ``snapshot_chunks`` (V010) on its own
     autocommit connection: one per thread."""
@@ -150,6 +161,7 @@ class PostgresSnapshotStore:
         planner: Callable[[TableSpec], list[Bounds]],
         requested_by: str,
         system: Identity | None,
+        key_ranges: Mapping[tuple[str, str], Any] | None = None,
     ) -> Job:
         lsn = format_lsn(version)
         with self.conn.transaction():
@@ -172,15 +184,24 @@ class PostgresSnapshotStore:
                 chunks = planner(spec)
                 self.conn.execute(
                     "INSERT INTO _walcast.snapshot_tables (snapshot_id, schema_name,"
-                    " table_name, ord, rows_estimate, chunks_total, start_lsn)"
-                    " VALUES (%s, %s, %s, %s, %s, %s, %s)",
-                    [job_id, spec.schema, spec.name, ord_, spec.rows_estimate, len(chunks), lsn],
+                    " table_name, ord, rows_estimate, chunks_total, start_lsn, key_ranges)"
+                    " VALUES (%s, %s, %s, %s, %s, %s, %s, %s)",
+                    [
+                        job_id,
+                        spec.schema,
+                        spec.name,
+                        ord_,
+                        spec.rows_estimate,
+                        len(chunks),
+                        lsn,
+                        _json_or_none((key_ranges or {}).get((spec.schema, spec.name))),
+                    ],
                 )
                 with self.conn.cursor() as cur:
                     cur.executemany(
                         "INSERT INTO _walcast.snapshot_chunks (snapshot_id, schema_name,"
                         " table_name, chunk, relation, first_page, end_page, lower_key,"
-                        " upper_key) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s)",
+                        " upper_key, bounds) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s)",
                         [
                             [
                                 job_id,
@@ -192,8 +213,9 @@ class PostgresSnapshotStore:
                                 end,
                                 None if lo is None else Jsonb(lo),
                                 None if hi is None else Jsonb(hi),
+                                bounds,
                             ]
-                            for n, (rel, first, end, lo, hi) in enumerate(chunks)
+                            for n, (rel, first, end, lo, hi, bounds) in enumerate(chunks)
                         ],
                     )
         return Job(job_id, slot, kind, version, "running", self.epoch, started_us)
@@ -246,7 +268,7 @@ class PostgresSnapshotStore:
                 " WHERE (c.snapshot_id, c.schema_name, c.table_name, c.chunk)"
                 "     = (n.snapshot_id, n.schema_name, n.table_name, n.chunk)"
                 " RETURNING c.schema_name, c.table_name, c.chunk, c.relation, c.first_page,"
-                "     c.end_page, c.lower_key, c.upper_key, c.only_keys",
+                "     c.end_page, c.lower_key, c.upper_key, c.only_keys, c.bounds",
                 [job.id],
             ).fetchone()
             if row is None:
@@ -261,7 +283,7 @@ class PostgresSnapshotStore:
                      None if row[3] is None else int(row[3]),
                      None if row[4] is None else int(row[4]),
                      None if row[5] is None else int(row[5]), row[6], row[7],
-                     row[8])  # fmt: skip
+                     bounds=str(row[9]), only_keys=row[8])  # fmt: skip
 
     def chunk_done(self, chunk: Chunk, rows: int, version: int) -> bool:
         """Record a chunk whose every event Kafka acknowledged; True when it was its
@@ -298,11 +320,11 @@ class PostgresSnapshotStore:
         with self.conn.transaction():
             row = self.conn.execute(
                 "INSERT INTO _walcast.snapshot_chunks (snapshot_id, schema_name, table_name,"
-                "   chunk, lower_key, upper_key, only_keys)"
+                "   chunk, lower_key, upper_key, bounds, only_keys)"
                 " SELECT c.snapshot_id, c.schema_name, c.table_name, (SELECT max(x.chunk) + 1"
                 "   FROM _walcast.snapshot_chunks x WHERE (x.snapshot_id, x.schema_name,"
                 "   x.table_name) = (c.snapshot_id, c.schema_name, c.table_name)),"
-                "   c.lower_key, c.upper_key, %s"
+                "   c.lower_key, c.upper_key, c.bounds, %s"
                 " FROM _walcast.snapshot_chunks c WHERE c.snapshot_id = %s"
                 "   AND c.schema_name = %s AND c.table_name = %s AND c.chunk = %s"
                 " RETURNING chunk",
@@ -367,6 +389,14 @@ class PostgresSnapshotStore:
             [job_id, schema, table],
         ).fetchone()
         return int(row[0]) if row else 0
+
+    def table_key_ranges(self, job_id: int, schema: str, table: str) -> Any:
+        row = self.conn.execute(
+            "SELECT key_ranges FROM _walcast.snapshot_tables"
+            " WHERE snapshot_id = %s AND schema_name = %s AND table_name = %s",
+            [job_id, schema, table],
+        ).fetchone()
+        return row[0] if row else None
 
     def floors(self, slot: str) -> dict[tuple[str, str], int]:
         """Truncate / creation positions of the stream's tables: every one recorded since

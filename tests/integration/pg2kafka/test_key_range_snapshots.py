@@ -1,0 +1,169 @@
+"""Snapshots of key ranges (V021; what a sink's ``repair`` asks for), against Postgres and
+Kafka: ``_walcast.request_repair`` files a request per publication; pg2kafka reads the rows
+of exactly those ranges — lower excluded, upper included, over several chunks, composite
+and uuid keys too — and ends the table with a ``range_end`` marker carrying the ranges on
+every partition, then reports the request done; a request for a table it cannot read by
+range is refused in SQL with what is wrong, and only ``walcast_repairer`` may ask."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from typing import Any
+
+import psycopg
+import pytest
+
+from services.pg2kafka import admin
+from tests.integration.conftest import Harness, HarnessFactory
+
+
+def reads(events: list[dict[str, Any]], table: str) -> list[Any]:
+    return sorted(
+        (tuple(e["key"].values()) if len(e["key"]) > 1 else next(iter(e["key"].values())))
+        for e in events
+        if e["op"] == "read" and e["table"] == table
+    )
+
+
+def range_ends(events: list[dict[str, Any]], table: str) -> list[dict[str, Any]]:
+    return [
+        e for e in events
+        if e["op"] == "snapshot" and e["table"] == table and e["snapshot"]["phase"] == "range_end"
+    ]  # fmt: skip
+
+
+def pipeline(make_harness: HarnessFactory, schema: str, chunk_rows: int = 3) -> Harness:
+    h = make_harness(
+        init=False,
+        producer={"partition_key": "primary_key"},
+        filters={"include": [f"{schema}.*"]},
+        snapshot={"mode": "never", "automatic": False, "chunk_rows": chunk_rows},
+    )
+    h.sql(f'CREATE SCHEMA "{schema}"')
+    return h
+
+
+def progress(h: Harness, ids: list[int]) -> list[str]:
+    return [str(r[2]) for r in h.sql("SELECT * FROM _walcast.repair_progress(%s)", [ids])]
+
+
+def test_only_the_rows_of_the_ranges_are_read_and_their_end_marker_names_them(
+    make_harness: HarnessFactory, unique_name: str
+) -> None:
+    schema = f"kr_{unique_name}"
+    h = pipeline(make_harness, schema)
+    q = f'"{schema}"'
+    h.sql(f"CREATE TABLE {q}.t (id bigint PRIMARY KEY, v text)")
+    h.sql(f"INSERT INTO {q}.t SELECT g, 'v' || g FROM generate_series(1, 40) g")
+    admin.init(h.settings)
+    h.start()
+    ranges = [[[4], [12]], [[30], None], [None, [1]]]  # (4, 12], (30, ∞), (-∞, 1]
+    ids = [r[0] for r in h.sql(
+        f"SELECT * FROM _walcast.request_repair('{q}.t', %s::jsonb)", [json.dumps(ranges)]
+    )]  # fmt: skip
+    assert len(ids) == 1
+    partitions = h.settings.producer.topic_partitions
+    h.events(lambda evs: len(range_ends(evs, "t")) == partitions, timeout=90)
+    want = [1, *range(5, 13), *range(31, 41)]
+    assert reads(h.seen, "t") == want  # each once: no row outside, none twice
+    (end, *_) = range_ends(h.seen, "t")
+    assert end["snapshot"]["key_ranges"] == {"columns": ["id"], "ranges": ranges}
+    assert end["snapshot"]["rows"] == len(want)
+    assert {h.partitions[i] for i, e in enumerate(h.seen) if e in range_ends(h.seen, "t")} == set(
+        range(partitions)
+    )
+    # every read row precedes the end marker on its partition, and carries a version >= S
+    ends = {h.partitions[i]: i for i, e in enumerate(h.seen) if e in range_ends(h.seen, "t")}
+    for i, e in enumerate(h.seen):
+        if e["op"] == "read":
+            assert i < ends[h.partitions[i]]
+            assert e["lsn"] >= end["lsn"]
+    assert not [e for e in h.seen if e["op"] == "snapshot" and e["snapshot"]["phase"] == "end"]
+    h.events(lambda _evs: progress(h, ids) == ["done"], timeout=60)
+
+
+def test_composite_and_uuid_keys_are_read_by_their_order(
+    make_harness: HarnessFactory, unique_name: str
+) -> None:
+    schema = f"kc_{unique_name}"
+    h = pipeline(make_harness, schema, chunk_rows=2)
+    q = f'"{schema}"'
+    h.sql(f"CREATE TABLE {q}.c (a int, b smallint, v text, PRIMARY KEY (a, b))")
+    h.sql(f"INSERT INTO {q}.c SELECT a, b, 'x' FROM generate_series(1, 4) a,"
+          " generate_series(1, 4) b")  # fmt: skip
+    keys = sorted(uuid.UUID(int=n * 2**100 + n) for n in range(1, 11))
+    h.sql(f"CREATE TABLE {q}.u (id uuid PRIMARY KEY)")
+    h.sql(f"INSERT INTO {q}.u SELECT unnest(%s::uuid[])", [[str(k) for k in keys]])
+    admin.init(h.settings)
+    h.start()
+    h.sql(f"SELECT _walcast.request_repair('{q}.c', %s::jsonb)",
+          [json.dumps([[[2, 3], [3, 2]]])])  # fmt: skip
+    h.sql(f"SELECT _walcast.request_repair('{q}.u', %s::jsonb)",
+          [json.dumps([[[str(keys[2])], [str(keys[6])]]])])  # fmt: skip
+    partitions = h.settings.producer.topic_partitions
+    h.events(
+        lambda evs: len(range_ends(evs, "c")) == len(range_ends(evs, "u")) == partitions,
+        timeout=90,
+    )
+    assert reads(h.seen, "c") == [(2, 4), (3, 1), (3, 2)]
+    assert reads(h.seen, "u") == [str(k) for k in keys[3:7]]
+
+
+@pytest.mark.parametrize(
+    ("table", "ranges", "reason"),
+    [
+        pytest.param("txt", [[None, ["m"]]], "not made of smallint, integer, bigint or uuid",
+                     id="text-key"),
+        pytest.param("nokey", [[None, [1]]], "has no primary key", id="keyless"),
+        pytest.param("ident", [[None, [1]]], "replica identity of", id="other-identity"),
+        pytest.param("t", [[None, [1, 2]]], "array of 1 key value", id="wide-bound"),
+        pytest.param("t", [[None, ["abc"]]], "invalid input syntax", id="not-an-integer"),
+        pytest.param("t", [[None]], "not a [lower, upper] pair", id="half"),
+        pytest.param("t", [], "1 to 10000", id="none"),
+        pytest.param("t", {"a": 1}, "1 to 10000", id="object"),
+        pytest.param("hidden", [[None, [1]]], "is in no publication", id="unpublished"),
+    ],
+)  # fmt: skip
+def test_a_request_the_stream_cannot_serve_is_refused_with_what_is_wrong(
+    make_harness: HarnessFactory, unique_name: str, table: str, ranges: Any, reason: str
+) -> None:
+    schema = f"kx_{unique_name}"
+    h = pipeline(make_harness, schema)
+    q = f'"{schema}"'
+    h.sql(f"CREATE TABLE {q}.t (id int PRIMARY KEY)")
+    h.sql(f"CREATE TABLE {q}.txt (id text PRIMARY KEY)")
+    h.sql(f"CREATE TABLE {q}.nokey (id int)")
+    h.sql(f"CREATE TABLE {q}.ident (id int PRIMARY KEY, u int NOT NULL UNIQUE)")
+    h.sql(f"ALTER TABLE {q}.ident REPLICA IDENTITY USING INDEX ident_u_key")
+    h.sql(f"CREATE TABLE {q}.hidden (id int PRIMARY KEY)")
+    admin.init(h.settings)
+    h.sql(f"ALTER PUBLICATION {h.settings.replication.publication} DROP TABLE {q}.hidden")
+    with pytest.raises(psycopg.Error) as err:
+        h.sql(f"SELECT _walcast.request_repair('{q}.{table}', %s::jsonb)", [json.dumps(ranges)])
+    assert reason in str(err.value)
+    assert h.sql(
+        "SELECT count(*) FROM _walcast.snapshot_requests WHERE schema_name = %s", [schema]
+    ) == [(0,)]
+
+
+def test_only_walcast_repairer_may_ask_and_the_functions_run_as_their_owner(
+    make_harness: HarnessFactory,
+) -> None:
+    h = make_harness()  # init applied the migrations
+    for fn in ("_walcast.request_repair(regclass, jsonb)", "_walcast.repair_progress(bigint[])"):
+        rows = h.sql(
+            f"SELECT has_function_privilege('walcast_repairer', '{fn}', 'EXECUTE'),"
+            " EXISTS (SELECT 1 FROM pg_proc p, aclexplode(p.proacl) a"
+            f"  WHERE p.oid = '{fn}'::regprocedure AND a.grantee = 0"
+            "  AND a.privilege_type = 'EXECUTE'),"
+            f" (SELECT prosecdef FROM pg_proc WHERE oid = '{fn}'::regprocedure)"
+        )
+        assert rows == [(True, False, True)], fn
+    rows = h.sql(
+        "SELECT has_function_privilege('walcast_repairer',"
+        " '_walcast.checked_key_ranges(regclass, jsonb)', 'EXECUTE'),"
+        " has_function_privilege('walcast_verifier', '_walcast.request_repair(regclass, jsonb)',"
+        " 'EXECUTE')"
+    )
+    assert rows == [(False, False)]

@@ -1,0 +1,146 @@
+"""Key ranges of a snapshot of key ranges (shared/contract/keyranges.py): the shape the end
+marker carries, checked in one place and refused with the reason; the marker passes the
+JSON Schema and the decoder, a malformed one neither; each sink's rendering of the ranges
+(a search query, Spark SQL) selects exactly the keys lower < key <= upper, in the tuple's
+order, checked here against Python's own tuple order over a grid of keys."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import pytest
+
+from services.kafka2search.key_ranges import ranges_query
+from services.kafka2spark.tables import key_ranges_sql
+from shared.contract import event, keyranges
+
+SCHEMA = json.loads(
+    (Path(__file__).resolve().parents[2] / "shared/schemas/change_event.v1.json").read_text()
+)
+U1 = "0a0c1d6e-0000-4000-8000-000000000001"
+U2 = "f00c1d6e-0000-4000-8000-000000000002"
+
+
+def marker(**snapshot: Any) -> dict[str, Any]:
+    return {
+        "v": 1, "op": "snapshot", "db": "d", "schema": "s", "table": "t", "lsn": 1023,
+        "seq": 0, "commit_lsn": 1023, "xid": 0, "commit_ts": "2026-11-27T10:00:00Z",
+        "key": {}, "new": None, "old": None, "snapshot": snapshot,
+    }  # fmt: skip
+
+
+GOOD = {"columns": ["a", "b"], "ranges": [[None, [1, 2]], [[1, 2], [3, -4]], [[7, 0], None]]}
+
+
+def test_good_key_ranges_pass_the_schema_and_the_decoder() -> None:
+    ev = marker(id=9, phase="range_end", rows=3, key_ranges=GOOD)
+    jsonschema.validate(ev, SCHEMA)
+    view = event.decode(json.dumps(ev).encode())
+    assert view.snapshot["key_ranges"] == GOOD
+    parsed = keyranges.parse(GOOD)
+    assert parsed.columns == ("a", "b")
+    assert parsed.ranges[1] == ((1, 2), (3, -4))
+    assert parsed.as_json() == GOOD
+    uuids = {"columns": ["u"], "ranges": [[[U1], [U2]]]}
+    assert keyranges.parse(uuids).ranges == (((U1,), (U2,)),)
+
+
+@pytest.mark.parametrize(
+    ("bad", "reason"),
+    [
+        pytest.param(None, "'key_ranges' is not an object", id="absent"),
+        pytest.param({"columns": [], "ranges": [[None, None]]}, "distinct column", id="no-col"),
+        pytest.param({"columns": ["a", "a"], "ranges": [[None, None]]}, "distinct", id="dup-col"),
+        pytest.param({"columns": ["a"], "ranges": []}, "1 to 10000 ranges", id="no-range"),
+        pytest.param({"columns": ["a"], "ranges": [[1, 2]]}, "bound is not null or a list",
+                     id="scalar-bound"),
+        pytest.param({"columns": ["a"], "ranges": [[[1]]]}, "not a [lower, upper] pair",
+                     id="half-range"),
+        pytest.param({"columns": ["a"], "ranges": [[[1, 2], None]]}, "list of 1 key value",
+                     id="wide-bound"),
+        pytest.param({"columns": ["a"], "ranges": [[["x"], None]]}, "neither an integer nor",
+                     id="text-key"),
+        pytest.param({"columns": ["a"], "ranges": [[[U1.upper()], None]]}, "neither", id="UUID"),
+        pytest.param({"columns": ["a"], "ranges": [[[1.5], None]]}, "neither", id="float"),
+        pytest.param({"columns": ["a"], "ranges": [[[True], None]]}, "neither", id="bool"),
+        pytest.param({"columns": ["a"], "ranges": [[[2**63], None]]}, "outside a bigint",
+                     id="huge"),
+        pytest.param({"columns": ["a"], "ranges": [[[5], [5]]]}, "an empty key range",
+                     id="empty"),
+        pytest.param({"columns": ["a"], "ranges": [[None, ["'); DROP TABLE x; --"]]]},
+                     "neither", id="injection"),
+    ],
+)  # fmt: skip
+def test_bad_key_ranges_are_refused_with_the_reason(bad: Any, reason: str) -> None:
+    with pytest.raises(ValueError, match=re.escape(reason)):
+        keyranges.parse(bad)
+    ev = marker(id=9, phase="range_end", rows=0, key_ranges=bad)
+    with pytest.raises(event.EventDecodeError, match=re.escape(reason)):
+        event.decode(json.dumps(ev).encode())
+
+
+def test_a_range_end_marker_without_its_ranges_is_refused_by_the_schema() -> None:
+    with pytest.raises(jsonschema.ValidationError, match="'key_ranges' is a required"):
+        jsonschema.validate(marker(id=9, phase="range_end", rows=0), SCHEMA)
+
+
+# -- each sink's rendering, against Python's tuple order ---------------------------------
+
+GRID = list(itertools.product(range(0, 5), range(0, 4)))
+RANGES = keyranges.parse(
+    {"columns": ["a", "b"], "ranges": [[[0, 2], [1, 1]], [[3, 3], None], [None, [0, 0]]]}
+)
+
+
+def inside(key: tuple[int, int]) -> bool:
+    return any(
+        (lo is None or key > lo) and (hi is None or key <= hi)  # type: ignore[operator]
+        for lo, hi in RANGES.ranges
+    )
+
+
+def matches_search(q: dict[str, Any], doc: dict[str, int]) -> bool:
+    """A tiny evaluator of the query shapes ranges_query builds."""
+    ((kind, body),) = q.items()
+    if kind == "match_all":
+        return True
+    if kind == "term":
+        ((c, v),) = body.items()
+        return doc[c] == v
+    if kind == "range":
+        ((c, ops),) = body.items()
+        tests = {"gt": int.__gt__, "lt": int.__lt__, "lte": int.__le__, "gte": int.__ge__}
+        return all(tests[op](doc[c], v) for op, v in ops.items())
+    assert kind == "bool"
+    ok = all(matches_search(f, doc) for f in body.get("filter", []))
+    if "should" in body:
+        ok = ok and sum(matches_search(s, doc) for s in body["should"]) >= body.get(
+            "minimum_should_match", 1
+        )
+    return ok
+
+
+def test_the_search_query_selects_exactly_the_keys_in_the_ranges() -> None:
+    q = ranges_query(RANGES)
+    chosen = {k for k in GRID if matches_search(q, {"a": k[0], "b": k[1]})}
+    assert chosen == {k for k in GRID if inside(k)}
+    assert chosen  # the grid meets the ranges
+
+
+def test_spark_sql_selects_exactly_the_keys_in_the_ranges() -> None:
+    where = key_ranges_sql(["a", "b"], RANGES)
+    # Spark SQL's boolean syntax here is Python's once the operators are spelled so.
+    expr = where.replace("`", "").replace(" OR ", " or ").replace(" AND ", " and ")
+    expr = expr.replace(" = ", " == ").replace("TRUE", "True")
+    chosen = {k for k in GRID if eval(expr, {}, {"a": k[0], "b": k[1]})}  # noqa: S307 - test
+    assert chosen == {k for k in GRID if inside(k)}
+
+
+def test_spark_sql_writes_uuid_bounds_as_checked_literals() -> None:
+    ranges = keyranges.parse({"columns": ["u"], "ranges": [[[U1], [U2]]]})
+    assert key_ranges_sql(["u"], ranges) == f"(`u` > '{U1}' AND `u` <= '{U2}')"
