@@ -25,6 +25,7 @@ from services.kafka2search.indices import quote_id
 from services.kafka2search.key_ranges import range_query
 from services.kafka2search.mapping import alias_name
 from services.kafka2search.settings import Kafka2SearchSettings
+from shared.avro import RegistryDecoder
 from shared.contract.event import ROW_HASH, ROW_XID
 from shared.verify.continuous import Continuous, VerifyMetrics
 from shared.verify.core import KeyRange, SinkRow, Summary, VerifyTarget
@@ -56,9 +57,11 @@ class SearchTarget(VerifyTarget):
         self.engine = engine
         self.database = database
         self.key_shape = key_shape
+        registry = settings.schema_registry
         self.group = GroupMarks(
-            settings.kafka.client_config(), settings.consumer.group_id, settings.consumer.topics
-        )
+            settings.kafka.client_config(), settings.consumer.group_id, settings.consumer.topics,
+            from_avro=RegistryDecoder(registry.client()).decode if registry.url else None,
+        )  # fmt: skip
 
     def close(self) -> None:
         self.group.close()

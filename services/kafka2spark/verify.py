@@ -27,6 +27,7 @@ from deltalake import DeltaTable
 
 from services.kafka2spark.names import HASH, XID, postgres_name, table_dir
 from services.kafka2spark.settings import Kafka2SparkSettings
+from shared.avro import RegistryDecoder
 from shared.errors import PermanentError
 from shared.verify.continuous import Continuous, VerifyMetrics
 from shared.verify.core import Key, KeyRange, SinkRow, Summary, VerifyTarget
@@ -47,9 +48,11 @@ class DeltaTarget(VerifyTarget):
         self.s = settings
         self.database = database
         self.key_shape = key_shape
+        registry = settings.schema_registry
         self.group = GroupMarks(
-            settings.kafka.client_config(), settings.source.group_id, settings.source.topics
-        )
+            settings.kafka.client_config(), settings.source.group_id, settings.source.topics,
+            from_avro=RegistryDecoder(registry.client()).decode if registry.url else None,
+        )  # fmt: skip
 
     def close(self) -> None:
         self.group.close()

@@ -19,6 +19,7 @@ from typing import Any, TypeVar
 import orjson
 from confluent_kafka import Consumer, KafkaException, TopicPartition
 
+from shared.contract.event import EventDecodeError
 from shared.errors import PermanentError, RetriableError
 from shared.kafka import topic_partitions
 from shared.retry import BackoffPolicy, call_with_retry
@@ -43,12 +44,18 @@ def end_offsets(consumer: Consumer, topics: Iterable[str]) -> dict[Partition, in
 
 
 def find_marks(
-    consumer: Consumer, since: dict[Partition, int], mark_id: str, table: tuple[str, str]
+    consumer: Consumer,
+    since: dict[Partition, int],
+    mark_id: str,
+    table: tuple[str, str],
+    from_avro: Callable[[bytes], bytes] | None = None,
 ) -> dict[Partition, int]:
     """The offset of each copy of the marker ``mark_id`` for ``table`` written after
     ``since``, reading each partition from there to its end now (call it once pg2kafka's
     slot has passed the marker: every copy is then in Kafka). A partition without a copy
-    carries none of the table's rows."""
+    carries none of the table's rows. ``from_avro``: an Avro record (the Confluent wire
+    format, a first byte of 0) as its JSON event (the sink's registry decoder); without
+    it Avro records are not looked at."""
     ends = end_offsets(consumer, {t for t, _ in since})
     todo = {p: o for p, o in since.items() if ends.get(p, o) > o}
     if not todo:
@@ -73,8 +80,16 @@ def find_marks(
                     continue
                 p = (topic, partition)
                 value = msg.value() or b""
-                if needle in value and b'"verify"' in value and _is_mark(value, mark_id, table):
-                    found.setdefault(p, offset)
+                # The mark's id is in the record's bytes in either encoding (Avro writes a
+                # string's UTF-8 as it is): only those records are decoded.
+                if needle in value:
+                    if value[:1] == b"\x00" and from_avro is not None:
+                        try:
+                            value = from_avro(value)
+                        except EventDecodeError:
+                            value = b""  # unreadable: the sink dead-letters it, no mark
+                    if b'"verify"' in value and _is_mark(value, mark_id, table):
+                        found.setdefault(p, offset)
                 if offset + 1 >= ends[p]:
                     done.add(p)
             for p in todo:
@@ -153,6 +168,7 @@ class GroupMarks:
         group_id: str,
         topics: Sequence[str],
         retry: BackoffPolicy | None = None,
+        from_avro: Callable[[bytes], bytes] | None = None,
     ) -> None:
         # Kafka's transient failures (a restarting broker, a coordinator loading) are
         # waited out, up to the policy's bound.
@@ -162,6 +178,7 @@ class GroupMarks:
              "auto.offset.reset": "earliest"}
         )  # fmt: skip
         self.topics = list(topics)
+        self.from_avro = from_avro  # Avro records as JSON events (find_marks)
         self._since: dict[Partition, int] = {}
 
     def close(self) -> None:
@@ -193,7 +210,9 @@ class GroupMarks:
         marks: dict[Partition, int] = {}
         for table in tables:
             found = self._retried(
-                lambda t=table: find_marks(self.consumer, self._since, mark_id, t),  # type: ignore[misc]
+                lambda t=table: find_marks(  # type: ignore[misc]
+                    self.consumer, self._since, mark_id, t, self.from_avro
+                ),
                 "find the marker in the topics",
             )
             if not found:
