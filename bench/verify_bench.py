@@ -14,6 +14,12 @@ times measured in the same run.
 
     python bench/verify_bench.py --scale 100     # the long form: 10M accounts
     python bench/verify_bench.py --scale 2       # a quick run
+    python bench/verify_bench.py --scale 100 --keep   # keep what was loaded, then measure
+    python bench/verify_bench.py --reuse vb_1234 --work /tmp/walcast-chaos-...  # again
+
+The measurements start once both sinks' consumer groups have no lag (every record
+applied: the table's rows and a snapshot's read rows of them), so that no step waits for
+a sink still catching up.
 
 Needs the local stack (``deploy/local/walcast up``); uses its own schema, slot, topic,
 indices and Delta directory, removed afterwards. Prints a table, writes
@@ -96,12 +102,23 @@ def _delta(path: str) -> None:
 # -- the run ---------------------------------------------------------------------------------
 
 
-def run(scale: int, keep: bool) -> dict[str, Any]:
-    cfg = Config(name=f"vb_{os.getpid()}", scale=scale, kills=0)
+def run(
+    scale: int, keep: bool, reuse: str | None = None, work: Path | None = None
+) -> dict[str, Any]:
+    """``reuse``: the name of a run kept before (``--keep``), in ``work``: its services are
+    started again on what it loaded, and only the measurements run."""
+    cfg = Config(name=reuse or f"vb_{os.getpid()}", scale=scale, kills=0)
+    if work is not None:
+        cfg.work = work
     c = Chaos(cfg)
     envs = c.envs()
     wanted = ("pg2kafka", "kafka2search-opensearch", "kafka2spark")
     try:
+        if reuse:
+            for svc in wanted:
+                c.services[svc] = Service(svc, svc.split("-")[0], envs[svc], cfg)
+                c.services[svc].start()
+            return _measure(c, cfg, envs, time.monotonic(), scale)
         c.sql(f"CREATE SCHEMA {c.schema}")
         init = subprocess.run(
             [sys.executable, "-m", "services.pg2kafka", "--env-file",
@@ -118,54 +135,7 @@ def run(scale: int, keep: bool) -> dict[str, Any]:
         time.sleep(3)
         t0 = time.monotonic()
         c.bench("-i", "-I", "dtpg", "-s", str(scale))  # tables made after pg2kafka started
-        rows = int(c.sql(f"SELECT count(*) FROM {c.schema}.{TABLE}")[0][0])
-        alias = f"{cfg.name.replace('_', '-')}-opensearch-{TABLE}"
-        delta = c.delta / f"{c.schema}.{TABLE}"
-        print(f"[verify-bench] {rows} accounts; waiting for the sinks", flush=True)
-        _wait_caught_up(c, alias, delta, rows)
-        load_s = time.monotonic() - t0
-        py = sys.executable
-        me = str(Path(__file__).resolve())
-        results: dict[str, Any] = {"scale": scale, "rows": rows, "load_s": round(load_s, 1)}
-        for name, cmd in (
-            ("copy", [py, me, "_copy", c.dsn, c.schema]),
-            ("scroll", [py, me, "_scroll", c.url("opensearch"), alias]),
-            ("delta_scan", [py, me, "_delta", str(delta)]),
-        ):
-            wall, rss, _out = measure(cmd, {})
-            results[name] = {
-                "s": round(wall, 2),
-                "rss_mb": round(rss),
-                "rows_per_s": round(rows / wall),
-            }
-        verify_env = {
-            "VERIFY__POSTGRES__HOST": c.env["PG2KAFKA_POSTGRES__HOST"],
-            "VERIFY__POSTGRES__PORT": c.env["PG2KAFKA_POSTGRES__PORT"],
-            "VERIFY__POSTGRES__DATABASE": c.env["PG2KAFKA_POSTGRES__DATABASE"],
-            "VERIFY__POSTGRES__USER": c.env["PG2KAFKA_POSTGRES__USER"],
-            "VERIFY__POSTGRES__PASSWORD": c.env["PG2KAFKA_POSTGRES__PASSWORD"],
-            "VERIFY__SLOT": cfg.name,
-        }
-        env_file = str(Path(c.env["WALCAST_STACK_DIR"]) / "walcast.env")
-        for name, svc, prefix in (
-            ("verify_opensearch", "kafka2search-opensearch", "KAFKA2SEARCH_"),
-            ("verify_delta", "kafka2spark", "KAFKA2SPARK_"),
-        ):
-            module = svc.split("-")[0]
-            env = {**envs[svc], **{prefix + k: v for k, v in verify_env.items()}}
-            cmd = [py, "-m", f"services.{module}", "--env-file", env_file, "verify",
-                   "--table", f"{c.schema}.{TABLE}", "--json"]  # fmt: skip
-            wall, rss, out = measure(cmd, env)
-            (report,) = json.loads(out)["tables"]
-            results[name] = {"s": round(wall, 2), "rss_mb": round(rss),
-                             "rows_per_s": round(rows / wall), "report": report}  # fmt: skip
-        results["ratio_opensearch"] = round(
-            (results["copy"]["s"] + results["scroll"]["s"]) / results["verify_opensearch"]["s"], 3
-        )
-        results["ratio_delta"] = round(
-            (results["copy"]["s"] + results["delta_scan"]["s"]) / results["verify_delta"]["s"], 3
-        )
-        return results
+        return _measure(c, cfg, envs, t0, scale)
     finally:
         for s in c.services.values():
             s.stop()
@@ -173,24 +143,114 @@ def run(scale: int, keep: bool) -> dict[str, Any]:
             c.cleanup()
 
 
+def _measure(
+    c: Chaos, cfg: Config, envs: dict[str, dict[str, str]], t0: float, scale: int
+) -> dict[str, Any]:
+    """Once the sinks caught up: the baselines and both verifications, each timed."""
+    rows = int(c.sql(f"SELECT count(*) FROM {c.schema}.{TABLE}")[0][0])
+    alias = f"{cfg.name.replace('_', '-')}-opensearch-{TABLE}"
+    delta = c.delta / f"{c.schema}.{TABLE}"
+    print(f"[verify-bench] {rows} accounts; waiting for the sinks", flush=True)
+    _wait_caught_up(c, alias, delta, rows)
+    load_s = time.monotonic() - t0
+    print(f"[verify-bench] caught up after {load_s:.0f} s; measuring", flush=True)
+    py = sys.executable
+    me = str(Path(__file__).resolve())
+    results: dict[str, Any] = {"scale": scale, "rows": rows, "load_s": round(load_s, 1)}
+    for name, cmd in (
+        ("copy", [py, me, "_copy", c.dsn, c.schema]),
+        ("scroll", [py, me, "_scroll", c.url("opensearch"), alias]),
+        ("delta_scan", [py, me, "_delta", str(delta)]),
+    ):
+        wall, rss, _out = measure(cmd, {})
+        results[name] = {
+            "s": round(wall, 2),
+            "rss_mb": round(rss),
+            "rows_per_s": round(rows / wall),
+        }
+    verify_env = {
+        "VERIFY__POSTGRES__HOST": c.env["PG2KAFKA_POSTGRES__HOST"],
+        "VERIFY__POSTGRES__PORT": c.env["PG2KAFKA_POSTGRES__PORT"],
+        "VERIFY__POSTGRES__DATABASE": c.env["PG2KAFKA_POSTGRES__DATABASE"],
+        "VERIFY__POSTGRES__USER": c.env["PG2KAFKA_POSTGRES__USER"],
+        "VERIFY__POSTGRES__PASSWORD": c.env["PG2KAFKA_POSTGRES__PASSWORD"],
+        "VERIFY__SLOT": cfg.name,
+    }
+    env_file = str(Path(c.env["WALCAST_STACK_DIR"]) / "walcast.env")
+    for name, svc, prefix in (
+        ("verify_opensearch", "kafka2search-opensearch", "KAFKA2SEARCH_"),
+        ("verify_delta", "kafka2spark", "KAFKA2SPARK_"),
+    ):
+        module = svc.split("-")[0]
+        env = {**envs[svc], **{prefix + k: v for k, v in verify_env.items()}}
+        cmd = [py, "-m", f"services.{module}", "--env-file", env_file, "verify",
+               "--table", f"{c.schema}.{TABLE}", "--json"]  # fmt: skip
+        wall, rss, out = measure(cmd, env)
+        (report,) = json.loads(out)["tables"]
+        results[name] = {"s": round(wall, 2), "rss_mb": round(rss),
+                         "rows_per_s": round(rows / wall), "report": report}  # fmt: skip
+    results["ratio_opensearch"] = round(
+        (results["copy"]["s"] + results["scroll"]["s"]) / results["verify_opensearch"]["s"], 3
+    )
+    results["ratio_delta"] = round(
+        (results["copy"]["s"] + results["delta_scan"]["s"]) / results["verify_delta"]["s"], 3
+    )
+    return results
+
+
 def _wait_caught_up(c: Chaos, alias: str, delta: Path, rows: int, timeout_s: float = 3600) -> None:
     from deltalake import DeltaTable
 
     deadline = time.monotonic() + timeout_s
+    shown = time.monotonic()
     while True:
         c.http(c.url("opensearch"), f"/{alias}/_refresh", method="POST")
         count = (c.http(c.url("opensearch"), f"/{alias}/_count") or {}).get("count", 0)
         mirrored = 0
         if any((delta / "_delta_log").glob("*.json")):
             mirrored = DeltaTable(str(delta)).to_pyarrow_table(columns=["aid"]).num_rows
-        if count == rows and mirrored == rows:
+        lag = _lag(c, cfg_groups(c))
+        if count == rows and mirrored == rows and not lag:
             return
         dead = [s.name for s in c.services.values() if s.died()]
         if dead or time.monotonic() > deadline:
             raise RuntimeError(
-                f"sinks not caught up: index {count}, mirror {mirrored} of {rows}; exited: {dead}"
+                f"sinks not caught up: index {count}, mirror {mirrored} of {rows}, records"
+                f" not yet applied {lag}; exited: {dead}"
             )
-        time.sleep(2)
+        if time.monotonic() >= shown + 60:
+            shown = time.monotonic()
+            print(f"[verify-bench] index {count}, mirror {mirrored}; behind: {lag}", flush=True)
+        time.sleep(5)
+
+
+def cfg_groups(c: Chaos) -> list[str]:
+    """The consumer groups of the two sinks measured."""
+    name = c.cfg.name.replace("_", "-")
+    return [f"{name}-opensearch", f"{name}-spark"]
+
+
+def _lag(c: Chaos, groups: list[str]) -> dict[str, int]:
+    """Records not yet applied, per group with any (committed offsets behind the ends)."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    out: dict[str, int] = {}
+    boot = c.env["PG2KAFKA_KAFKA__BOOTSTRAP_SERVERS"]
+    for group in groups:
+        consumer = Consumer({"bootstrap.servers": boot, "group.id": group,
+                             "enable.auto.commit": False})  # fmt: skip
+        try:
+            meta = consumer.list_topics(c.topic, timeout=10).topics[c.topic]
+            parts = [TopicPartition(c.topic, p) for p in meta.partitions]
+            behind = 0
+            for tp in consumer.committed(parts, timeout=10):
+                _low, high = consumer.get_watermark_offsets(tp, timeout=10)
+                behind += high - max(tp.offset, 0)
+            if behind:
+                out[group] = behind
+        finally:
+            consumer.close()
+    return out
 
 
 def print_table(r: dict[str, Any]) -> None:
@@ -224,10 +284,14 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--scale", type=int, default=100)
     p.add_argument("--keep", action="store_true", help="keep the schema, indices and Delta")
+    p.add_argument("--reuse", help="measure again on a kept run (its name, vb_<pid>)")
+    p.add_argument("--work", type=Path, help="the kept run's work directory (with --reuse)")
     p.add_argument("--json", type=Path, default=REPO / "bench" / "results" / "verify.json")
     args = p.parse_args(argv)
     stack_env()  # fails early without the local stack
-    results = run(args.scale, args.keep)
+    if args.reuse and args.work is None:
+        p.error("--reuse needs --work, the kept run's directory")
+    results = run(args.scale, args.keep or bool(args.reuse), args.reuse, args.work)
     print_table(results)
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(results, indent=2))

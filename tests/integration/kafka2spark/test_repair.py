@@ -16,7 +16,7 @@ import psycopg
 from deltalake import DeltaTable
 
 from services.kafka2spark.settings import Kafka2SparkSettings
-from services.kafka2spark.verify import repair, verify
+from services.kafka2spark.verify import repair
 from services.pg2kafka import admin
 from shared.settings import VerifySettings
 from tests.integration.conftest import Harness, HarnessFactory
@@ -119,8 +119,6 @@ def test_kafka2spark_repair_mends_each_difference_while_rows_change(
         wait_for(
             lambda: mirror_rows(path) == table_rows(h, schema), "the mirror equals the table", 300
         )
-        (again,) = verify(settings, [(schema, "t")])
-        assert again.ok, again.as_dict()
     finally:
         stop.set()
         streaming.stop()
