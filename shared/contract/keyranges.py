@@ -77,11 +77,7 @@ def parse(obj: Any) -> KeyRanges:
         if type(r) is not list or len(r) != 2:
             raise ValueError("a key range is not a [lower, upper] pair")
         lower, upper = (_bound(b, len(columns)) for b in r)
-        if lower is not None and upper is not None and _order(lower) >= _order(upper):
-            raise ValueError(
-                f"an empty key range: lower {list(lower)} not below upper {list(upper)}"
-            )
-        out.append((lower, upper))
+        out.append((lower, upper))  # lower >= upper: an empty range, which selects nothing
     return KeyRanges(tuple(columns), tuple(out))
 
 
@@ -99,10 +95,6 @@ def _bound(b: Any, width: int) -> Bound | None:
                 f"key value {str(v)[:60]!r} is neither an integer nor a UUID's canonical text"
             )
     return tuple(b)
-
-
-def _order(bound: Bound) -> tuple[tuple[int, int | str], ...]:
-    return tuple((0, v) if type(v) is int else (1, v) for v in bound)
 
 
 __all__ = ["MAX_RANGES", "Bound", "KeyRanges", "KeyRangesJson", "KeyValue", "parse"]

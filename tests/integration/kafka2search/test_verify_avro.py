@@ -6,12 +6,21 @@ marker travels in Avro too — brings it back."""
 
 from __future__ import annotations
 
+import pytest
+
 from services.kafka2search.verify import repair, verify
 from tests.integration.conftest import HarnessFactory
 from tests.integration.kafka2search.conftest import IndexerFactory
 from tests.schema_registry import running
 
 ROWS = 300
+
+
+@pytest.fixture
+def engine_kind() -> str:
+    """OpenSearch: finding markers is the engines' same Kafka code (the engines' requests
+    run on both in test_verify.py and test_repair.py)."""
+    return "opensearch"
 
 
 def test_verify_and_repair_read_their_markers_in_avro(
