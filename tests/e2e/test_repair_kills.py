@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -18,7 +19,14 @@ import pytest
 
 from services.pg2kafka import admin
 from tests.e2e.conftest import Proc, wait_until
-from tests.e2e.test_snapshot_kills import EXIT, Stream, engine_docs, no_unhandled_errors, sql
+from tests.e2e.test_snapshot_kills import (
+    EXIT,
+    Stream,
+    engine_docs,
+    no_unhandled_errors,
+    sql,
+    topic_events,
+)
 from tests.integration.conftest import difference, env_file  # noqa: F401 - fixture
 from tests.integration.kafka2search.conftest import (  # noqa: F401 - fixtures
     IndexerFactory,
@@ -65,9 +73,21 @@ def test_a_repair_killed_at_every_chunk_boundary_ends_with_the_index_equal(
         sql(s.dsn, f"INSERT INTO {t} SELECT g, g FROM generate_series(1, {ROWS}) g")
         admin.init(s.settings)
         p = s.start()
+        bootstrap = s.settings.kafka.bootstrap_servers
+        wait_until(lambda: len(topic_events(bootstrap, s.topic)) >= ROWS,
+                   f"the initial snapshot in Kafka\n{p.tail()}", 180)  # fmt: skip
         ix = make_indexer(s.topic).start()
         url, alias = ix.settings.engine.urls[0], ix.alias("items", s.schema)
-        wait_until(lambda: engine_docs(url, alias) == table(), "the index caught up", 180)
+
+        def docs() -> dict[str, dict[str, Any]]:
+            try:
+                return engine_docs(url, alias)
+            except urllib.error.HTTPError as exc:
+                if exc.code == 404:
+                    return {}  # the index is not made yet
+                raise
+
+        wait_until(lambda: docs() == table(), "the index caught up", 180)
 
         # Behind walcast's back: documents deleted and added, rows changed with the slot
         # moved past them.
@@ -80,7 +100,7 @@ def test_a_repair_killed_at_every_chunk_boundary_ends_with_the_index_equal(
         sql(s.dsn, f"DELETE FROM {t} WHERE id BETWEEN 200 AND 205")
         sql(s.dsn, "SELECT pg_replication_slot_advance(%s, pg_current_wal_lsn())",
             [s.settings.replication.slot])  # fmt: skip
-        assert engine_docs(url, alias) != table()
+        assert docs() != table()
 
         # The request `repair` files for that damage: ranges around each difference.
         ranges = [[[9], [40]], [[99], [130]], [[199], [205]], [[ROWS], None]]
@@ -113,7 +133,7 @@ def test_a_repair_killed_at_every_chunk_boundary_ends_with_the_index_equal(
 
         s.start()
         deadline = time.monotonic() + 180
-        while (got := engine_docs(url, alias)) != (want := table()) and time.monotonic() < deadline:
+        while (got := docs()) != (want := table()) and time.monotonic() < deadline:
             time.sleep(1)
         assert difference(want, got) == ([], [], []), (kills, restarts)
         no_unhandled_errors(s)
