@@ -18,7 +18,7 @@ import json
 import threading
 import uuid
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 from services.kafka2search.engines import SearchEngine, engine_for
 from services.kafka2search.indices import quote_id
@@ -32,7 +32,13 @@ from shared.verify.core import KeyRange, SinkRow, Summary, VerifyTarget
 from shared.verify.marks import GroupMarks
 from shared.verify.repair import RepairReport
 from shared.verify.run import TableReport
-from shared.verify.wiring import KeyShape, repair_once, verify_continuously, verify_once
+from shared.verify.wiring import (
+    KeyShape,
+    MakeTarget,
+    repair_once,
+    verify_continuously,
+    verify_once,
+)
 
 RANGES_PER_REQUEST = 200
 PAGE = 5000
@@ -142,22 +148,32 @@ def indexed_tables(settings: Kafka2SearchSettings, engine: SearchEngine) -> list
     return sorted(out)
 
 
+R = TypeVar("R")
+
+
+def _on_engine(
+    settings: Kafka2SearchSettings,
+    tables: Sequence[tuple[str, str]],
+    run: Callable[[MakeTarget, list[tuple[str, str]]], R],
+) -> R:
+    """``run`` with the engine's targets and the tables (every indexed one when none is
+    named), the engine closed after."""
+    engine = engine_for(settings.engine)
+    try:
+        chosen = list(tables) or indexed_tables(settings, engine)
+        return run(lambda db, key_shape: SearchTarget(settings, engine, db, key_shape), chosen)
+    finally:
+        engine.close()
+
+
 def verify(
     settings: Kafka2SearchSettings,
     tables: Sequence[tuple[str, str]],
     progress: Callable[[TableReport], None] | None = None,
 ) -> list[TableReport]:
     """Compare each table (all the service's indices when none is named) with Postgres."""
-    engine = engine_for(settings.engine)
-    try:
-        chosen = list(tables) or indexed_tables(settings, engine)
-        return verify_once(
-            settings.verify, "kafka2search",
-            lambda db, key_shape: SearchTarget(settings, engine, db, key_shape),
-            chosen, progress,
-        )  # fmt: skip
-    finally:
-        engine.close()
+    return _on_engine(settings, tables, lambda make, chosen: verify_once(
+        settings.verify, "kafka2search", make, chosen, progress))  # fmt: skip
 
 
 def repair(
@@ -167,16 +183,8 @@ def repair(
 ) -> list[RepairReport]:
     """Verify each table (all the service's indices when none is named) and repair what
     differs."""
-    engine = engine_for(settings.engine)
-    try:
-        chosen = list(tables) or indexed_tables(settings, engine)
-        return repair_once(
-            settings.verify, "kafka2search",
-            lambda db, key_shape: SearchTarget(settings, engine, db, key_shape),
-            chosen, progress,
-        )  # fmt: skip
-    finally:
-        engine.close()
+    return _on_engine(settings, tables, lambda make, chosen: repair_once(
+        settings.verify, "kafka2search", make, chosen, progress))  # fmt: skip
 
 
 VERIFY_INDEX = "walcast-kafka2search-verify"
