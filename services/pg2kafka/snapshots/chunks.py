@@ -18,6 +18,7 @@ from services.pg2kafka.changes import EventBuilder
 from services.pg2kafka.filters import TableFilter
 from services.pg2kafka.types import TypeRegistry
 from shared.contract.event import EVENT_VERSION, SnapshotInfo
+from shared.contract.keyranges import KeyRangesJson
 from shared.contract.rowhash import row_hash_sql
 
 log = logging.getLogger(__name__)
@@ -173,6 +174,59 @@ def plan_chunks(spec: TableSpec, chunk_pages: int) -> list[Bounds]:
             first += chunk_pages
         chunks.append((oid, first, None, None, None, "[)"))
     return chunks
+
+
+def key_ranges(
+    conn: psycopg.Connection[Any],
+    spec: TableSpec,
+    chunk_rows: int,
+    within: tuple[list[str] | None, list[str] | None] = (None, None),
+) -> list[Bounds]:
+    """Chunks of ``chunk_rows`` keys: the boundaries from one ordered pass over the key
+    (an index-only scan of the primary key), first and last range open. ``within``: only
+    the keys lower < key <= upper (a snapshot of key ranges; None: unbounded), the first
+    chunk excluding ``lower`` and the last including ``upper``."""
+    keys = [sql.Identifier(c.name) for c in spec.relation.columns if c.is_key]
+    listed = sql.SQL(", ").join(keys)
+    texts = sql.SQL(", ").join(sql.SQL("{}::text").format(k) for k in keys)
+    lo, hi = within
+    query = sql.SQL(
+        "SELECT json_build_array({texts}) FROM (SELECT {keys}, row_number() OVER"
+        " (ORDER BY {keys}) AS walcast_rn FROM {table} WHERE {where}) s"
+        " WHERE walcast_rn % {n} = 0 ORDER BY {keys}"
+    ).format(
+        texts=texts,
+        keys=listed,
+        table=sql.Identifier(spec.schema, spec.name),
+        where=key_where(conn, spec.relation, lo, hi, "(]"),
+        n=sql.Literal(chunk_rows),
+    )
+    cuts = [list(r[0]) for r in conn.execute(query).fetchall()]
+    out: list[Bounds] = []
+    lower: list[str] | None = lo
+    for n, upper in enumerate([*cuts, hi]):
+        first, last = n == 0, n == len(cuts)
+        bounds = ("(" if first and lo is not None else "[") + (
+            "]" if last and hi is not None else ")"
+        )
+        out.append((None, None, None, lower, upper, bounds))
+        lower = upper
+    return out
+
+
+def ranged_chunks(
+    conn: psycopg.Connection[Any], spec: TableSpec, chunk_rows: int, ranges: KeyRangesJson
+) -> list[Bounds]:
+    """The chunks of a snapshot of key ranges: each range's keys in chunks of
+    ``chunk_rows`` (V021; ``ranges`` as shared/contract/keyranges.py shapes them)."""
+    out: list[Bounds] = []
+    for lower, upper in ranges["ranges"]:
+        within = (
+            None if lower is None else [str(v) for v in lower],
+            None if upper is None else [str(v) for v in upper],
+        )
+        out.extend(key_ranges(conn, spec, chunk_rows, within))
+    return out
 
 
 def pg_json_table(rel: pg.Relation, types: TypeRegistry) -> bool:
