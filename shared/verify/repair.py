@@ -30,7 +30,7 @@ from typing import Any, Protocol
 
 from shared.errors import PermanentError, RetriableError
 from shared.verify.core import Key, KeyRange
-from shared.verify.run import SAMPLE, TableReport, Verifier, _plain
+from shared.verify.run import SAMPLE, TableReport, Verifier, shown_key
 
 log = logging.getLogger(__name__)
 
@@ -77,16 +77,12 @@ class RepairReport:
             "ranges_read_again": self.ranges,
             "attempts": self.attempts,
             "repaired": {
-                kind: {"count": len(keys), "sample": [_key(k) for k in keys[:SAMPLE]]}
+                kind: {"count": len(keys), "sample": [shown_key(k) for k in keys[:SAMPLE]]}
                 for kind, keys in self.repaired.items()
             },
             "after": None if self.after is None else self.after.as_dict(),
             "elapsed_s": round(self.elapsed_s, 3),
         }
-
-
-def _key(key: Key) -> Any:
-    return list(map(_plain, key)) if len(key) > 1 else _plain(key[0])
 
 
 def kinds(report: TableReport) -> dict[str, list[Key]]:

@@ -66,7 +66,7 @@ class TableReport:
 
     def as_dict(self) -> dict[str, Any]:
         def sample(keys: list[Key]) -> list[Any]:
-            return [list(map(_plain, k)) if len(k) > 1 else _plain(k[0]) for k in keys[:SAMPLE]]
+            return [shown_key(k) for k in keys[:SAMPLE]]
 
         return {
             "table": ".".join(self.table),
@@ -88,6 +88,11 @@ class TableReport:
             "elapsed_s": round(self.elapsed_s, 3),
             "rows_per_s": round(self.rows / self.elapsed_s, 1) if self.elapsed_s > 0 else None,
         }
+
+
+def shown_key(key: Key) -> Any:
+    """A key as reports show it: its value, or a list of them for a composite key."""
+    return list(map(_plain, key)) if len(key) > 1 else _plain(key[0])
 
 
 def _plain(v: object) -> Any:

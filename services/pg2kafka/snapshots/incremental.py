@@ -29,6 +29,10 @@ window, is read again.
 
 A chunk's version is above the table's last truncate or re-creation the stream saw
 (``floor``): sinks keep only what is newer than a truncate.
+
+(A little over 600 lines: the watermark protocol above is one state machine — the
+session-thread hooks and the reader threads share its windows under one lock — and reads
+best in one file; chunk planning lives in ``chunks.py``.)
 """
 
 from __future__ import annotations
