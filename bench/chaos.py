@@ -481,7 +481,7 @@ class Chaos:
             {
                 "size": 5000,
                 "sort": ["_doc"],
-                "_source": {"excludes": ["_walcast_hash", "_walcast_xid"]},
+                "_source": {"excludes": ["_walcast_hash", "_walcast_xid", "_walcast_body"]},
             },
         )
         while page["hits"]["hits"]:

@@ -22,6 +22,8 @@ from pathlib import Path
 from types import FrameType
 from typing import Any, TypeVar
 
+from pydantic import BaseModel
+
 from shared.errors import (
     ConfigError,
     RetriesExhaustedError,
@@ -159,6 +161,22 @@ def add_verify_commands(sub: Any, holds: str, every: str) -> None:
             help=f"a table to {name} (repeatable); none: {every}",
         )  # fmt: skip
         p.add_argument("--json", action="store_true", help="one JSON report on standard output")
+        p.add_argument(
+            "--values", action="store_true",
+            help="also check that every row's values are those the service wrote (sees an"
+                 " edit made inside the sink; reads every row of the sink): verify.values",
+        )  # fmt: skip
+
+
+SettingsT = TypeVar("SettingsT", bound=BaseModel)
+
+
+def with_values(settings: SettingsT, values: bool) -> SettingsT:
+    """``settings`` with ``verify.values`` on when ``--values`` was given."""
+    if not values:
+        return settings
+    verify = settings.verify.model_copy(update={"values": True})  # type: ignore[attr-defined]
+    return settings.model_copy(update={"verify": verify})
 
 
 def print_verify(reports: list[TableReport], as_json: bool) -> int:

@@ -142,6 +142,11 @@ class VerifySettings(Section):
     """Inside `run`: every this many seconds, the next table in rotation is verified,
     its outcome in the metrics (`walcast_verify_*`) and in `status`; 0: off (the command
     `verify` only)."""
+    values: bool = False
+    """Also check that each row's values are those the service wrote, which sees a value
+    changed inside the sink by another writer (the row's hash stays as written): reads
+    every row of the sink (OpenSearch / Elasticsearch: each document's `_source`; Delta:
+    only what the table's log says another writer changed). Off: the hashes only."""
     repair_attempts: int = Field(default=3, ge=1, le=20)
     """`repair`: how many times the key ranges still different after a repair are read
     again (a key the sink holds at a version newer than the read's waits for a later

@@ -23,6 +23,7 @@ from shared.cli import (
     run_command,
     say,
     split_table,
+    with_values,
 )
 from shared.service import serve
 
@@ -78,9 +79,11 @@ def main(argv: list[str] | None = None) -> int:
                 " replay or re-snapshot to fill it"
             )
         elif args.command == "verify":
-            return print_verify(verify(settings, [split_table(t) for t in args.table]), args.json)
+            tables = [split_table(t) for t in args.table]
+            return print_verify(verify(with_values(settings, args.values), tables), args.json)
         elif args.command == "repair":
-            reports = repair(settings, [split_table(t) for t in args.table], say)
+            tables = [split_table(t) for t in args.table]
+            reports = repair(with_values(settings, args.values), tables, say)
             return print_repair(reports, args.json)
         elif args.command == "replay":
             n = admin.replay(

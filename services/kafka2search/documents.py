@@ -35,8 +35,9 @@ import msgspec
 import orjson
 
 from services.kafka2search.mapping import document_id
+from services.kafka2search.stamps import stamped
 from shared.contract import limits
-from shared.contract.event import ROW_HASH, ROW_XID, EventDecodeError, EventView
+from shared.contract.event import EventDecodeError, EventView
 from shared.interfaces import Origin, Rejection
 
 
@@ -246,25 +247,6 @@ def encode_sources(docs: list[Doc]) -> tuple[list[Doc], list[Rejection]]:
     return ok, refused
 
 
-_OPEN = ord("{")
-
-
-def _fields_first(row: bytes | msgspec.Raw, fields: bytes) -> list[bytes | memoryview]:
-    """The row's JSON object with ``fields`` (``"a":1,"b":2`` and a comma) first, as
-    parts to join: the row itself is not copied. A row whose first member is not right
-    after its brace (an empty object, whitespace) is rebuilt."""
-    view = memoryview(row)
-    if len(view) > 2 and view[0] == _OPEN and view[1] == _QUOTE:
-        return [b"{", fields, view[1:]]
-    inner = bytes(view).strip()[1:].lstrip()
-    if inner[:1] == b"}":  # an empty row: no comma after the fields
-        return [b"{", fields[:-1], b"}"]
-    return [b"{", fields, inner]
-
-
-_QUOTE = ord('"')
-
-
 def bulk_body(docs: list[Doc]) -> bytes:
     """NDJSON for the engine's bulk API: external versioning by the change's version (its
     LSN, after the source's epoch: :meth:`EventView.version`), so an older or
@@ -297,22 +279,6 @@ def bulk_body(docs: list[Doc]) -> bytes:
             append(line)
             append(b"\n")
             continue
-        raw = bytes(line)
-        h = d.row_hash
-        if raw[1:2] == b'"':  # '{"': the row's first member follows the fields, written
-            # out (this runs per document: one format, one copy of the row)
-            if h is None:
-                append(b'{"_walcast_xid":%d,%b\n' % (d.xid, raw[1:]))
-            else:
-                append(b'{"_walcast_hash":%d,"_walcast_xid":%d,%b\n' % (h, d.xid, raw[1:]))
-            continue
-        fields = b'"%b":%d,' % (_XID, d.xid)
-        if h is not None:
-            fields = b'"%b":%d,' % (_HASH, h) + fields
-        parts.extend(_fields_first(raw, fields))
+        parts.extend(stamped(line, d.row_hash, d.xid))
         append(b"\n")
     return b"".join(parts)
-
-
-_HASH, _XID = ROW_HASH.encode(), ROW_XID.encode()
-assert (_HASH, _XID) == (b"_walcast_hash", b"_walcast_xid")  # written out in bulk_body

@@ -13,12 +13,17 @@ decides what is worth retrying (429, 5xx, connection errors).
 from __future__ import annotations
 
 import base64
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any, NamedTuple, Protocol
 
 import orjson
 
+from services.kafka2search.mapping import ROW_BODY
 from services.kafka2search.settings import EngineSettings, IndexSettings
-from shared.contract.event import UNFILLED
+from services.kafka2search.stamps import stamped
+from shared.contract.event import ROW_HASH, ROW_XID, UNFILLED
 from shared.errors import PermanentError, RetriableError, Verdict, http_status_verdict
 
 
@@ -44,6 +49,11 @@ class SearchEngine(Protocol):
         params: dict[str, Any] | None = None,
         headers: dict[str, str] | None = None,
     ) -> Any: ...
+
+    def request_raw(self, method: str, path: str, body: Any = None) -> bytes:
+        """:meth:`request`, its answer's body as the engine sent it (unparsed): what a
+        document's ``_source`` is byte for byte (:mod:`services.kafka2search.stamps`)."""
+        ...
 
     def bulk(self, ndjson: bytes, *, require_alias: bool = True) -> list[dict[str, Any]] | None:
         """The items' results, or None when every action succeeded. ``require_alias``:
@@ -138,6 +148,15 @@ class HttpSearchEngine(SearchEngine):
         return self.client.transport.perform_request(
             method, path, params=params or None, body=body, headers=headers
         )
+
+    def request_raw(self, method: str, path: str, body: Any = None) -> bytes:
+        with _unparsed():
+            answer = self.request(method, path, body=body)
+        if isinstance(answer, str):
+            return answer.encode()
+        if not isinstance(answer, bytes):
+            raise RetriableError(f"{self.name} answered {method} {path} with no body")
+        return answer
 
     # -- documents ---------------------------------------------------------------------
 
@@ -311,7 +330,7 @@ class HttpSearchEngine(SearchEngine):
                         b'{"index":{"_index":%b,"_id":%b,"version":%d,"version_type":'
                         b'"external_gte"}}\n%b\n'
                         % (index_json, orjson.dumps(doc["_id"]), int(doc["_version"]),
-                           orjson.dumps(source))
+                           restamped(source))
                     )  # fmt: skip
                     if lines and size + len(line) > max_bytes:
                         changed += self._count_written(
@@ -471,16 +490,33 @@ def _tls_options(s: EngineSettings) -> dict[str, Any]:
     return opts
 
 
+_RAW = threading.local()
+
+
+@contextmanager
+def _unparsed() -> Iterator[None]:
+    """Answers received by this thread meanwhile are left as the engine sent them (the
+    clients parse every answer, and take no option against it)."""
+    _RAW.on = True
+    try:
+        yield
+    finally:
+        _RAW.on = False
+
+
 def _orjson_serializer(base: type[Any], error: type[Exception]) -> Any:
-    """The client's JSON serializer with orjson parsing answers: the stdlib parser took
-    as long as the rest of a bulk round trip on our side."""
+    """The client's JSON serializer with orjson parsing answers (the stdlib parser took
+    as long as the rest of a bulk round trip on our side), or not parsing them at all
+    inside :func:`_unparsed`."""
 
     class OrjsonSerializer(base):  # type: ignore[misc]
-        def loads(self, s: str | bytes) -> Any:
+        def loads(self, s: str | bytes, *args: Any) -> Any:
+            if getattr(_RAW, "on", False):
+                return s
             try:
                 return orjson.loads(s)
             except orjson.JSONDecodeError as exc:
-                raise error(s, exc) from exc
+                raise error(f"the engine's answer is not JSON: {exc}") from exc
 
     return OrjsonSerializer()
 
@@ -510,6 +546,7 @@ class ElasticsearchEngine(HttpSearchEngine):
 
     def __init__(self, settings: EngineSettings) -> None:
         from elasticsearch import Elasticsearch
+        from elasticsearch.exceptions import SerializationError
         from elasticsearch.serializer import OrjsonSerializer
 
         opts: dict[str, Any] = {
@@ -519,7 +556,7 @@ class ElasticsearchEngine(HttpSearchEngine):
             "retry_on_timeout": False,
             # The client parses answers with orjson (the stdlib parser took as long as the
             # rest of a bulk round trip on our side); the compatibility type follows.
-            "serializer": OrjsonSerializer(),
+            "serializer": _orjson_serializer(OrjsonSerializer, SerializationError),
         }
         opts.update(_tls_options(settings))  # the scheme is in the URLs (no use_ssl)
         if settings.username is not None and settings.password is not None:
@@ -568,3 +605,16 @@ def engine_for(settings: EngineSettings) -> SearchEngine:
 
 def dumps(value: Any) -> bytes:
     return orjson.dumps(value)
+
+
+def restamped(source: dict[str, Any]) -> bytes:
+    """A document's source rewritten by walcast (a column renamed or dropped), with its
+    verify fields taken out and stamped anew (:mod:`services.kafka2search.stamps`): the
+    rewrite is walcast's own, not another writer's."""
+    row_hash = source.pop(ROW_HASH, None)
+    xid = source.pop(ROW_XID, None)
+    source.pop(ROW_BODY, None)
+    if not isinstance(xid, int):
+        return orjson.dumps(source)
+    known = row_hash if isinstance(row_hash, int) else None
+    return b"".join(stamped(orjson.dumps(source), known, xid))

@@ -44,9 +44,15 @@ def field_mapping(pg_type: str) -> Mapping[str, Any]:
     return pgtypes.search_mapping(pg_type)
 
 
+ROW_BODY = "_walcast_body"
+"""The CRC-32 of the rest of the document as kafka2search wrote it
+(:mod:`services.kafka2search.stamps`): read from ``_source`` only, so neither indexed nor
+kept as doc values."""
+
 VERIFY_FIELDS: dict[str, Mapping[str, Any]] = {
     ROW_HASH: {"type": "long"},
     ROW_XID: {"type": "long"},
+    ROW_BODY: {"type": "long", "index": False, "doc_values": False},
 }
 """The fields ``verify`` aggregates and reads (docs/design.md#verification), mapped in
 every index (added to an index made before them when it is opened)."""

@@ -5,8 +5,11 @@ document out of the engine.
 - A range's summary is one bucket of a ``filters`` aggregation — the range as a query on
   the key fields, with the sum and the count of ``_walcast_hash`` (doc values; the engine
   sums in doubles, exact for the at most 2^21 hashes of a range): many ranges per request.
-- A range's rows are its documents' key fields, hash and transaction as doc values
-  (``_source`` not read), paged by the key.
+- A range's rows are its documents' key fields, hash and transaction as doc values, paged
+  by the key, with each ``_source`` as the engine keeps it: its stamp says whether another
+  writer changed the document (:mod:`services.kafka2search.stamps`). With
+  ``verify.values`` every range is read so (a value edited through the engine's API
+  leaves the hash sums as they were).
 - A marker has been applied once the consumer group's committed offsets pass each of its
   copies (:class:`~shared.verify.marks.GroupMarks`; the loop commits past a control event
   right after writing what came before).
@@ -20,11 +23,14 @@ import uuid
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
+import msgspec
+
 from services.kafka2search.engines import SearchEngine, engine_for
 from services.kafka2search.indices import quote_id
 from services.kafka2search.key_ranges import range_query
 from services.kafka2search.mapping import alias_name
 from services.kafka2search.settings import Kafka2SearchSettings
+from services.kafka2search.stamps import body_intact
 from shared.avro import RegistryDecoder
 from shared.contract.event import ROW_HASH, ROW_XID
 from shared.verify.continuous import Continuous, VerifyMetrics
@@ -42,6 +48,29 @@ from shared.verify.wiring import (
 
 RANGES_PER_REQUEST = 200
 PAGE = 5000
+
+
+class _Hit(msgspec.Struct):
+    source: msgspec.Raw = msgspec.field(name="_source", default=msgspec.Raw(b"{}"))
+    fields: dict[str, list[Any]] = {}
+    sort: list[Any] = []
+
+
+class _Hits(msgspec.Struct):
+    hits: list[_Hit]
+
+
+class _Answer(msgspec.Struct):
+    hits: _Hits
+
+
+_ANSWER = msgspec.json.Decoder(_Answer)
+"""A search answer with each ``_source`` left as the bytes the engine sent."""
+
+
+def _summary(rows: Sequence[SinkRow]) -> Summary:
+    known = [r.hash for r in rows if r.hash is not None]
+    return Summary(len(rows), sum(known), len(rows) - len(known), sum(r.edited for r in rows))
 
 
 def _value(pg_type: str, v: Any) -> object:
@@ -83,6 +112,8 @@ class SearchTarget(VerifyTarget):
         alias = self._alias(table)
         if alias is None:
             return [Summary(0, 0) for _ in ranges]
+        if self.s.verify.values:  # every document read: its stamp checked
+            return [_summary(self._documents(alias, table, r)) for r in ranges]
         columns, _types = self.key_shape(table)
         out: list[Summary] = []
         for start in range(0, len(ranges), RANGES_PER_REQUEST):
@@ -103,28 +134,36 @@ class SearchTarget(VerifyTarget):
 
     def rows(self, table: tuple[str, str], rng: KeyRange) -> list[SinkRow]:
         alias = self._alias(table)
-        if alias is None:
-            return []
+        return [] if alias is None else self._documents(alias, table, rng)
+
+    def _documents(self, alias: str, table: tuple[str, str], rng: KeyRange) -> list[SinkRow]:
+        """A range's documents, paged by the key: the key fields, hash and transaction as
+        doc values, and ``_source`` as the engine keeps it, to see whether another writer
+        changed it (:func:`~services.kafka2search.stamps.body_intact`)."""
         columns, types = self.key_shape(table)
         body: dict[str, Any] = {
-            "size": PAGE, "_source": False, "query": range_query(columns, rng.lower, rng.upper),
+            "size": PAGE, "query": range_query(columns, rng.lower, rng.upper),
             "docvalue_fields": [*columns, ROW_HASH, ROW_XID],
             "sort": [{c: "asc"} for c in columns], "track_total_hits": False,
         }  # fmt: skip
         out: list[SinkRow] = []
         while True:
-            hits = self.engine.request("POST", f"/{alias}/_search", body=body)["hits"]["hits"]
+            raw = self.engine.request_raw("POST", f"/{alias}/_search", body=body)
+            hits = _ANSWER.decode(raw).hits.hits
             for h in hits:
-                f = h.get("fields", {})
+                f = h.fields
                 if not all(c in f for c in columns):
                     continue  # no key fields: not a row of the table's key (never ours)
                 key = tuple(_value(t, f[c][0]) for c, t in zip(columns, types, strict=True))
                 row_hash = f.get(ROW_HASH, [None])[0]
                 xid = f.get(ROW_XID, [0])[0]
-                out.append(SinkRow(key, None if row_hash is None else int(row_hash), int(xid)))
+                edited = body_intact(h.source) is False
+                out.append(
+                    SinkRow(key, None if row_hash is None else int(row_hash), int(xid), edited)
+                )
             if len(hits) < PAGE:
                 return out
-            body["search_after"] = hits[-1]["sort"]
+            body["search_after"] = hits[-1].sort
 
     def before_mark(self, tables: Sequence[tuple[str, str]]) -> None:
         self.group.before_mark()

@@ -19,6 +19,7 @@ from shared.cli import (
     run_command,
     say,
     split_table,
+    with_values,
 )
 from shared.errors import ConfigError
 from shared.service import serve
@@ -65,13 +66,15 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"  HELD {table}: {why['reason']} (since batch {why['batch_id']})")
             print_last_verified(info["verify"])
         elif args.command == "verify":
+            tables = [split_table(t) for t in args.table]
             from services.kafka2spark.verify import verify  # pyarrow, numpy: not for run
 
-            return print_verify(verify(settings, [split_table(t) for t in args.table]), args.json)
+            return print_verify(verify(with_values(settings, args.values), tables), args.json)
         elif args.command == "repair":
+            tables = [split_table(t) for t in args.table]
             from services.kafka2spark.verify import repair  # pyarrow, numpy: not for run
 
-            reports = repair(settings, [split_table(t) for t in args.table], say)
+            reports = repair(with_values(settings, args.values), tables, say)
             return print_repair(reports, args.json)
         elif args.command == "release":
             if not held.release(settings.delta.root, args.table):

@@ -92,11 +92,15 @@ def _show(key: Key) -> str:
 @dataclass(frozen=True)
 class Summary:
     """A range as one side holds it: rows, the sum of their hashes, and (a sink) how many
-    rows have no known hash (their sum is then of the others)."""
+    rows have no known hash (their sum is then of the others) and how many were changed
+    by another writer (when the sink can tell from a summary: ``verify --values``)."""
 
     rows: int
     hash_sum: int
     unknown: int = 0
+    # rows another writer changed inside the sink (a value edited through the engine's
+    # API, a Delta UPDATE): the hash the sink keeps no longer describes the row it holds
+    edited: int = 0
 
 
 @dataclass(frozen=True)
@@ -120,6 +124,9 @@ class SinkRow:
     key: Key
     hash: int | None  # None: unknown (an update that left a TOAST value out)
     xid: int  # the top-level transaction that wrote the version held; 0: a read row
+    # changed inside the sink by another writer since the sink service wrote it: its
+    # values are not the version's, whatever its hash says
+    edited: bool = False
 
 
 class Verdict(enum.Enum):
@@ -138,15 +145,15 @@ def judge(source: SourceRow | None, sink: SinkRow | None, snapshot: Snapshot) ->
         return Verdict.EQUAL
     if sink is None:
         return Verdict.MISSING
-    if source is not None and sink.hash is not None and sink.hash == source.hash:
+    if source is not None and sink.hash == source.hash and not sink.edited:
         return Verdict.EQUAL
     if not snapshot.sees(sink.xid):
         return Verdict.CHANGED
     if source is None:
         return Verdict.EXTRA
-    if sink.hash is None:
+    if sink.hash is None and not sink.edited:
         return Verdict.UNKNOWN
-    return Verdict.DIFFERS
+    return Verdict.DIFFERS  # another hash, or values another writer changed
 
 
 def judge_rows(
@@ -168,10 +175,10 @@ def _order(key: Key) -> tuple[tuple[int, int, str], ...]:
 
 def compare_ranges(source: Sequence[SourceRange], sink: Sequence[Summary]) -> list[SourceRange]:
     """The ranges whose summaries differ (rows looked at next): a different count or
-    hash sum, or sink rows of unknown hash."""
+    hash sum, sink rows of unknown hash or edited by another writer."""
     if len(source) != len(sink):
         raise ValueError(f"{len(source)} source ranges, {len(sink)} sink summaries")
-    return [s for s, t in zip(source, sink, strict=True) if t.unknown or s.summary != t]
+    return [s for s, t in zip(source, sink, strict=True) if t.unknown or t.edited or s.summary != t]
 
 
 class VerifySource(Protocol):

@@ -6,7 +6,7 @@ done. Each later round looks at the rows of the ranges still open — Postgres f
 a marker, the wait, the sink — and judges every key (:func:`~shared.verify.core.judge`).
 A key the sink holds at a version the read did not see is looked at again next round.
 Any other difference is reported only when the next round finds it again with the same
-evidence — the sink's version (hash and transaction) for a row that differs or is extra,
+evidence — the sink's version (hash, transaction, edited or not) for a row that differs or is extra,
 Postgres's row (hash and xmin) for a missing one, read by a snapshot that sees every
 transaction that existed at the previous sink read. What is left after the last round is
 reported as changing, never as a difference.
@@ -49,6 +49,8 @@ class TableReport:
     extra: list[Key] = field(default_factory=list)
     differs: list[Key] = field(default_factory=list)
     unknown: list[Key] = field(default_factory=list)  # sink hash unknown, row different or unread
+    # of ``differs``: rows another writer changed inside the sink (their hash as written)
+    edited: list[Key] = field(default_factory=list)
     changing: list[Key] = field(default_factory=list)  # still changing after the last round
     # Around each difference reported (missing, extra, differs, unknown), the narrowest
     # range holding it: from the key before it that either side held (excluded), to it
@@ -81,6 +83,7 @@ class TableReport:
                     ("missing", self.missing),
                     ("extra", self.extra),
                     ("differs", self.differs),
+                    ("edited_in_sink", self.edited),
                     ("unknown", self.unknown),
                     ("changing", self.changing),
                 )
@@ -173,6 +176,7 @@ class Verifier:
         # seen again with the same evidence before it is reported
         pending: dict[Key, tuple[Verdict, tuple[object, ...], int]] = {}
         final: dict[Key, Verdict] = {}
+        edited: dict[Key, bool] = {}  # key -> the sink's row was edited by another writer
         changing: set[Key] = set()
         for _ in range(self.plan.rounds):
             if not open_ranges:
@@ -210,7 +214,7 @@ class Verifier:
                         evidence: tuple[object, ...] = (src.hash, src.xmin)
                     else:
                         sink = theirs[key]
-                        evidence = (sink.hash, sink.xid)
+                        evidence = (sink.hash, sink.xid, sink.edited)
                     before = pending.get(key)
                     confirmed = before is not None and before[:2] == (verdict, evidence)
                     if confirmed and verdict is Verdict.MISSING:
@@ -223,12 +227,16 @@ class Verifier:
                     else:
                         seen[key] = (verdict, evidence, horizon)
                         again = True
+                    if key in theirs:
+                        edited[key] = theirs[key].edited
                 if again:
                     still.append(rng)
             pending = seen
             open_ranges = still
         changing |= set(pending)
         for key, verdict in final.items():
+            if verdict is Verdict.DIFFERS and edited.get(key):
+                report.edited.append(key)
             {
                 Verdict.MISSING: report.missing,
                 Verdict.EXTRA: report.extra,

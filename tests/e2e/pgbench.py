@@ -84,7 +84,7 @@ def index_rows(flow: Any, table: str) -> dict[str, dict[str, Any]]:
             {
                 "size": 5000,
                 "sort": ["_doc"],
-                "_source": {"excludes": ["_walcast_hash", "_walcast_xid"]},
+                "_source": {"excludes": ["_walcast_hash", "_walcast_xid", "_walcast_body"]},
             },
         )
     )

@@ -90,7 +90,7 @@ def docs(engine: SearchEngine, alias: str) -> dict[str, dict[str, Any]]:
     body = {
         "size": 10000,
         "sort": ["_doc"],
-        "_source": {"excludes": ["_walcast_hash", "_walcast_xid"]},
+        "_source": {"excludes": ["_walcast_hash", "_walcast_xid", "_walcast_body"]},
     }  # the row alone
     answer = engine.request("POST", f"/{alias}/_search", body=body,
                             params={"scroll": "1m"})  # fmt: skip

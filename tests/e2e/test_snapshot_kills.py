@@ -85,7 +85,7 @@ def engine_docs(url: str, alias: str) -> dict[str, dict[str, Any]]:
         {
             "size": 5000,
             "sort": ["_doc"],
-            "_source": {"excludes": ["_walcast_hash", "_walcast_xid"]},
+            "_source": {"excludes": ["_walcast_hash", "_walcast_xid", "_walcast_body"]},
         },
     )
     while page["hits"]["hits"]:

@@ -74,7 +74,7 @@ def search_rows(base: str, alias: str) -> dict[str, Any]:
 def _search(base: str, alias: str) -> dict[str, Any]:
     url = f"{base}/{urllib.parse.quote(alias, safe='')}/_search"
     body = json.dumps(
-        {"size": 100, "_source": {"excludes": ["_walcast_hash", "_walcast_xid"]}}
+        {"size": 100, "_source": {"excludes": ["_walcast_hash", "_walcast_xid", "_walcast_body"]}}
     ).encode()
     req = urllib.request.Request(  # noqa: S310
         url, data=body, headers={"content-type": "application/json"}, method="POST"

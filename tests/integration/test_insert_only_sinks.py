@@ -40,7 +40,7 @@ def documents(url: str, alias: str) -> list[dict[str, Any]]:
         {
             "size": 10000,
             "query": {"match_all": {}},
-            "_source": {"excludes": ["_walcast_hash", "_walcast_xid"]},
+            "_source": {"excludes": ["_walcast_hash", "_walcast_xid", "_walcast_body"]},
         },
     )
     return [h["_source"] for h in page["hits"]["hits"]]

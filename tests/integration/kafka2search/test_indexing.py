@@ -107,6 +107,7 @@ def test_ddl_and_truncate_follow_the_table(
     h.sql(f"ALTER TABLE {t} DROP COLUMN c")
     ix.wait(lambda: docs(t) == rows(t), "c gone from every document")
     assert not any("c" in d for d in ix.docs(t).values())
+    assert ix.broken_stamps(t) == []  # documents walcast rewrote are stamped anew
     # A second table: its index appears; dropping the table deletes it (on_drop_table).
     t2 = f"{t}_two"
     h.sql(f"CREATE TABLE {t2} (k text, n int, PRIMARY KEY (k, n))")

@@ -17,6 +17,7 @@ import psycopg
 import pytest
 
 from services.kafka2search.verify import repair, verify
+from shared.cli import with_values
 from tests.integration.conftest import Harness, HarnessFactory
 from tests.integration.kafka2search.conftest import Indexer, IndexerFactory
 from tests.integration.kafka2search.test_verify import ROWS, pipeline
@@ -44,6 +45,9 @@ def behind_walcasts_back(h: Harness, ix: Indexer, schema: str, alias: str) -> No
         "PUT", f"/{alias}/_doc/{ROWS + 50}", body={"id": ROWS + 50, "v": "intruder"},
         params={"refresh": "true"},
     )  # fmt: skip
+    ix.es.request(  # a value changed through the engine's API (seen with verify.values)
+        "POST", f"/{alias}/_update/11", body={"doc": {"v": "edited"}}, params={"refresh": "true"}
+    )
     h.stop()  # changes the slot is moved past: they never reach Kafka
     h.sql(f"UPDATE \"{schema}\".t SET v = 'bypassed' WHERE id = 9")
     h.sql(f'DELETE FROM "{schema}".t WHERE id = 300')
@@ -63,24 +67,25 @@ def test_each_difference_is_read_again_and_nothing_else_is_touched(
     behind_walcasts_back(h, ix, schema, alias)
     before = versions(ix, alias)
 
-    (report,) = repair(settings, [(schema, "t")])
+    (report,) = repair(with_values(settings, True), [(schema, "t")])
     d = report.as_dict()
     assert report.ok, d
     found = d["found"]
     assert (found["missing"]["sample"], found["extra"]["sample"], found["differs"]["sample"]) == (
-        [7], [300, ROWS + 50], [9]
+        [7], [300, ROWS + 50], [9, 11]
     ), found  # fmt: skip
+    assert found["edited_in_sink"]["sample"] == [11], found
     assert {k: v["sample"] for k, v in d["repaired"].items() if v["count"]} == {
-        "missing": [7], "extra": [300, ROWS + 50], "differs": [9]
+        "missing": [7], "extra": [300, ROWS + 50], "differs": [9, 11]
     }  # fmt: skip
     assert d["attempts"] == 1, json.dumps(d)
 
     ix.wait(lambda: index_rows(ix, schema) == table_rows(h, schema), "the index equals the table")
     after = versions(ix, alias)
     touched = {k for k in before.keys() & after.keys() if before[k] != after[k]}
-    assert touched == {"9"}, touched  # 7 came back; 300 and ROWS + 50 went
+    assert touched == {"9", "11"}, touched  # 7 came back; 300 and ROWS + 50 went
     assert set(after) == (set(before) | {"7"}) - {"300", str(ROWS + 50)}
-    (again,) = verify(settings, [(schema, "t")])
+    (again,) = verify(with_values(settings, True), [(schema, "t")])
     assert again.ok, again.as_dict()
     assert again.looked_into == 0
 

@@ -3,7 +3,8 @@ indexing, both engines): an index equal to its table is verified from range summ
 alone; while writers keep updating and inserting rows it reports no difference (rows
 changing are not differences); differences made behind walcast's back are each reported
 with their key — a document deleted (missing), one added (extra), a row updated in
-Postgres while the slot was moved past the update (differs)."""
+Postgres while the slot was moved past the update (differs), and, with ``--values``, a
+value changed inside the engine through its own API (differs, edited in the sink)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import psycopg
 from services.kafka2search.settings import Kafka2SearchSettings
 from services.kafka2search.verify import verify
 from services.pg2kafka import admin
+from shared.cli import with_values
 from tests.integration.conftest import Harness, HarnessFactory
 from tests.integration.kafka2search.conftest import Indexer, IndexerFactory
 
@@ -99,6 +101,14 @@ def test_each_difference_made_behind_walcasts_back_is_reported_with_its_key(
         "PUT", f"/{alias}/_doc/{ROWS + 50}", body={"id": ROWS + 50, "v": "intruder"},
         params={"refresh": "true"},
     )  # fmt: skip
+    # Values changed through the engine's API: the documents keep walcast's hash. One in a
+    # range that differs anyway (its rows are read: seen), one in a range that is equal
+    # by its hash sums (seen only when every document is read: verify.values).
+    for k in (11, 450):
+        ix.es.request(
+            "POST", f"/{alias}/_update/{k}", body={"doc": {"v": "edited"}},
+            params={"refresh": "true"},
+        )  # fmt: skip
     # A row updated with the slot moved past the update: the change never reaches Kafka.
     h.stop()
     h.sql(f"UPDATE \"{schema}\".t SET v = 'bypassed' WHERE id = 9")
@@ -112,5 +122,12 @@ def test_each_difference_made_behind_walcasts_back_is_reported_with_its_key(
     assert not report.ok
     assert d["missing"] == {"count": 1, "sample": [7]}, d
     assert d["extra"] == {"count": 1, "sample": [ROWS + 50]}, d
-    assert d["differs"] == {"count": 1, "sample": [9]}, d
+    assert d["differs"] == {"count": 2, "sample": [9, 11]}, d  # the hashes alone: no 450
+    assert d["edited_in_sink"] == {"count": 1, "sample": [11]}, d
     assert d["unknown"]["count"] == 0, d
+
+    (deep,) = verify(with_values(settings, True), [(schema, "t")])
+    d = deep.as_dict()
+    assert (d["missing"]["sample"], d["extra"]["sample"]) == ([7], [ROWS + 50]), d
+    assert d["differs"] == {"count": 3, "sample": [9, 11, 450]}, d
+    assert d["edited_in_sink"] == {"count": 2, "sample": [11, 450]}, d

@@ -38,6 +38,7 @@ def test_search_documents_hold_the_versions_hash_and_transaction(
             return out
 
         ix.wait(lambda: held() == WANT, f"the verify fields held: {WANT}")
+        assert ix.broken_stamps(T) == []  # fills and read rows stamped like the rest
         # aggregated by the engine, as verify asks
         answer = ix.es.request("POST", f"/{alias}/_search", body={
             "size": 0, "aggs": {"h": {"sum": {"field": "_walcast_hash"}},

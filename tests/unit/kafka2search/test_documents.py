@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import zlib
 from typing import Any
 
 import msgspec
@@ -9,6 +10,8 @@ import orjson
 import pytest
 
 from services.kafka2search.documents import Batch, Doc, Origin, bulk_body
+from services.kafka2search.mapping import ROW_BODY
+from services.kafka2search.stamps import body_intact
 from shared.contract import event as contract_event
 from shared.contract.event import ROW_HASH, ROW_XID, EventDecodeError, EventView, decode
 
@@ -361,8 +364,17 @@ def doc(
 
 
 def lines(body: bytes) -> list[Any]:
+    """The body's lines parsed; a document's stamp checked against the bytes that follow
+    it (tests/unit/kafka2search/test_stamps.py), then left out."""
     assert body.endswith(b"\n")
-    return [orjson.loads(line) for line in body[:-1].split(b"\n")]
+    out = []
+    for line in body[:-1].split(b"\n"):
+        parsed = orjson.loads(line)
+        if ROW_BODY in parsed:
+            assert body_intact(line) is True
+            del parsed[ROW_BODY]
+        out.append(parsed)
+    return out
 
 
 def test_bulk_body_index_and_delete_actions_with_external_versions() -> None:
@@ -431,7 +443,9 @@ def test_the_row_is_the_source_line_byte_for_byte() -> None:
     b = Batch()
     b.add(INDEX, decode(value), origin(value))
     body = bulk_body(list(b.docs.values()))
-    assert body.split(b"\n")[1] == b'{"_walcast_hash":4294967295,"_walcast_xid":77,' + row[1:]
+    crc = zlib.crc32(b"," + row[1:])  # the stamp: the CRC of what follows it
+    want = b'{"_walcast_hash":4294967295,"_walcast_xid":77,"_walcast_body":%d,' % crc + row[1:]
+    assert body.split(b"\n")[1] == want
 
 
 @pytest.mark.parametrize(

@@ -17,8 +17,10 @@ from services.kafka2search.documents import Batch, Doc, Origin
 from services.kafka2search.engines import Stored
 from services.kafka2search.indexer import Indexer
 from services.kafka2search.indices import IndexState
+from services.kafka2search.mapping import ROW_BODY
 from services.kafka2search.metrics import Metrics
 from services.kafka2search.settings import Kafka2SearchSettings
+from services.kafka2search.stamps import body_intact
 from shared.contract.event import ROW_HASH, ROW_XID, decode
 from shared.errors import RetriableError
 from shared.interfaces import Rejection
@@ -54,7 +56,8 @@ class FakeEngine(StrictEngine):
     def bulk(self, ndjson: bytes, *, require_alias: bool = True) -> list[dict[str, Any]] | None:
         self.log.append("bulk")
         assert ndjson.endswith(b"\n")
-        rows = [orjson.loads(line) for line in ndjson.splitlines()]
+        lines = ndjson.splitlines()
+        rows = [orjson.loads(line) for line in lines]
         actions: list[tuple[str, dict[str, Any], dict[str, Any] | None]] = []
         i = 0
         while i < len(rows):
@@ -62,10 +65,12 @@ class FakeEngine(StrictEngine):
             source = None
             if action == "index":
                 source = rows[i + 1]
+                # every document written is stamped, its stamp true to what follows it
+                assert body_intact(lines[i + 1]) is (True if ROW_XID in source else None)
                 # verify's fields apart: the tests here look at the row
                 # (tests/unit/kafka2search/test_documents.py looks at them)
                 self.verify_fields[meta["_id"]] = {
-                    k: source.pop(k) for k in (ROW_HASH, ROW_XID) if k in source
+                    k: source.pop(k) for k in (ROW_HASH, ROW_XID, ROW_BODY) if k in source
                 }
                 i += 1
             actions.append((action, meta, source))

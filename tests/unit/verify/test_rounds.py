@@ -88,6 +88,8 @@ class FakeTarget(VerifyTarget):
         self.rows_by_key = rows  # key -> (hash, xid)
         self.log = log
         self.rounds: list[dict[int, tuple[int | None, int]]] = []  # per later sink read
+        self.edited: set[int] = set()  # keys another writer changed inside the sink
+        self.edits_later: list[set[int]] = []  # per later sink read
 
     def before_mark(self, tables: Sequence[tuple[str, str]]) -> None:
         self.log.append("before mark")
@@ -98,29 +100,35 @@ class FakeTarget(VerifyTarget):
         self.log.append("applied")
         if self.rounds:
             self.rows_by_key = self.rounds.pop(0)
+        if self.edits_later:
+            self.edited = self.edits_later.pop(0)
 
     def summaries(self, table: tuple[str, str], ranges: Sequence[KeyRange]) -> list[Summary]:
         self.log.append("sink summaries")
         out = []
         for rng in ranges:
             held = [v for k, v in self.rows_by_key.items() if within(rng, (k,))]
+            edited = sum(1 for k in self.edited if k in self.rows_by_key and within(rng, (k,)))
             out.append(Summary(len(held), sum(h for h, _ in held if h is not None),
-                               sum(1 for h, _ in held if h is None)))  # fmt: skip
+                               sum(1 for h, _ in held if h is None), edited))  # fmt: skip
         return out
 
     def rows(self, table: tuple[str, str], rng: KeyRange) -> list[SinkRow]:
         self.log.append("sink rows")
         ahead = 1000 * self.source.round + 5  # in progress in this round's snapshot
-        return [SinkRow((k,), h, ahead if x == AHEAD else x)
+        return [SinkRow((k,), h, ahead if x == AHEAD else x, k in self.edited)
                 for k, (h, x) in sorted(self.rows_by_key.items()) if within(rng, (k,))]  # fmt: skip
 
 
 def verify(source: dict[int, int], sink: dict[int, tuple[int | None, int]],
            later: list[dict[int, tuple[int | None, int]]] | None = None, held_back: int = 0,
+           edited: set[int] | None = None, edits_later: list[set[int]] | None = None,
            ) -> tuple[dict[str, object], list[str]]:  # fmt: skip
     log: list[str] = []
     target = FakeTarget(sink, log)
     target.rounds = later or []
+    target.edited = edited or set()
+    target.edits_later = edits_later or []
     src = FakeSource(source, log)
     src.held_back = held_back
     target.source = src
@@ -206,3 +214,19 @@ def test_a_row_written_long_ago_is_judged_as_seen_not_as_changing() -> None:
     sink[17] = (9, old)
     report, _ = verify(ROWS, sink)
     assert report["differs"] == {"count": 1, "sample": [17]}, report
+
+
+def test_a_row_edited_inside_the_sink_differs_though_its_hash_is_the_sources() -> None:
+    """Another writer changed a value (an engine's _update, a Delta UPDATE): the hash the
+    sink keeps is still the source's, the values are not."""
+    report, _ = verify(ROWS, dict(HELD), edited={9})
+    assert report["ok"] is False
+    assert report["differs"] == {"count": 1, "sample": [9]}
+    assert report["edited_in_sink"] == {"count": 1, "sample": [9]}
+    assert report["ranges_looked_into"] == 2  # seen, then seen again
+
+
+def test_an_edit_the_sink_service_wrote_over_by_the_next_round_is_no_difference() -> None:
+    report, _ = verify(ROWS, dict(HELD), edited={9}, edits_later=[{9}, set()])
+    assert report["ok"] is True
+    assert report["edited_in_sink"]["count"] == 0

@@ -1,0 +1,74 @@
+"""What kafka2search writes into every document for ``verify``, in one place
+(docs/design.md#verification, "What a sink stores"), and how a document changed by another
+writer is recognised.
+
+A document's ``_source`` starts with walcast's fields, in this order and this form::
+
+    {"_walcast_hash":<hash>,"_walcast_xid":<xid>,"_walcast_body":<crc>,<the row's members>}
+
+``_walcast_hash`` is absent when the row hash is unknown. ``_walcast_body`` is the CRC-32
+of everything after it (from the comma on, or the closing brace of an empty row). The
+engines keep a ``_source`` byte for byte as it was sent and give it back so; any other
+writer of the document — an ``_update``, a document indexed again by hand, an update by
+query — has the engine serialise the source anew, so the bytes after the stamp change
+(the stamp itself is either kept, with a CRC that no longer matches, or gone). That is
+what :func:`body_intact` checks: a value changed inside the sink, which leaves the row
+hash as it was, is seen without knowing anything about the value.
+"""
+
+from __future__ import annotations
+
+import re
+import zlib
+
+import msgspec
+
+from services.kafka2search.mapping import ROW_BODY
+from shared.contract.event import ROW_HASH, ROW_XID
+
+_OPEN = ord("{")
+_QUOTE = ord('"')
+_COMMA_CRC = zlib.crc32(b",")
+
+_STAMP = re.compile(
+    rb'\{(?:"%b":\d+,)?"%b":\d+,"%b":(\d+)'
+    % (re.escape(ROW_HASH.encode()), re.escape(ROW_XID.encode()), re.escape(ROW_BODY.encode()))
+)
+_BODY_NAME = b'"%b"' % ROW_BODY.encode()
+
+
+def stamped(
+    row: bytes | memoryview | msgspec.Raw, row_hash: int | None, xid: int
+) -> list[bytes | memoryview]:
+    """The row's JSON object (its ``_source``, walcast's fields not in it) with the
+    stamp first, as parts to join. A row whose first member follows its brace is not
+    copied; one that does not (an empty object, whitespace) is rebuilt."""
+    view = memoryview(row)
+    if len(view) > 2 and view[0] == _OPEN and view[1] == _QUOTE:
+        rest: bytes | memoryview = view[1:]
+        crc = zlib.crc32(rest, _COMMA_CRC)
+        comma = True
+    else:
+        inner = bytes(view).strip()[1:].lstrip()
+        if inner[:1] == b"}":  # an empty row: the stamp closes it
+            rest, comma = b"}", False
+        else:
+            rest, comma = inner, True
+        crc = zlib.crc32(rest, _COMMA_CRC) if comma else zlib.crc32(rest)
+    head = b"{" if row_hash is None else b'{"_walcast_hash":%d,' % row_hash
+    stamp = b'%b"_walcast_xid":%d,"_walcast_body":%d%b' % (head, xid, crc, b"," if comma else b"")
+    return [stamp, rest]
+
+
+def body_intact(source: bytes | memoryview) -> bool | None:
+    """Whether a document's ``_source`` (its bytes as the engine returns them) is as
+    kafka2search wrote it: True, False (another writer changed it), or None (written
+    before documents carried a stamp: not known)."""
+    raw = bytes(source)
+    found = _STAMP.match(raw)
+    if found is None:
+        return False if _BODY_NAME in raw else None
+    return zlib.crc32(memoryview(raw)[found.end() :]) == int(found.group(1))
+
+
+assert (ROW_HASH, ROW_XID) == ("_walcast_hash", "_walcast_xid")  # written out in stamped
