@@ -129,8 +129,8 @@ class Indexer:
         services/kafka2search/stamps.py, on each ``_source`` as the engine returns it)."""
         alias = self.alias(table, schema)
         self.es.refresh(alias)
-        hits = self.es.request("POST", f"/{alias}/_search", body={
-            "size": 10000, "_source": False, "query": {"match_all": {}}})["hits"]["hits"]  # fmt: skip
+        body = {"size": 10000, "_source": False, "query": {"match_all": {}}}
+        hits = self.es.request("POST", f"/{alias}/_search", body=body)["hits"]["hits"]
         broken = []
         for h in hits:
             raw = self.es.request_raw("GET", f"/{alias}/_source/{quote(h['_id'], safe='')}")
