@@ -26,6 +26,7 @@ from pyspark.sql.streaming.query import StreamingQuery
 
 from services.kafka2spark.checkpoint import clear_unstarted
 from services.kafka2spark.mirror import BatchResult, DeltaMirror
+from services.kafka2spark.names import WRITER
 from services.kafka2spark.settings import Kafka2SparkSettings
 from shared.errors import NoAnswerError, PermanentError
 from shared.failpoints import failpoint
@@ -183,6 +184,9 @@ def spark_session(s: Kafka2SparkSettings) -> SparkSession:
         builder = builder.config("spark.jars.packages", sp.packages)
     for key, value in sp.conf.items():
         builder = builder.config(key, value)
+    # Every Delta commit of this session says it is kafka2spark's (after the overrides:
+    # verify tells another writer's commits by it, services/kafka2spark/provenance.py).
+    builder = builder.config("spark.databricks.delta.commitInfo.userMetadata", WRITER)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("WARN")
     return spark

@@ -118,3 +118,9 @@ def table_dir(template: str, db: str, schema: str, table: str) -> str:
 
 class MirrorError(RuntimeError):
     """A mirror that cannot take its table's changes (a walcast check)."""
+
+
+WRITER = "walcast:kafka2spark"
+"""The ``userMetadata`` of every Delta commit kafka2spark makes (its Spark session's
+``spark.databricks.delta.commitInfo.userMetadata``): how ``verify`` tells its commits from
+another writer's (:mod:`services.kafka2spark.provenance`)."""

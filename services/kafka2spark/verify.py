@@ -17,6 +17,7 @@ import json
 import threading
 import uuid
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -26,11 +27,12 @@ import pyarrow.compute as pc
 from deltalake import DeltaTable
 
 from services.kafka2spark.names import HASH, XID, postgres_name, table_dir
+from services.kafka2spark.provenance import Provenance
 from services.kafka2spark.settings import Kafka2SparkSettings
 from shared.avro import RegistryDecoder
 from shared.errors import PermanentError
 from shared.verify.continuous import Continuous, VerifyMetrics
-from shared.verify.core import Key, KeyRange, SinkRow, Summary, VerifyTarget
+from shared.verify.core import Key, KeyRange, SinkRow, Summary, VerifyTarget, key_order
 from shared.verify.marks import GroupMarks
 from shared.verify.repair import RepairReport
 from shared.verify.run import TableReport
@@ -48,6 +50,7 @@ class DeltaTarget(VerifyTarget):
         self.s = settings
         self.database = database
         self.key_shape = key_shape
+        self.provenance = Provenance()
         registry = settings.schema_registry
         self.group = GroupMarks(
             settings.kafka.client_config(), settings.source.group_id, settings.source.topics,
@@ -84,7 +87,34 @@ class DeltaTarget(VerifyTarget):
         t = dataset.to_table(columns=[*names, HASH, XID], filter=flt)
         return [t.column(n) for n in names], t.column(HASH), t.column(XID), types
 
+    def _edited(self, table: tuple[str, str]) -> set[Key]:
+        """The keys whose row another writer changed in the mirror (found in its log:
+        :mod:`services.kafka2spark.provenance`)."""
+        path = self.path(table)
+        columns, types = self.key_shape(table)
+        by_pg = {postgres_name(f.name): f.name for f in DeltaTable(str(path)).schema().fields}
+        names = [by_pg[c] for c in columns]
+
+        def key_of(row: dict[str, Any]) -> Key:
+            return tuple(_value(t, row.get(n)) for n, t in zip(names, types, strict=True))
+
+        return set(self.provenance.edited(path, names, key_of))
+
     def summaries(self, table: tuple[str, str], ranges: Sequence[KeyRange]) -> list[Summary]:
+        out = self._summaries(table, ranges)
+        if not out or not any(s.rows for s in out):
+            return out
+        edited = self._edited(table)
+        if not edited:
+            return out
+        # ranges are contiguous, in key order, the last unbounded above
+        uppers = [key_order(r.upper) for r in ranges if r.upper is not None]
+        counts = [0] * len(ranges)
+        for key in edited:
+            counts[min(bisect.bisect_left(uppers, key_order(key)), len(ranges) - 1)] += 1
+        return [replace(s, edited=n) for s, n in zip(out, counts, strict=True)]
+
+    def _summaries(self, table: tuple[str, str], ranges: Sequence[KeyRange]) -> list[Summary]:
         read = self._read(table)
         if read is None:
             return [Summary(0, 0) for _ in ranges]
@@ -136,11 +166,12 @@ class DeltaTarget(VerifyTarget):
         if read is None:
             return []
         keys, hashes, xids, types = read
+        edited = self._edited(table)
         out = []
         for *vals, row_hash, xid in zip(*(c.to_pylist() for c in keys), hashes.to_pylist(),
                                        xids.to_pylist(), strict=True):  # fmt: skip
             key = tuple(_value(t, v) for t, v in zip(types, vals, strict=True))
-            out.append(SinkRow(key, row_hash, int(xid or 0)))
+            out.append(SinkRow(key, row_hash, int(xid or 0), key in edited))
         return out
 
     def before_mark(self, tables: Sequence[tuple[str, str]]) -> None:

@@ -163,11 +163,11 @@ def judge_rows(
     in key order."""
     ours = {r.key: r for r in source}
     theirs = {r.key: r for r in sink}
-    for key in sorted(ours.keys() | theirs.keys(), key=_order):
+    for key in sorted(ours.keys() | theirs.keys(), key=key_order):
         yield key, judge(ours.get(key), theirs.get(key), snapshot)
 
 
-def _order(key: Key) -> tuple[tuple[int, int, str], ...]:
+def key_order(key: Key) -> tuple[tuple[int, int, str], ...]:
     """The key's order in Postgres for the key types verify reads: integers by value,
     UUIDs by their bytes (as their canonical text sorts)."""
     return tuple((0, v, "") if isinstance(v, int) else (1, 0, str(v)) for v in key)

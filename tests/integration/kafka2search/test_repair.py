@@ -46,7 +46,7 @@ def behind_walcasts_back(h: Harness, ix: Indexer, schema: str, alias: str) -> No
         params={"refresh": "true"},
     )  # fmt: skip
     ix.es.request(  # a value changed through the engine's API (seen with verify.values)
-        "POST", f"/{alias}/_update/11", body={"doc": {"v": "edited"}}, params={"refresh": "true"}
+        "POST", f"/{alias}/_update/450", body={"doc": {"v": "edited"}}, params={"refresh": "true"}
     )
     h.stop()  # changes the slot is moved past: they never reach Kafka
     h.sql(f"UPDATE \"{schema}\".t SET v = 'bypassed' WHERE id = 9")
@@ -72,18 +72,18 @@ def test_each_difference_is_read_again_and_nothing_else_is_touched(
     assert report.ok, d
     found = d["found"]
     assert (found["missing"]["sample"], found["extra"]["sample"], found["differs"]["sample"]) == (
-        [7], [300, ROWS + 50], [9, 11]
+        [7], [300, ROWS + 50], [9, 450]
     ), found  # fmt: skip
-    assert found["edited_in_sink"]["sample"] == [11], found
+    assert found["edited_in_sink"]["sample"] == [450], found
     assert {k: v["sample"] for k, v in d["repaired"].items() if v["count"]} == {
-        "missing": [7], "extra": [300, ROWS + 50], "differs": [9, 11]
+        "missing": [7], "extra": [300, ROWS + 50], "differs": [9, 450]
     }  # fmt: skip
     assert d["attempts"] == 1, json.dumps(d)
 
     ix.wait(lambda: index_rows(ix, schema) == table_rows(h, schema), "the index equals the table")
     after = versions(ix, alias)
     touched = {k for k in before.keys() & after.keys() if before[k] != after[k]}
-    assert touched == {"9", "11"}, touched  # 7 came back; 300 and ROWS + 50 went
+    assert touched == {"9", "450"}, touched  # 7 came back; 300 and ROWS + 50 went
     assert set(after) == (set(before) | {"7"}) - {"300", str(ROWS + 50)}
     (again,) = verify(with_values(settings, True), [(schema, "t")])
     assert again.ok, again.as_dict()

@@ -2,7 +2,8 @@
 streaming query into Delta), while a writer keeps changing rows next to and among the
 damaged ones: a Delta row deleted (missing), a row's key changed in Delta (one missing,
 one extra), a row updated and one deleted in Postgres with the slot moved past them
-(differs, extra) are found, read again by a snapshot of their key ranges — the extra rows
+(differs, extra), a value changed in Delta by another writer (differs, edited in the sink)
+are found, read again by a snapshot of their key ranges — the extra rows
 removed by its range end marker, in the stream — and the mirror then equals the table,
 compared by a plain read of each side."""
 
@@ -77,6 +78,7 @@ def test_kafka2spark_repair_mends_each_difference_while_rows_change(
         streaming.pause()
         DeltaTable(str(path)).delete("id = 7")  # behind walcast's back
         DeltaTable(str(path)).update(predicate="id = 5", updates={"id": "9999"})
+        DeltaTable(str(path)).update(predicate="id = 3", updates={"v": "'edited'"})
         h.stop()
         h.sql(f"UPDATE {q}.t SET v = 'bypassed' WHERE id = 9")
         h.sql(f"DELETE FROM {q}.t WHERE id = 300")
@@ -116,6 +118,8 @@ def test_kafka2spark_repair_mends_each_difference_while_rows_change(
         assert {300, 9999} <= set(found["extra"]["sample"]), found
         assert {300, 9999} <= set(d["repaired"]["extra"]["sample"]), d
         assert {5, 7} <= set(d["repaired"]["missing"]["sample"]), d
+        assert found["edited_in_sink"]["sample"] == [3], found  # no writer touches 3
+        assert 3 in d["repaired"]["differs"]["sample"], d
         wait_for(
             lambda: mirror_rows(path) == table_rows(h, schema), "the mirror equals the table", 300
         )

@@ -2,7 +2,8 @@
 streaming query into Delta, the mirror read with deltalake): a mirror equal to its table
 is verified from range summaries alone; differences made behind walcast's back are each
 reported with their key — a Delta row deleted (missing), a row updated in Postgres while
-the slot was moved past the update (differs)."""
+the slot was moved past the update (differs), a value changed in the mirror by another
+writer (differs, edited in the sink: the mirror's log says who wrote it)."""
 
 from __future__ import annotations
 
@@ -103,6 +104,8 @@ def test_kafka2spark_verify_finds_each_difference_by_key(
 
         streaming.pause()
         DeltaTable(str(path)).delete("id = 7")  # behind walcast's back
+        # another writer's UPDATE: the row keeps walcast's hash, in a range equal by its sums
+        DeltaTable(str(path)).update(predicate="id = 250", updates={"v": "'edited'"})
         h.stop()
         h.sql(f"UPDATE {q}.t SET v = 'bypassed' WHERE id = 9")
         h.sql(
@@ -115,7 +118,8 @@ def test_kafka2spark_verify_finds_each_difference_by_key(
         d = report.as_dict()
         assert not report.ok
         assert d["missing"] == {"count": 1, "sample": [7]}, d
-        assert d["differs"] == {"count": 1, "sample": [9]}, d
+        assert d["differs"] == {"count": 2, "sample": [9, 250]}, d
+        assert d["edited_in_sink"] == {"count": 1, "sample": [250]}, d
         assert (d["extra"]["count"], d["unknown"]["count"]) == (0, 0), d
     finally:
         streaming.stop()
