@@ -143,10 +143,11 @@ class VerifySettings(Section):
     its outcome in the metrics (`walcast_verify_*`) and in `status`; 0: off (the command
     `verify` only)."""
     values: bool = False
-    """Also check that each row's values are those the service wrote, which sees a value
-    changed inside the sink by another writer (the row's hash stays as written): reads
-    every row of the sink (OpenSearch / Elasticsearch: each document's `_source`; Delta:
-    only what the table's log says another writer changed). Off: the hashes only."""
+    """kafka2search: also check that every document is as the service wrote it (its
+    stamp), which sees a value changed through the engine's API (the row's hash stays as
+    written); reads every document's `_source`. Off: the hash sums, and the stamps of the
+    ranges whose sums differ. kafka2spark: no effect — rows another writer changed are
+    found in the mirror's Delta log on every verification."""
     repair_attempts: int = Field(default=3, ge=1, le=20)
     """`repair`: how many times the key ranges still different after a repair are read
     again (a key the sink holds at a version newer than the read's waits for a later
