@@ -89,8 +89,8 @@ class Doc(msgspec.Struct, gc=False):
     fallback: dict[str, tuple[int, Any]] | None = None
     # The verify fields of the version written (docs/design.md#verification): the row
     # hash (None: unknown, left out) and the writing transaction (0: a read row), put
-    # first in the source line. ``xid`` None: no fields — a delete, or a ``fill``, whose
-    # source is the held document's and carries its own.
+    # first in the source line with the document's stamp (services/kafka2search/stamps.py).
+    # ``xid`` None: no fields — a delete, or a row of a format without them.
     row_hash: int | None = None
     xid: int | None = None
 

@@ -15,7 +15,8 @@ import orjson
 
 from services.kafka2search.documents import Doc
 from services.kafka2search.engines import Stored
-from shared.contract.event import UNFILLED, fill_unfilled
+from services.kafka2search.mapping import ROW_BODY
+from shared.contract.event import ROW_HASH, ROW_XID, UNFILLED, fill_unfilled
 
 Read = Callable[[str, list[str], list[str] | None], dict[str, Stored]]
 """The stored documents of ``ids`` in an index (those that exist; with a list of fields,
@@ -93,5 +94,21 @@ def fills(refused: list[Doc], read: Read) -> list[Doc]:
                 source[UNFILLED] = rest
             else:
                 del source[UNFILLED]
-            out.append(Doc(index, d.id, False, held.version, source, (), d.origin, fill=True))
+            out.append(_restamped(Doc(index, d.id, False, held.version, source, (), d.origin,
+                                      fill=True)))  # fmt: skip
     return out
+
+
+def _restamped(doc: Doc) -> Doc:
+    """A fill keeps the held version's hash and transaction, taken out of the held source
+    so that the document is stamped anew for what it now holds
+    (:mod:`services.kafka2search.stamps`)."""
+    source = doc.source
+    assert isinstance(source, dict)
+    xid = source.pop(ROW_XID, None)
+    row_hash = source.pop(ROW_HASH, None)
+    source.pop(ROW_BODY, None)
+    if isinstance(xid, int):
+        doc.xid = xid
+        doc.row_hash = row_hash if isinstance(row_hash, int) else None
+    return doc
