@@ -212,7 +212,8 @@ def verify(
 ) -> list[TableReport]:
     """Compare each table (all the service's indices when none is named) with Postgres."""
     return _on_engine(settings, tables, lambda make, chosen: verify_once(
-        settings.verify, "kafka2search", make, chosen, progress))  # fmt: skip
+        settings.verify, "kafka2search", make, chosen, progress,
+        settings.consumer.input_format))  # fmt: skip
 
 
 def repair(
@@ -223,7 +224,8 @@ def repair(
     """Verify each table (all the service's indices when none is named) and repair what
     differs."""
     return _on_engine(settings, tables, lambda make, chosen: repair_once(
-        settings.verify, "kafka2search", make, chosen, progress))  # fmt: skip
+        settings.verify, "kafka2search", make, chosen, progress,
+        settings.consumer.input_format))  # fmt: skip
 
 
 VERIFY_INDEX = "walcast-kafka2search-verify"
@@ -270,4 +272,5 @@ def continuous(
         lambda db, key_shape: SearchTarget(settings, engine, db, key_shape),
         lambda: indexed_tables(settings, engine), metrics,
         lambda outcome: record_outcome(engine, group, outcome), stop,
+        settings.consumer.input_format,
     )  # fmt: skip

@@ -257,7 +257,7 @@ def verify(
     return verify_once(
         settings.verify, "kafka2spark",
         lambda db, key_shape: DeltaTarget(settings, db, key_shape),
-        list(tables) or mirrored_tables(settings), progress,
+        list(tables) or mirrored_tables(settings), progress, settings.source.input_format,
     )  # fmt: skip
 
 
@@ -270,7 +270,7 @@ def repair(
     return repair_once(
         settings.verify, "kafka2spark",
         lambda db, key_shape: DeltaTarget(settings, db, key_shape),
-        list(tables) or mirrored_tables(settings), progress,
+        list(tables) or mirrored_tables(settings), progress, settings.source.input_format,
     )  # fmt: skip
 
 
@@ -304,5 +304,5 @@ def continuous(
         settings.verify, "kafka2spark",
         lambda db, key_shape: DeltaTarget(settings, db, key_shape),
         lambda: mirrored_tables(settings), metrics,
-        lambda outcome: record_outcome(settings, outcome), stop,
+        lambda outcome: record_outcome(settings, outcome), stop, settings.source.input_format,
     )  # fmt: skip

@@ -10,7 +10,7 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
-from shared.errors import PermanentError, RetriableError
+from shared.errors import ConfigError, PermanentError, RetriableError
 from shared.settings import VerifySettings
 from shared.verify.continuous import Continuous, VerifyMetrics
 from shared.verify.core import VerifyTarget
@@ -42,6 +42,22 @@ def _source(v: VerifySettings) -> tuple[PostgresSource, KeyShape]:
     return source, key_shape
 
 
+def require_walcast_events(input_format: str, service: str) -> None:
+    """``verify`` compares the row hashes walcast's events carry and waits for the markers
+    pg2kafka writes among them: a sink fed Debezium records has neither, so it is refused
+    up front (never a timeout, never a table of rows of unknown hash called verified).
+    ``auto`` is let through: its walcast events are verified, Debezium records among them
+    leave their rows of unknown hash (reported, not a difference)."""
+    if input_format == "debezium":
+        raise ConfigError(
+            f"{service}: verify and repair need walcast's change events, and this service"
+            " reads Debezium records (input_format = debezium): they carry no row hash and"
+            " no verification marker",
+            hint="feed the sink from pg2kafka in walcast's format (JSON or Avro) to verify"
+            " it, or compare the tables by other means",
+        )
+
+
 def _plan(v: VerifySettings) -> Plan:
     return Plan(v.range_rows, v.rounds, v.mark_timeout_s, v.slot)
 
@@ -52,9 +68,11 @@ def verify_once(
     make_target: MakeTarget,
     tables: Sequence[tuple[str, str]],
     progress: Callable[[TableReport], None] | None = None,
+    input_format: str = "walcast",
 ) -> list[TableReport]:
     """Each of ``tables`` compared with Postgres; a transient failure that outlasted its
     retries becomes a PermanentError saying what to look at."""
+    require_walcast_events(input_format, service)
     source, key_shape = _source(v)
     target = make_target(source.database(), key_shape)
     try:
@@ -71,9 +89,11 @@ def repair_once(
     make_target: MakeTarget,
     tables: Sequence[tuple[str, str]],
     progress: Callable[[str], None] | None = None,
+    input_format: str = "walcast",
 ) -> list[RepairReport]:
     """Each of ``tables`` verified and, where it differs, repaired (shared/verify/repair.py);
     failures as in :func:`verify_once`."""
+    require_walcast_events(input_format, service)
     source, key_shape = _source(v)
     target = make_target(source.database(), key_shape)
     try:
@@ -94,11 +114,14 @@ def verify_continuously(
     metrics: VerifyMetrics,
     record: Callable[[dict[str, Any]], None],
     stop: threading.Event,
+    input_format: str = "walcast",
 ) -> Continuous | None:
     """The continuous mode when ``verify.interval_s`` is set (None otherwise). Postgres is
-    asked nothing until the first verification (the service starts without it)."""
+    asked nothing until the first verification (the service starts without it); a
+    service fed Debezium records is refused at start-up."""
     if not v.interval_s:
         return None
+    require_walcast_events(input_format, service)
     source, key_shape = _source(v)
     made: list[Verifier] = []
 
