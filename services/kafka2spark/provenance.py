@@ -39,6 +39,8 @@ from deltalake import DeltaTable
 
 from services.kafka2spark.names import WRITER
 
+_TAG = json.dumps({"userMetadata": WRITER}, separators=(",", ":"))[1:-1]  # as in the log
+
 Key = tuple[object, ...]
 KeyOf = Callable[[dict[str, Any]], Key]
 
@@ -92,8 +94,10 @@ class Provenance:
             if v <= log.read:
                 continue
             text = (path / "_delta_log" / f"{v:020d}.json").read_text()
-            actions = [json.loads(line) for line in text.splitlines() if line.strip()]
             log.read = v
+            if log.tagged and not log.edited and _TAG in text:
+                continue  # kafka2spark's, with no edited row to follow: not even parsed
+            actions = [json.loads(line) for line in text.splitlines() if line.strip()]
             info: dict[str, Any] = next((a["commitInfo"] for a in actions if "commitInfo" in a), {})
             ours = info.get("userMetadata") == WRITER
             log.tagged = log.tagged or ours
