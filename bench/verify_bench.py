@@ -5,7 +5,9 @@ timed with its peak memory:
 - ``COPY pgbench_accounts TO STDOUT`` (a client reading every row's text);
 - one full read of the sink: a scroll of the index (every document), a Delta scan (every
   column, deltalake);
-- ``kafka2search verify`` and ``kafka2spark verify`` of ``pgbench_accounts``.
+- ``kafka2search verify`` and ``kafka2spark verify`` of ``pgbench_accounts``;
+- ``kafka2search verify --values`` (every document's stamp checked: a full read of the
+  index by design, shown beside the scroll; no target).
 
 The target (issue 39): a full verify costs no more than those two reads together —
 ratio = (COPY + the sink's full read) / verify >= 1.0 — and a verify that finds nothing
@@ -180,20 +182,26 @@ def _measure(
         "VERIFY__SLOT": cfg.name,
     }
     env_file = str(Path(c.env["WALCAST_STACK_DIR"]) / "walcast.env")
-    for name, svc, prefix in (
-        ("verify_opensearch", "kafka2search-opensearch", "KAFKA2SEARCH_"),
-        ("verify_delta", "kafka2spark", "KAFKA2SPARK_"),
+    for name, svc, prefix, extra in (
+        ("verify_opensearch", "kafka2search-opensearch", "KAFKA2SEARCH_", []),
+        # every document's stamp checked too: a full read of the index, by design
+        ("verify_opensearch_values", "kafka2search-opensearch", "KAFKA2SEARCH_", ["--values"]),
+        ("verify_delta", "kafka2spark", "KAFKA2SPARK_", []),
     ):
         module = svc.split("-")[0]
         env = {**envs[svc], **{prefix + k: v for k, v in verify_env.items()}}
         cmd = [py, "-m", f"services.{module}", "--env-file", env_file, "verify",
-               "--table", f"{c.schema}.{TABLE}", "--json"]  # fmt: skip
+               "--table", f"{c.schema}.{TABLE}", "--json", *extra]  # fmt: skip
         wall, rss, out = measure(cmd, env)
         (report,) = json.loads(out)["tables"]
         results[name] = {"s": round(wall, 2), "rss_mb": round(rss),
                          "rows_per_s": round(rows / wall), "report": report}  # fmt: skip
     results["ratio_opensearch"] = round(
         (results["copy"]["s"] + results["scroll"]["s"]) / results["verify_opensearch"]["s"], 3
+    )
+    results["ratio_opensearch_values"] = round(
+        (results["copy"]["s"] + results["scroll"]["s"]) / results["verify_opensearch_values"]["s"],
+        3,
     )
     results["ratio_delta"] = round(
         (results["copy"]["s"] + results["delta_scan"]["s"]) / results["verify_delta"]["s"], 3
@@ -261,16 +269,20 @@ def print_table(r: dict[str, Any]) -> None:
         f"\nverify_bench: pgbench scale {r['scale']} ({r['rows']} accounts),"
         f" streamed in {r['load_s']} s"
     )
-    print(f"| {'step':<22} | {'s':>8} | {'rows/s':>10} | {'peak RSS MB':>11} |")
-    print(f"| {'-' * 22} | {'-' * 8} | {'-' * 10} | {'-' * 11} |")
-    for k in ("copy", "scroll", "delta_scan", "verify_opensearch", "verify_delta"):
+    print(f"| {'step':<26} | {'s':>8} | {'rows/s':>10} | {'peak RSS MB':>11} |")
+    print(f"| {'-' * 26} | {'-' * 8} | {'-' * 10} | {'-' * 11} |")
+    steps = ("copy", "scroll", "delta_scan", "verify_opensearch", "verify_opensearch_values",
+             "verify_delta")  # fmt: skip
+    for k in steps:
         v = r[k]
-        print(f"| {k:<22} | {v['s']:>8} | {v['rows_per_s']:>10} | {v['rss_mb']:>11} |")
-    for k in ("verify_opensearch", "verify_delta"):
+        print(f"| {k:<26} | {v['s']:>8} | {v['rows_per_s']:>10} | {v['rss_mb']:>11} |")
+    for k in ("verify_opensearch", "verify_opensearch_values", "verify_delta"):
         rep = r[k]["report"]
         print(f"{k}: ok={rep['ok']} ranges={rep['ranges']} looked_into={rep['ranges_looked_into']}")
     print(f"ratio (COPY + scroll) / verify, OpenSearch: {r['ratio_opensearch']}  (target >= 1.0)")
     print(f"ratio (COPY + Delta scan) / verify, Delta:  {r['ratio_delta']}  (target >= 1.0)")
+    print(f"ratio (COPY + scroll) / verify --values, OpenSearch: {r['ratio_opensearch_values']}"
+          "  (no target: it reads every document)")  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:
