@@ -93,6 +93,9 @@ class Doc(msgspec.Struct, gc=False):
     # ``xid`` None: no fields — a delete, or a row of a format without them.
     row_hash: int | None = None
     xid: int | None = None
+    # A stamp value kept instead of the CRC: a held document another writer changed,
+    # rewritten by a fill, stays seen as changed (services/kafka2search/stamps.py).
+    body: int | None = None
 
     def row(self) -> dict[str, Any]:
         """The source decoded, and kept so (for merging values into it)."""
@@ -279,6 +282,6 @@ def bulk_body(docs: list[Doc]) -> bytes:
             append(line)
             append(b"\n")
             continue
-        parts.extend(stamped(line, d.row_hash, d.xid))
+        parts.extend(stamped(line, d.row_hash, d.xid, d.body))
         append(b"\n")
     return b"".join(parts)

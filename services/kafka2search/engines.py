@@ -18,21 +18,24 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any, NamedTuple, Protocol
 
+import msgspec
 import orjson
 
 from services.kafka2search.mapping import ROW_BODY
 from services.kafka2search.settings import EngineSettings, IndexSettings
-from services.kafka2search.stamps import stamped
+from services.kafka2search.stamps import body_intact, stamped
 from shared.contract.event import ROW_HASH, ROW_XID, UNFILLED
 from shared.errors import PermanentError, RetriableError, Verdict, http_status_verdict
 
 
 class Stored(NamedTuple):
-    """A document as the engine holds it: its version (the LSN of the change written) and
-    its ``_source``."""
+    """A document as the engine holds it: its version (the LSN of the change written), its
+    ``_source``, and whether that is as kafka2search wrote it (its stamp:
+    :func:`~services.kafka2search.stamps.body_intact`; None: unstamped or not read whole)."""
 
     version: int
     source: dict[str, Any]
+    intact: bool | None = None
 
 
 class SearchEngine(Protocol):
@@ -50,7 +53,9 @@ class SearchEngine(Protocol):
         headers: dict[str, str] | None = None,
     ) -> Any: ...
 
-    def request_raw(self, method: str, path: str, body: Any = None) -> bytes:
+    def request_raw(
+        self, method: str, path: str, body: Any = None, params: dict[str, Any] | None = None
+    ) -> bytes:
         """:meth:`request`, its answer's body as the engine sent it (unparsed): what a
         document's ``_source`` is byte for byte (:mod:`services.kafka2search.stamps`)."""
         ...
@@ -149,11 +154,13 @@ class HttpSearchEngine(SearchEngine):
             method, path, params=params or None, body=body, headers=headers
         )
 
-    def request_raw(self, method: str, path: str, body: Any = None) -> bytes:
+    def request_raw(
+        self, method: str, path: str, body: Any = None, params: dict[str, Any] | None = None
+    ) -> bytes:
         with _unparsed():
-            answer = self.request(method, path, body=body)
-        if isinstance(answer, str):
-            return answer.encode()
+            answer = self.request(method, path, body=body, params=params)
+        if isinstance(answer, str):  # opensearch-py decodes answers (surrogatepass)
+            return answer.encode("utf-8", "surrogatepass")
         if not isinstance(answer, bytes):
             raise RetriableError(f"{self.name} answered {method} {path} with no body")
         return answer
@@ -186,13 +193,27 @@ class HttpSearchEngine(SearchEngine):
     def mget(
         self, index: str, ids: list[str], fields: list[str] | None = None
     ) -> dict[str, Stored]:
-        params = {"_source_includes": ",".join(fields)} if fields is not None else None
-        answer = self.request("POST", f"/{index}/_mget", body={"ids": ids}, params=params)
-        return {
-            d["_id"]: Stored(int(d.get("_version", 0)), d.get("_source", {}))
-            for d in answer.get("docs", [])
-            if d.get("found")
-        }
+        if fields is not None:  # a part of each source: parsed, the stamp not checked
+            params = {"_source_includes": ",".join(fields)}
+            answer = self.request("POST", f"/{index}/_mget", body={"ids": ids}, params=params)
+            return {
+                d["_id"]: Stored(int(d.get("_version", 0)), d.get("_source", {}))
+                for d in answer.get("docs", [])
+                if d.get("found")
+            }
+        return self._mget_whole(index, ids, None)
+
+    def _mget_whole(
+        self, index: str, ids: list[str], params: dict[str, Any] | None
+    ) -> dict[str, Stored]:
+        """Whole documents, each source's stamp checked on its bytes as the engine keeps
+        them before it is parsed."""
+        raw = self.request_raw("POST", f"/{index}/_mget", body={"ids": ids}, params=params)
+        out: dict[str, Stored] = {}
+        for d in _MGET.decode(raw).docs:
+            if d.found and d.source is not None:
+                out[d.id] = Stored(d.version, orjson.loads(d.source), body_intact(d.source))
+        return out
 
     def count(self, index: str) -> int:
         return int(self.request("GET", f"/{index}/_count")["count"])
@@ -298,17 +319,12 @@ class HttpSearchEngine(SearchEngine):
         changed = 0
         try:
             while hits := answer.get("hits", {}).get("hits", []):
-                now = self.request(
-                    "POST",
-                    f"/{index}/_mget",
-                    body={"ids": [h["_id"] for h in hits]},
-                    params={"realtime": "true"},
-                )
+                now = self._mget_whole(index, [h["_id"] for h in hits], {"realtime": "true"})
                 lines: list[bytes] = []
                 size = 0
-                for doc in now.get("docs", []):
-                    source = doc.get("_source")
-                    if not doc.get("found") or not isinstance(source, dict):
+                for doc_id, held in now.items():
+                    source = held.source
+                    if not isinstance(source, dict):
                         continue
                     unfilled = source.get(UNFILLED)
                     names: list[Any] | None = (
@@ -329,8 +345,8 @@ class HttpSearchEngine(SearchEngine):
                     line = (
                         b'{"index":{"_index":%b,"_id":%b,"version":%d,"version_type":'
                         b'"external_gte"}}\n%b\n'
-                        % (index_json, orjson.dumps(doc["_id"]), int(doc["_version"]),
-                           restamped(source))
+                        % (index_json, orjson.dumps(doc_id), held.version,
+                           restamped(source, held.intact))
                     )  # fmt: skip
                     if lines and size + len(line) > max_bytes:
                         changed += self._count_written(
@@ -513,6 +529,8 @@ def _orjson_serializer(base: type[Any], error: type[Exception]) -> Any:
         def loads(self, s: str | bytes, *args: Any) -> Any:
             if getattr(_RAW, "on", False):
                 return s
+            if not s:
+                return None  # an empty answer (as the clients' own serializers do)
             try:
                 return orjson.loads(s)
             except orjson.JSONDecodeError as exc:
@@ -607,14 +625,31 @@ def dumps(value: Any) -> bytes:
     return orjson.dumps(value)
 
 
-def restamped(source: dict[str, Any]) -> bytes:
+def restamped(source: dict[str, Any], intact: bool | None = True) -> bytes:
     """A document's source rewritten by walcast (a column renamed or dropped), with its
     verify fields taken out and stamped anew (:mod:`services.kafka2search.stamps`): the
-    rewrite is walcast's own, not another writer's."""
+    rewrite is walcast's own, not another writer's. A source another writer had changed
+    (``intact`` False) keeps its old, broken stamp: the rewrite does not hide the edit."""
     row_hash = source.pop(ROW_HASH, None)
     xid = source.pop(ROW_XID, None)
-    source.pop(ROW_BODY, None)
+    body = source.pop(ROW_BODY, None)
     if not isinstance(xid, int):
         return orjson.dumps(source)
     known = row_hash if isinstance(row_hash, int) else None
-    return b"".join(stamped(orjson.dumps(source), known, xid))
+    broken = body if intact is False and isinstance(body, int) else None
+    return b"".join(stamped(orjson.dumps(source), known, xid, body=broken))
+
+
+class _MgetDoc(msgspec.Struct):
+    id: str = msgspec.field(name="_id")
+    found: bool = False
+    version: int = msgspec.field(name="_version", default=0)
+    source: msgspec.Raw | None = msgspec.field(name="_source", default=None)
+
+
+class _MgetAnswer(msgspec.Struct):
+    docs: list[_MgetDoc] = []
+
+
+_MGET = msgspec.json.Decoder(_MgetAnswer)
+"""An ``_mget`` answer with each ``_source`` left as the bytes the engine sent."""

@@ -94,21 +94,23 @@ def fills(refused: list[Doc], read: Read) -> list[Doc]:
                 source[UNFILLED] = rest
             else:
                 del source[UNFILLED]
-            out.append(_restamped(Doc(index, d.id, False, held.version, source, (), d.origin,
-                                      fill=True)))  # fmt: skip
+            doc = Doc(index, d.id, False, held.version, source, (), d.origin, fill=True)
+            out.append(_restamped(doc, held.intact))
     return out
 
 
-def _restamped(doc: Doc) -> Doc:
+def _restamped(doc: Doc, intact: bool | None) -> Doc:
     """A fill keeps the held version's hash and transaction, taken out of the held source
     so that the document is stamped anew for what it now holds
-    (:mod:`services.kafka2search.stamps`)."""
+    (:mod:`services.kafka2search.stamps`) — unless another writer had changed it
+    (``intact`` False): then its old, broken stamp stays."""
     source = doc.source
     assert isinstance(source, dict)
     xid = source.pop(ROW_XID, None)
     row_hash = source.pop(ROW_HASH, None)
-    source.pop(ROW_BODY, None)
+    body = source.pop(ROW_BODY, None)
     if isinstance(xid, int):
         doc.xid = xid
         doc.row_hash = row_hash if isinstance(row_hash, int) else None
+        doc.body = body if intact is False and isinstance(body, int) else None
     return doc

@@ -11,9 +11,16 @@ of everything after it (from the comma on, or the closing brace of an empty row)
 engines keep a ``_source`` byte for byte as it was sent and give it back so; any other
 writer of the document — an ``_update``, a document indexed again by hand, an update by
 query — has the engine serialise the source anew, so the bytes after the stamp change
-(the stamp itself is either kept, with a CRC that no longer matches, or gone). That is
-what :func:`body_intact` checks: a value changed inside the sink, which leaves the row
-hash as it was, is seen without knowing anything about the value.
+(the stamp is kept, with a CRC that no longer matches). That is what
+:func:`body_intact` checks: a value changed inside the sink, which leaves the row hash as
+it was, is seen without knowing anything about the value. A document indexed again whole
+without walcast's fields has no hash either: verify reports it as of unknown hash, and
+``repair`` reads it again. walcast's own rewrites of a document another writer changed
+(a column renamed or dropped, a fill) keep its broken stamp, so they hide no edit.
+
+The engine must keep sources as sent: an ingest pipeline that rewrites documents
+(``index.default_pipeline`` / ``final_pipeline``), or a synthetic or filtered
+``_source``, makes every document read as changed.
 """
 
 from __future__ import annotations
@@ -31,18 +38,20 @@ _QUOTE = ord('"')
 _COMMA_CRC = zlib.crc32(b",")
 
 _STAMP = re.compile(
-    rb'\{(?:"%b":\d+,)?"%b":\d+,"%b":(\d+)'
+    rb'\{(?:"%b":-?\d+,)?"%b":-?\d+,"%b":(\d+)'
     % (re.escape(ROW_HASH.encode()), re.escape(ROW_XID.encode()), re.escape(ROW_BODY.encode()))
 )
 _BODY_NAME = b'"%b"' % ROW_BODY.encode()
 
 
 def stamped(
-    row: bytes | memoryview | msgspec.Raw, row_hash: int | None, xid: int
+    row: bytes | memoryview | msgspec.Raw, row_hash: int | None, xid: int, body: int | None = None
 ) -> list[bytes | memoryview]:
     """The row's JSON object (its ``_source``, walcast's fields not in it) with the
     stamp first, as parts to join. A row whose first member follows its brace is not
-    copied; one that does not (an empty object, whitespace) is rebuilt."""
+    copied; one that does not (an empty object, whitespace) is rebuilt. ``body``: a stamp
+    value kept instead of the CRC (a document another writer changed, rewritten by
+    walcast, stays seen as changed)."""
     view = memoryview(row)
     if len(view) > 2 and view[0] == _OPEN and view[1] == _QUOTE:
         rest: bytes | memoryview = view[1:]
@@ -56,7 +65,8 @@ def stamped(
             rest, comma = inner, True
         crc = zlib.crc32(rest, _COMMA_CRC) if comma else zlib.crc32(rest)
     head = b"{" if row_hash is None else b'{"_walcast_hash":%d,' % row_hash
-    stamp = b'%b"_walcast_xid":%d,"_walcast_body":%d%b' % (head, xid, crc, b"," if comma else b"")
+    value = crc if body is None else body
+    stamp = b'%b"_walcast_xid":%d,"_walcast_body":%d%b' % (head, xid, value, b"," if comma else b"")
     return [stamp, rest]
 
 

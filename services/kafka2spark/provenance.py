@@ -1,31 +1,39 @@
 """Which rows of a Delta mirror another writer changed (docs/design.md#verification, "A
 value changed inside the sink").
 
-Every commit kafka2spark makes carries :data:`WRITER` as its ``userMetadata`` (the Spark
-session's ``spark.databricks.delta.commitInfo.userMetadata``, set last in
-:func:`services.kafka2spark.app.spark_session`). Any other commit that changed data (an
-``add`` with ``dataChange``) after the table's first tagged commit is another writer's —
-an ``UPDATE``, a ``MERGE``, a ``DELETE`` run by hand or by another job. Delta writes
-whole files: such a commit removes files and adds their rewritten copies. A row of an
-added file that is not equal, column for column, to its key's row in the files the commit
-removed was changed (or put there) by that writer: **edited**. Rows it only copied along
-are equal to their old selves, so they are not. An edited row stays edited while later
-commits — another writer's, or kafka2spark's own copy-on-write rewriting the file around
-another row — carry it along unchanged; it is mended once kafka2spark writes its key
-again (or deletes it). Last, an edited row counts only if it is still the table's current
-row for its key.
+Every commit kafka2spark makes carries :data:`~services.kafka2spark.names.WRITER` as its
+``userMetadata`` (the Spark session's ``spark.databricks.delta.commitInfo.userMetadata``,
+set last in :func:`services.kafka2spark.app.spark_session`). Any other commit that changed
+data (an ``add`` or ``remove`` with ``dataChange``) after the table's first tagged commit
+is another writer's — an ``UPDATE``, a ``MERGE``, a ``DELETE`` run by hand or by another
+job. Delta writes whole files: such a commit removes files and adds their rewritten
+copies. A row of an added file that is not equal, column for column, to its key's row in
+the files the commit removed was changed (or put there) by that writer: **edited**, and
+recorded with kafka2spark's own columns as it left them (its version ``_walcast_lsn``,
+row hash and transaction). Rows it only copied along are equal to their old selves, so
+they are not.
+
+An edited row is reported while the table's current row for its key still carries those
+same own columns: kafka2spark's copy-on-write rewriting the file around another row, or
+the whole table for a renamed column, carries it along unchanged, so it stays edited;
+once kafka2spark writes the key again (a change, a repair's read row) or deletes it, the
+columns change or the row is gone: mended. Nothing else about kafka2spark's commits needs
+reading — they are recognised by their tag without being parsed.
 
 What this cannot see: commits older than the log keeps (``delta.logRetentionDuration``,
-30 days by default) or older than the first tagged commit (mirrors written by an earlier
-kafka2spark); a removed file already vacuumed leaves its commit's rows without an old self
-to compare with, so they all count as edited (a repair reads them again: harmless).
-Reading costs the log's JSON commits (each parsed once per target) and, only when another
-writer committed, the files it added and removed.
+30 days by default) or than the first tagged commit (a mirror written by an earlier
+kafka2spark), and a commit whose files were vacuumed since (``maintain``'s retention, 7
+days by default): its rows cannot be compared, so they are not judged, and a warning
+says which commit. The continuous mode reads each commit as it comes, so it judges them
+before the vacuum. Reading costs one small file per commit (about 16 µs each here) and,
+only for another writer's commits, the files they touched.
 """
 
 from __future__ import annotations
 
 import json
+import logging
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,12 +45,17 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from deltalake import DeltaTable
 
-from services.kafka2spark.names import WRITER
+from services.kafka2spark.names import HASH, LSN, WRITER, XID
 
-_TAG = json.dumps({"userMetadata": WRITER}, separators=(",", ":"))[1:-1]  # as in the log
+log = logging.getLogger(__name__)
 
 Key = tuple[object, ...]
-KeyOf = Callable[[dict[str, Any]], Key]
+KeyOf = Callable[[dict[str, Any]], Key | None]
+"""A row's key as verify compares it; None when a key column is NULL (never a key)."""
+
+_TAG = json.dumps({"userMetadata": WRITER}, separators=(",", ":"))[1:-1]  # as in the log
+OWN = (LSN, HASH, XID)
+"""kafka2spark's own columns of a row: changed whenever kafka2spark writes the key."""
 
 
 @dataclass(frozen=True)
@@ -56,12 +69,12 @@ class Foreign:
 @dataclass
 class _Log:
     """What has been read of one table's log: the versions up to ``read``, and the rows
-    edited by then (key -> the row, the commit that wrote it, the file that holds it)."""
+    edited by then (key -> the row as that writer left it, and its commit)."""
 
     read: int = -1
     tagged: bool = False  # a commit of kafka2spark seen: judging starts after it
     foreign: list[Foreign] = field(default_factory=list)
-    edited: dict[Key, tuple[dict[str, Any], Foreign, str]] = field(default_factory=dict)
+    edited: dict[Key, tuple[dict[str, Any], Foreign]] = field(default_factory=dict)
 
 
 class Provenance:
@@ -76,104 +89,134 @@ class Provenance:
 
     def edited(self, path: Path, key_columns: Sequence[str], key_of: KeyOf) -> dict[Key, Foreign]:
         """The keys whose current row another writer changed, with the commit that did;
-        ``key_of`` turns a row (column -> value) into the key verify compares."""
-        log = self._scan(path, key_of)
-        if not log.edited:
+        ``key_of`` turns a row (column -> value) into the key verify compares. Edits
+        kafka2spark has mended since are forgotten."""
+        state = self._scan(path, key_of)
+        if not state.edited:
             return {}
         dt = DeltaTable(str(path))
-        rows = [row for row, _, _ in log.edited.values()]
-        now = {key_of(r): r for r in _current(dt, key_columns, rows)}
-        return {k: c for k, (row, c, _) in log.edited.items() if k in now and _same(now[k], row)}
+        rows = [row for row, _ in state.edited.values()]
+        now: dict[Key, dict[str, Any]] = {}
+        for r in _current(dt, key_columns, rows):
+            if (k := key_of(r)) is not None:
+                now[k] = r
+        for k in [k for k, (row, _) in state.edited.items()
+                  if k not in now or not _same_own(now[k], row)]:  # fmt: skip
+            del state.edited[k]  # written again or deleted by kafka2spark: mended
+        return {k: c for k, (_, c) in state.edited.items()}
 
     def _scan(self, path: Path, key_of: KeyOf) -> _Log:
-        log = self._logs.setdefault(path, _Log())
+        state = self._logs.setdefault(path, _Log())
         versions = sorted(
             int(p.stem) for p in (path / "_delta_log").glob("*.json") if p.stem.isdigit()
         )
+        schema: pa.Schema | None = None
         for v in versions:
-            if v <= log.read:
+            if v <= state.read:
                 continue
             text = (path / "_delta_log" / f"{v:020d}.json").read_text()
-            log.read = v
-            if log.tagged and not log.edited and _TAG in text:
-                continue  # kafka2spark's, with no edited row to follow: not even parsed
+            state.read = v
+            if _TAG in text:  # kafka2spark's own: nothing to read in it
+                state.tagged = True
+                continue
+            if not state.tagged:
+                continue  # before kafka2spark tagged its commits: not judged
             actions = [json.loads(line) for line in text.splitlines() if line.strip()]
             info: dict[str, Any] = next((a["commitInfo"] for a in actions if "commitInfo" in a), {})
-            ours = info.get("userMetadata") == WRITER
-            log.tagged = log.tagged or ours
-            if not log.tagged:
-                continue  # before kafka2spark tagged its commits: not judged
+            if info.get("userMetadata") == WRITER:  # the tag written another way
+                continue
             added = [a["add"]["path"] for a in actions
                      if "add" in a and a["add"].get("dataChange", True)]  # fmt: skip
-            removed = {a["remove"]["path"] for a in actions
-                       if "remove" in a and a["remove"].get("dataChange", True)}  # fmt: skip
-            if ours:
-                _follow(path, log, added, removed, key_of)
-            elif added or removed:
-                commit = Foreign(v, str(info.get("operation", "?")))
-                log.foreign.append(commit)
-                _judge(path, log, commit, added, removed, key_of)
-        return log
-
-
-def _follow(path: Path, log: _Log, added: list[str], removed: set[str], key_of: KeyOf) -> None:
-    """A commit of kafka2spark: an edited row in a file it replaced is still edited if it
-    copied the row along unchanged, mended if it wrote the key again or deleted it."""
-    touched = {k for k, (_, _, f) in log.edited.items() if f in removed}
-    if not touched:
-        return
-    post: dict[Key, list[tuple[dict[str, Any], str]]] = {}
-    for f in added:
-        for row in _read(path, [f]):
-            if (k := key_of(row)) in touched:
-                post.setdefault(k, []).append((row, f))
-    for k in touched:
-        row, commit, _ = log.edited[k]
-        copies = post.get(k, [])
-        if copies and all(_same(r, row) for r, _ in copies):
-            log.edited[k] = (row, commit, copies[0][1])
-        else:
-            del log.edited[k]
+            removed = [a["remove"]["path"] for a in actions
+                       if "remove" in a and a["remove"].get("dataChange", True)]  # fmt: skip
+            if not added:
+                continue  # rows deleted only: missing, which the hash sums see
+            commit = Foreign(v, str(info.get("operation", "?")))
+            state.foreign.append(commit)
+            if schema is None:
+                schema = DeltaTable(str(path)).to_pyarrow_dataset().schema
+            _judge(path, state, commit, added, removed, key_of, schema)
+        return state
 
 
 def _judge(
-    path: Path, log: _Log, commit: Foreign, added: list[str], removed: set[str], key_of: KeyOf
+    path: Path,
+    state: _Log,
+    commit: Foreign,
+    added: list[str],
+    removed: list[str],
+    key_of: KeyOf,
+    schema: pa.Schema,
 ) -> None:
     """Another writer's commit: each row it wrote that is not its key's row before (in the
     files it removed) is edited; a row edited before and carried along stays so."""
-    before = {key_of(r): r for r in _read(path, sorted(removed))}
-    gone = {k for k, (_, _, f) in log.edited.items() if f in removed}
-    for f in added:
-        for row in _read(path, [f]):
-            k = key_of(row)
-            gone.discard(k)
-            held = log.edited.get(k)
-            if held is not None and _same(held[0], row):
-                log.edited[k] = (held[0], held[1], f)  # carried along
-            elif not _same(before.get(k), row):
-                log.edited[k] = (row, commit, f)
-            elif held is not None:
-                del log.edited[k]  # written back as it was before the edit
-    for k in gone:  # deleted by this writer: missing, which the hash sums see
-        del log.edited[k]
+    files = [_local(path, p) for p in [*added, *removed]]
+    gone = [f for f in files if not f.exists()]
+    if gone:
+        log.warning(
+            "verify: the files of commit %d (%s) by another writer were vacuumed; the rows"
+            " it changed cannot be told apart from those it copied, so they are not judged",
+            commit.version, commit.operation,
+        )  # fmt: skip
+        return
+    before: dict[Key, dict[str, Any]] = {}
+    for r in _read([_local(path, p) for p in removed], schema):
+        if (k := key_of(r)) is not None:
+            before[k] = r
+    for row in _read([_local(path, p) for p in added], schema):
+        k = key_of(row)
+        if k is None:
+            continue  # a NULL key: not a row verify can compare
+        held = state.edited.get(k)
+        if held is not None and _same(held[0], row):
+            continue  # an earlier edit, carried along
+        if not _same(before.get(k), row):
+            state.edited[k] = (row, commit)
+        elif held is not None:
+            del state.edited[k]  # written back as it was before the edit
 
 
 def _same(a: dict[str, Any] | None, b: dict[str, Any]) -> bool:
-    """Two versions of a row equal column for column (a column one of them lacks — added
-    after the other was written — counts as NULL)."""
+    """Two versions of a row equal column for column (a column one of them lacks counts
+    as NULL; NaN equals NaN: a float column's value copied along)."""
     if a is None:
         return False
-    return all(a.get(c) == b.get(c) for c in a.keys() | b.keys())
+    return all(_equal(a.get(c), b.get(c)) for c in a.keys() | b.keys())
 
 
-def _read(path: Path, relative: Sequence[str]) -> list[dict[str, Any]]:
-    """Every row of the data files still on disk (a deletion vector not applied: the
-    current rows are checked last, by :func:`_current`)."""
+def _same_own(now: dict[str, Any], edited: dict[str, Any]) -> bool:
+    return all(_equal(now.get(c), edited.get(c)) for c in OWN)
+
+
+def _equal(x: object, y: object) -> bool:
+    if isinstance(x, float) and isinstance(y, float) and math.isnan(x) and math.isnan(y):
+        return True
+    if isinstance(x, list) and isinstance(y, list):
+        return len(x) == len(y) and all(_equal(a, b) for a, b in zip(x, y, strict=True))
+    return x == y
+
+
+def _local(path: Path, logged: str) -> Path:
+    """A data file the log names: relative to the table (URL-encoded), or an absolute
+    ``file:`` URI."""
+    if logged.startswith("file:"):
+        return Path(unquote(logged.removeprefix("file://").removeprefix("file:")))
+    return path / unquote(logged)
+
+
+def _read(files: Sequence[Path], schema: pa.Schema) -> list[dict[str, Any]]:
+    """Every row of the data files with the columns each was written with (those of the
+    table then: a column renamed since keeps its old name in both of a commit's sides), a
+    column the table still has cast to its type now (a timestamp written as INT96 by
+    another engine). A deletion vector is not applied: the current rows are checked last."""
     out: list[dict[str, Any]] = []
-    for p in relative:
-        f = path / unquote(p)
-        if f.exists():
-            out.extend(pq.read_table(f).to_pylist())
+    for f in files:
+        t = pq.read_table(f)
+        for i, name in enumerate(t.column_names):
+            j = schema.get_field_index(name)
+            if j >= 0 and t.schema.field(i).type != schema.field(j).type:
+                t = t.set_column(i, name, t.column(i).cast(schema.field(j).type))
+        out.extend(t.to_pylist())
     return out
 
 

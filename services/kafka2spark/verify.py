@@ -98,8 +98,11 @@ class DeltaTarget(VerifyTarget):
         by_pg = {postgres_name(f.name): f.name for f in DeltaTable(str(path)).schema().fields}
         names = [by_pg[c] for c in columns]
 
-        def key_of(row: dict[str, Any]) -> Key:
-            return tuple(_value(t, row.get(n)) for n, t in zip(names, types, strict=True))
+        def key_of(row: dict[str, Any]) -> Key | None:
+            values = [row.get(n) for n in names]
+            if any(v is None for v in values):
+                return None  # a NULL key: never one verify compares
+            return tuple(_value(t, v) for v, t in zip(values, types, strict=True))
 
         return set(self.provenance.edited(path, names, key_of))
 

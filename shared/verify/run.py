@@ -176,7 +176,7 @@ class Verifier:
         # seen again with the same evidence before it is reported
         pending: dict[Key, tuple[Verdict, tuple[object, ...], int]] = {}
         final: dict[Key, Verdict] = {}
-        edited: dict[Key, bool] = {}  # key -> the sink's row was edited by another writer
+        edited: dict[Key, bool] = {}  # key -> its confirmed row was edited by another writer
         changing: set[Key] = set()
         for _ in range(self.plan.rounds):
             if not open_ranges:
@@ -224,11 +224,10 @@ class Verifier:
                         confirmed = before is not None and snap.xmin >= before[2]
                     if confirmed:
                         final[key] = verdict
+                        edited[key] = key in theirs and theirs[key].edited
                     else:
                         seen[key] = (verdict, evidence, horizon)
                         again = True
-                    if key in theirs:
-                        edited[key] = theirs[key].edited
                 if again:
                     still.append(rng)
             pending = seen

@@ -93,3 +93,18 @@ def test_walcast_rewriting_a_document_stamps_it_anew() -> None:
 
 def test_a_document_without_verify_fields_is_rewritten_without_a_stamp() -> None:
     assert restamped({"id": 1}) == b'{"id":1}'
+
+
+def test_a_document_another_writer_changed_keeps_its_broken_stamp_when_rewritten() -> None:
+    """A column renamed after another writer edited the document: walcast's rewrite
+    must not make the edit look like its own."""
+    doc = orjson.loads(written(b'{"id":1,"old":"x"}'))
+    doc["id"] = 2  # the edit (the source as the engine now holds it)
+    doc["new"] = doc.pop("old")
+    assert body_intact(restamped(dict(doc), intact=False)) is False
+    assert body_intact(restamped(dict(doc), intact=True)) is True
+
+
+def test_negative_numbers_in_walcasts_fields_still_parse() -> None:
+    out = b"".join(bytes(p) for p in stamped(b'{"id":1}', -5, -1))
+    assert body_intact(out) is True
