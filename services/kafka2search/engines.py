@@ -18,13 +18,11 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any, NamedTuple, Protocol
 
-import msgspec
 import orjson
 
-from services.kafka2search.mapping import ROW_BODY
 from services.kafka2search.settings import EngineSettings, IndexSettings
-from services.kafka2search.stamps import body_intact, stamped
-from shared.contract.event import ROW_HASH, ROW_XID, UNFILLED
+from services.kafka2search.stamps import mget_documents, restamped
+from shared.contract.event import UNFILLED
 from shared.errors import PermanentError, RetriableError, Verdict, http_status_verdict
 
 
@@ -209,11 +207,10 @@ class HttpSearchEngine(SearchEngine):
         """Whole documents, each source's stamp checked on its bytes as the engine keeps
         them before it is parsed."""
         raw = self.request_raw("POST", f"/{index}/_mget", body={"ids": ids}, params=params)
-        out: dict[str, Stored] = {}
-        for d in _MGET.decode(raw).docs:
-            if d.found and d.source is not None:
-                out[d.id] = Stored(d.version, orjson.loads(d.source), body_intact(d.source))
-        return out
+        return {
+            doc_id: Stored(version, source, intact)
+            for doc_id, version, source, intact in mget_documents(raw)
+        }
 
     def count(self, index: str) -> int:
         return int(self.request("GET", f"/{index}/_count")["count"])
@@ -623,33 +620,3 @@ def engine_for(settings: EngineSettings) -> SearchEngine:
 
 def dumps(value: Any) -> bytes:
     return orjson.dumps(value)
-
-
-def restamped(source: dict[str, Any], intact: bool | None = True) -> bytes:
-    """A document's source rewritten by walcast (a column renamed or dropped), with its
-    verify fields taken out and stamped anew (:mod:`services.kafka2search.stamps`): the
-    rewrite is walcast's own, not another writer's. A source another writer had changed
-    (``intact`` False) keeps its old, broken stamp: the rewrite does not hide the edit."""
-    row_hash = source.pop(ROW_HASH, None)
-    xid = source.pop(ROW_XID, None)
-    body = source.pop(ROW_BODY, None)
-    if not isinstance(xid, int):
-        return orjson.dumps(source)
-    known = row_hash if isinstance(row_hash, int) else None
-    broken = body if intact is False and isinstance(body, int) else None
-    return b"".join(stamped(orjson.dumps(source), known, xid, body=broken))
-
-
-class _MgetDoc(msgspec.Struct):
-    id: str = msgspec.field(name="_id")
-    found: bool = False
-    version: int = msgspec.field(name="_version", default=0)
-    source: msgspec.Raw | None = msgspec.field(name="_source", default=None)
-
-
-class _MgetAnswer(msgspec.Struct):
-    docs: list[_MgetDoc] = []
-
-
-_MGET = msgspec.json.Decoder(_MgetAnswer)
-"""An ``_mget`` answer with each ``_source`` left as the bytes the engine sent."""

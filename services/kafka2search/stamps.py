@@ -27,8 +27,10 @@ from __future__ import annotations
 
 import re
 import zlib
+from typing import Any
 
 import msgspec
+import orjson
 
 from services.kafka2search.mapping import ROW_BODY
 from shared.contract.event import ROW_HASH, ROW_XID
@@ -79,6 +81,46 @@ def body_intact(source: bytes | memoryview) -> bool | None:
     if found is None:
         return False if _BODY_NAME in raw else None
     return zlib.crc32(memoryview(raw)[found.end() :]) == int(found.group(1))
+
+
+def restamped(source: dict[str, Any], intact: bool | None = True) -> bytes:
+    """A document's source rewritten by walcast (a column renamed or dropped), with its
+    verify fields taken out and stamped anew (:mod:`services.kafka2search.stamps`): the
+    rewrite is walcast's own, not another writer's. A source another writer had changed
+    (``intact`` False) keeps its old, broken stamp: the rewrite does not hide the edit."""
+    row_hash = source.pop(ROW_HASH, None)
+    xid = source.pop(ROW_XID, None)
+    body = source.pop(ROW_BODY, None)
+    if not isinstance(xid, int):
+        return orjson.dumps(source)
+    known = row_hash if isinstance(row_hash, int) else None
+    broken = body if intact is False and isinstance(body, int) else None
+    return b"".join(stamped(orjson.dumps(source), known, xid, body=broken))
+
+
+class _MgetDoc(msgspec.Struct):
+    id: str = msgspec.field(name="_id")
+    found: bool = False
+    version: int = msgspec.field(name="_version", default=0)
+    source: msgspec.Raw | None = msgspec.field(name="_source", default=None)
+
+
+class _MgetAnswer(msgspec.Struct):
+    docs: list[_MgetDoc] = []
+
+
+_MGET = msgspec.json.Decoder(_MgetAnswer)
+"""An ``_mget`` answer with each ``_source`` left as the bytes the engine sent."""
+
+
+def mget_documents(raw: bytes) -> list[tuple[str, int, dict[str, Any], bool | None]]:
+    """The documents an ``_mget`` found (its answer as the engine sent it): id, version,
+    source parsed, and whether the source is as kafka2search wrote it."""
+    return [
+        (d.id, d.version, orjson.loads(d.source), body_intact(d.source))
+        for d in _MGET.decode(raw).docs
+        if d.found and d.source is not None
+    ]
 
 
 assert (ROW_HASH, ROW_XID) == ("_walcast_hash", "_walcast_xid")  # written out in stamped

@@ -9,8 +9,7 @@ import zlib
 import orjson
 import pytest
 
-from services.kafka2search.engines import restamped
-from services.kafka2search.stamps import body_intact, stamped
+from services.kafka2search.stamps import body_intact, restamped, stamped
 
 STAMP = b'{"_walcast_hash":7,"_walcast_xid":42,"_walcast_body":%d'
 
