@@ -134,7 +134,11 @@ class VerifySettings(Section):
     """Rounds that look at the rows of differing ranges; a row still changing after the
     last is reported as changing, not as a difference."""
     rows_per_s: float | None = Field(default=None, gt=0)
-    """The most rows per second read from Postgres (unset: no bound)."""
+    """The most rows per second read from Postgres (unset: no bound), all connections
+    together."""
+    workers: int = Field(default=2, ge=1, le=16)
+    """Postgres connections reading a table's ranges at once (each range still its own
+    short transaction); 1: one scan finds each range's bound as it reads it."""
     mark_timeout_s: float = Field(default=120.0, gt=0)
     """Seconds without progress towards a marker (pg2kafka streaming it, the sink
     applying it) before verify gives up, saying how far each got."""

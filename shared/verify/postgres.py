@@ -4,7 +4,9 @@ key ranges with their count and row-hash sum, a range's rows, and the marker req
 Every range is read in its own short ``REPEATABLE READ, READ ONLY`` transaction, which
 also reads its snapshot: one index-ordered scan of the ``max_rows`` keys after the lower
 bound gives the range's rows, count, hash sum and upper bound (its last key) — no
-transaction outlives one range, and ``rows_per_s`` paces the reads. The row
+transaction outlives one range, and ``rows_per_s`` paces the reads. With ``workers`` > 1
+(``verify.workers``) the bounds are found first by a walk of the key's index and that
+many connections read ranges at once. The row
 hash is :func:`shared.contract.rowhash.row_hash_sql` over the columns the stream carries,
 in a session with the same text-output settings as pg2kafka's
 (:data:`~shared.contract.rowhash.TEXT_OUTPUT_OPTIONS`).
@@ -17,8 +19,11 @@ with what to do (docs/design.md#verification).
 
 from __future__ import annotations
 
+import threading
 import time
+from collections import deque
 from collections.abc import Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -53,10 +58,16 @@ class PostgresSource:
     text-output settings (the Debezium format's ``lc_monetary=C``)."""
 
     def __init__(
-        self, conninfo: str, rows_per_s: float | None = None, session_options: str = ""
+        self,
+        conninfo: str,
+        rows_per_s: float | None = None,
+        session_options: str = "",
+        workers: int = 1,
     ) -> None:
         self.conninfo = conninfo
         self.rows_per_s = rows_per_s
+        self.workers = max(1, workers)
+        self._pace_lock = threading.Lock()
         # SAFE_SEARCH_PATH first: the options replace those of the conninfo string.
         self.options = f"{SAFE_SEARCH_PATH} {TEXT_OUTPUT_OPTIONS} {session_options}".strip()
         self._shapes: dict[tuple[str, str], TableShape] = {}
@@ -141,15 +152,22 @@ class PostgresSource:
         return sql.SQL(" AND ").join(parts) if parts else sql.SQL("true")
 
     def _pace(self, rows: int) -> None:
-        self._read += rows
-        if self.rows_per_s:
-            ahead = self._read / self.rows_per_s - (time.monotonic() - self._started)
-            if ahead > 0:
-                time.sleep(ahead)
+        with self._pace_lock:
+            self._read += rows
+            ahead = (
+                self._read / self.rows_per_s - (time.monotonic() - self._started)
+                if self.rows_per_s
+                else 0.0
+            )
+        if ahead > 0:
+            time.sleep(ahead)
 
     def ranges(self, table: tuple[str, str], max_rows: int) -> Iterator[SourceRange]:
         if max_rows < 1:
             raise ValueError("max_rows must be at least 1")
+        if self.workers > 1:
+            yield from self._ranges_in_parallel(table, max_rows)
+            return
         shape, source, key = self._parts(table)
         keys = sql.SQL(", ").join(sql.Identifier("s", k) for k in shape.key)
         # r's columns: the key as k0, k1, ... and the hash as h (names of our own)
@@ -191,6 +209,67 @@ class PostgresSource:
                 if upper is None:
                     return
                 lower = upper
+
+    def _ranges_in_parallel(self, table: tuple[str, str], max_rows: int) -> Iterator[SourceRange]:
+        """``workers`` connections read ranges at once: one walks the key's index for the
+        bounds (the key ``max_rows`` after the lower bound: no row hashed, no heap read
+        when the index covers it), the others read each range's count and hash sum, each
+        in its own short transaction with its snapshot, as the single scan does. Ranges
+        come out in key order."""
+        shape, source, key = self._parts(table)
+        keys = sql.SQL(", ").join(sql.Identifier("s", k) for k in shape.key)
+        bound_q = sql.SQL("SELECT {keys} FROM {src} WHERE {after} ORDER BY {keys}"
+                          " OFFSET {skip} LIMIT 1")  # fmt: skip
+        summary_q = sql.SQL("SELECT count(*), coalesce(sum({h}), 0)::text FROM {src} WHERE {where}")
+        h = row_hash_sql(shape.columns, "s")
+        local = threading.local()
+        opened: list[psycopg.Connection[Any]] = []
+
+        def summary(rng: KeyRange) -> SourceRange:
+            conn = getattr(local, "conn", None)
+            if conn is None:
+                conn = local.conn = self._connect()
+                opened.append(conn)
+            with conn.transaction():
+                conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+                snap = _snapshot(conn)
+                row = conn.execute(
+                    summary_q.format(h=h, src=source, where=self._where(key, rng))
+                ).fetchone()
+            assert row is not None
+            self._pace(int(row[0]))
+            return SourceRange(rng, Summary(int(row[0]), int(row[1])), snap)
+
+        def bounds() -> Iterator[KeyRange]:
+            lower: tuple[object, ...] | None = None
+            with self._connect() as conn:
+                while True:
+                    after = self._where(key, KeyRange(lower, None))
+                    row = conn.execute(
+                        bound_q.format(
+                            keys=keys, src=source, after=after, skip=sql.Literal(max_rows - 1)
+                        )
+                    ).fetchone()
+                    upper = None if row is None else tuple(row)
+                    yield KeyRange(lower, upper)
+                    if upper is None:
+                        return
+                    lower = upper
+
+        pending: deque[Future[SourceRange]] = deque()
+        try:
+            with ThreadPoolExecutor(self.workers, thread_name_prefix="verify-pg") as pool:
+                for rng in bounds():
+                    pending.append(pool.submit(summary, rng))
+                    while len(pending) > 2 * self.workers:
+                        yield pending.popleft().result()
+                while pending:
+                    yield pending.popleft().result()
+        finally:
+            for f in pending:
+                f.cancel()
+            for conn in opened:
+                conn.close()
 
     def rows(self, table: tuple[str, str], rng: KeyRange) -> tuple[list[SourceRow], Snapshot]:
         shape, source, key = self._parts(table)

@@ -33,7 +33,7 @@ MakeTarget = Callable[[str, KeyShape], ClosingTarget]
 
 
 def _source(v: VerifySettings) -> tuple[PostgresSource, KeyShape]:
-    source = PostgresSource(v.postgres.conninfo(), rows_per_s=v.rows_per_s)
+    source = PostgresSource(v.postgres.conninfo(), rows_per_s=v.rows_per_s, workers=v.workers)
 
     def key_shape(table: tuple[str, str]) -> tuple[tuple[str, ...], tuple[str, ...]]:
         shape = source.shape(table)
