@@ -4,7 +4,8 @@ keys and a partitioned table; each range's count and hash sum equal what the con
 reference computes from COPY's text (shared/contract/rowhash.py, which pg2kafka's hashes
 are held to); a range's rows with their hash and xmin; the snapshot each read was made
 in; the pace; keys verify cannot order refused with what to do; a marker asked for reaches
-the stream."""
+the stream. Ranges are read by one scan and by several connections at once
+(``verify.workers``): both held to the same reference."""
 
 from __future__ import annotations
 
@@ -55,8 +56,12 @@ def reference(dsn: str, schema: str, table: str, key: list[str]) -> dict[tuple, 
     return out
 
 
+WORKERS = pytest.mark.parametrize("workers", [1, 3], ids=["one-scan", "parallel"])
+
+
+@WORKERS
 def test_ranges_cover_every_key_with_the_references_sums(
-    stack_env: dict[str, str], schema: str
+    stack_env: dict[str, str], schema: str, workers: int
 ) -> None:
     dsn = stack_env["WALCAST_PG_DSN"]
     q = f'"{schema}"'
@@ -68,7 +73,7 @@ def test_ranges_cover_every_key_with_the_references_sums(
         f" g % 2 = 0, 'x', '2024-01-01'::date + g, g, g / 3.0 FROM generate_series(1, 2500) g",
         f"ALTER TABLE {q}.t DROP COLUMN gone",
     )
-    src = PostgresSource(dsn)
+    src = PostgresSource(dsn, workers=workers)
     ranges = list(src.ranges((schema, "t"), 1000))
     assert [(r.range.lower, r.range.upper) for r in ranges] == [
         (None, (1000,)), ((1000,), (2000,)), ((2000,), None)]  # fmt: skip
@@ -89,7 +94,10 @@ def test_ranges_cover_every_key_with_the_references_sums(
     assert (only.range, only.summary.rows, only.summary.hash_sum) == (KeyRange(None, None), 0, 0)
 
 
-def test_composite_uuid_and_partitioned_tables(stack_env: dict[str, str], schema: str) -> None:
+@WORKERS
+def test_composite_uuid_and_partitioned_tables(
+    stack_env: dict[str, str], schema: str, workers: int
+) -> None:
     dsn = stack_env["WALCAST_PG_DSN"]
     q = f'"{schema}"'
     run(dsn, f"CREATE TABLE {q}.pair (a int, b uuid, v text, PRIMARY KEY (a, b))",
@@ -98,7 +106,7 @@ def test_composite_uuid_and_partitioned_tables(stack_env: dict[str, str], schema
         f"CREATE TABLE {q}.p1 PARTITION OF {q}.p FOR VALUES FROM (0) TO (50)",
         f"CREATE TABLE {q}.p2 PARTITION OF {q}.p FOR VALUES FROM (50) TO (100)",
         f"INSERT INTO {q}.p SELECT g, 'p' FROM generate_series(0, 99) g")  # fmt: skip
-    src = PostgresSource(dsn)
+    src = PostgresSource(dsn, workers=workers)
     pair = list(src.ranges((schema, "pair"), 25))
     assert [r.summary.rows for r in pair] == [25, 25, 25, 15]
     assert pair[0].range.upper is not None
@@ -128,12 +136,15 @@ def test_keys_verify_cannot_order_are_refused_with_what_to_do(
         list(src.ranges((schema, "absent"), 10))
 
 
-def test_the_pace_bounds_rows_per_second(stack_env: dict[str, str], schema: str) -> None:
+@WORKERS
+def test_the_pace_bounds_rows_per_second(
+    stack_env: dict[str, str], schema: str, workers: int
+) -> None:
     dsn = stack_env["WALCAST_PG_DSN"]
     run(dsn, f'CREATE TABLE "{schema}".t (id int PRIMARY KEY)',
         f'INSERT INTO "{schema}".t SELECT generate_series(1, 3000)')  # fmt: skip
     started = time.monotonic()
-    assert sum(r.summary.rows for r in PostgresSource(dsn, rows_per_s=5000).ranges(
+    assert sum(r.summary.rows for r in PostgresSource(dsn, rows_per_s=5000, workers=workers).ranges(
         (schema, "t"), 500)) == 3000  # fmt: skip
     assert time.monotonic() - started >= 0.55  # 3,000 rows at 5,000/s: 0.6 s at least
 
