@@ -102,7 +102,7 @@ class _MgetDoc(msgspec.Struct):
     id: str = msgspec.field(name="_id")
     found: bool = False
     version: int = msgspec.field(name="_version", default=0)
-    source: msgspec.Raw | None = msgspec.field(name="_source", default=None)
+    source: msgspec.Raw = msgspec.field(name="_source", default=msgspec.Raw(b""))
 
 
 class _MgetAnswer(msgspec.Struct):
@@ -117,9 +117,9 @@ def mget_documents(raw: bytes) -> list[tuple[str, int, dict[str, Any], bool | No
     """The documents an ``_mget`` found (its answer as the engine sent it): id, version,
     source parsed, and whether the source is as kafka2search wrote it."""
     return [
-        (d.id, d.version, orjson.loads(d.source), body_intact(d.source))
+        (d.id, d.version, orjson.loads(memoryview(d.source)), body_intact(d.source))
         for d in _MGET.decode(raw).docs
-        if d.found and d.source is not None
+        if d.found and len(d.source)
     ]
 
 

@@ -115,15 +115,15 @@ def test_rewrite_field_never_brings_back_a_document_deleted_after_the_scroll(
     engine, alias = engine_and_alias
     concrete = f"{alias}-v1"
     assert engine.bulk(bulk_body([index(alias, str(i), 10 + i, i) for i in (1, 2)])) is None
-    asked = engine.request
+    asked = engine.request_raw  # the documents are read whole, as the engine keeps them
 
     def deleted_meanwhile(method: str, path: str, *args: Any, **kwargs: Any) -> Any:
         if path.endswith("/_mget"):
             assert engine.bulk(bulk_body([delete(alias, "2", 50)])) is None
-            monkeypatch.setattr(engine, "request", asked)
+            monkeypatch.setattr(engine, "request_raw", asked)
         return asked(method, path, *args, **kwargs)
 
-    monkeypatch.setattr(engine, "request", deleted_meanwhile)
+    monkeypatch.setattr(engine, "request_raw", deleted_meanwhile)
     assert engine.rewrite_field(concrete, "n", "m") == 1
     assert sources(engine.mget(alias, ["1", "2"])) == {"1": {"m": 1}}
 

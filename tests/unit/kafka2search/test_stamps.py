@@ -9,7 +9,7 @@ import zlib
 import orjson
 import pytest
 
-from services.kafka2search.stamps import body_intact, restamped, stamped
+from services.kafka2search.stamps import body_intact, mget_documents, restamped, stamped
 
 STAMP = b'{"_walcast_hash":7,"_walcast_xid":42,"_walcast_body":%d'
 
@@ -107,3 +107,16 @@ def test_a_document_another_writer_changed_keeps_its_broken_stamp_when_rewritten
 def test_negative_numbers_in_walcasts_fields_still_parse() -> None:
     out = b"".join(bytes(p) for p in stamped(b'{"id":1}', -5, -1))
     assert body_intact(out) is True
+
+
+def test_an_mget_answer_gives_each_found_document_with_its_stamp_checked() -> None:
+    kept = written(b'{"id":1,"v":"a"}')
+    changed = orjson.dumps({**orjson.loads(written(b'{"id":2,"v":"b"}')), "v": "x"})
+    raw = (
+        b'{"docs":[{"_index":"i","_id":"1","_version":7,"found":true,"_source":%b},'
+        b'{"_index":"i","_id":"2","_version":8,"found":true,"_source":%b},'
+        b'{"_index":"i","_id":"3","found":false},'
+        b'{"_index":"i","_id":"4","_version":2,"found":true,"_source":{"id":4}}]}'
+    ) % (kept, changed)
+    got = {d[0]: (d[1], d[2].get("v"), d[3]) for d in mget_documents(raw)}
+    assert got == {"1": (7, "a", True), "2": (8, "x", False), "4": (2, None, None)}
