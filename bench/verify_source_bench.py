@@ -27,9 +27,9 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from bench.chaos import Chaos, Config, stack_env  # noqa: E402
-from bench.verify_bench import measure  # noqa: E402
+from bench.verify_bench import _copy, measure  # noqa: E402 - the same COPY baseline
 
-TABLE = "pgbench_accounts"
+TABLE = "pgbench_accounts"  # as bench/verify_bench.py's _copy reads
 RANGE_ROWS = 10_000
 
 
@@ -42,19 +42,6 @@ def _ranges(dsn: str, schema: str, workers: str) -> None:
         rows += r.summary.rows
         ranges += 1
     print(json.dumps({"rows": rows, "ranges": ranges}))
-
-
-def _copy(dsn: str, schema: str) -> None:
-    import psycopg
-
-    n = 0
-    with (
-        psycopg.connect(dsn) as conn,
-        conn.cursor().copy(f'COPY "{schema}".{TABLE} TO STDOUT') as cp,
-    ):
-        for block in cp:
-            n += len(block)
-    print(json.dumps({"bytes": n}))
 
 
 def run(scale: int, repeat: int, workers: int) -> dict[str, Any]:
