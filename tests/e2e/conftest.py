@@ -83,14 +83,15 @@ def free_port() -> int:
 
 
 def confirmed(dsn: str, slot: str) -> int:
-    """The slot's confirmed_flush_lsn as an integer (0 if the slot is missing)."""
+    """The slot's confirmed_flush_lsn as an integer (0 if the slot is missing or has not
+    confirmed anything yet)."""
     with psycopg.connect(dsn, autocommit=True) as c:
         row = c.execute(
             "SELECT confirmed_flush_lsn - '0/0'::pg_lsn FROM pg_replication_slots"
             " WHERE slot_name = %s",
             [slot],
         ).fetchone()
-        return int(row[0]) if row else 0
+        return int(row[0]) if row and row[0] is not None else 0
 
 
 def pg2kafka_env(name: str, topic: str, partition_key: str | None = None) -> dict[str, str]:

@@ -89,7 +89,13 @@ def test_the_job_runs_on_a_standalone_cluster(
                     " WHERE slot_name = %s",
                     [unique_name],
                 ).fetchone()
-            return row is not None and lsn is not None and int(row[0]) >= int(lsn[0])
+            # (a slot just made has no confirmed position yet: NULL)
+            return (
+                row is not None
+                and row[0] is not None
+                and lsn is not None
+                and int(row[0]) >= int(lsn[0])
+            )
 
         wait_until(confirmed, "pg2kafka to deliver the workload", 120)
         root = tmp_path / "delta"

@@ -4,10 +4,10 @@ services.kafka2spark run``), fed by pg2kafka as a process:
 - the continuous mode inside the running service (``verify.interval_s``): the table's
   outcome in ``status`` and in ``/metrics``, and a row deleted from the mirror behind
   walcast's back turns it into a difference with the row's key;
-- a repair while kafka2spark is killed — at a failpoint right after a micro-batch is
-  written to Delta, before its offsets are committed (the batch, and any ``range_end``
-  marker in it, applied again after the restart), twice, at different batches — ends with
-  the mirror equal to the table, read with deltalake and compared with plain SQL."""
+- a repair while kafka2spark is down, then killed at a failpoint right after a micro-batch
+  is written to Delta, before its offsets are committed (the batch, and any ``range_end``
+  marker in it, applied again after the restart), ends with the mirror equal to the
+  table, read with deltalake and compared with plain SQL."""
 
 from __future__ import annotations
 
@@ -144,10 +144,10 @@ def test_a_repair_with_kafka2spark_killed_after_writing_batches_ends_equal(
 
     t = threading.Thread(target=run_repair, daemon=True)
     t.start()
-    # kafka2spark started with a kill right after writing its 2nd micro-batch, then its
-    # 3rd, then left to run: batches of 50 records, so the verify markers, the repair's
-    # read rows and its range_end marker spread over several batches
-    for nth in (2, 3):
+    # kafka2spark started with a kill right after writing its 2nd micro-batch, then left
+    # to run: batches of 50 records, so the verify markers, the repair's read rows and its
+    # range_end marker spread over several batches
+    for nth in (2,):
         env = {**flow["spark_env"], "KAFKA2SPARK_SOURCE__MAX_OFFSETS_PER_TRIGGER": "50",
                "WALCAST_FAILPOINTS": f"kafka2spark.batch_written=exit@{nth}"}  # fmt: skip
         job = Proc("kafka2spark", ["--env-file", str(flow["env_file"]), "run"], env,

@@ -105,7 +105,7 @@ class Harness:
             " WHERE slot_name = %s",
             [self.settings.replication.slot],
         )
-        return int(rows[0][0])
+        return int(rows[0][0]) if rows and rows[0][0] is not None else 0  # NULL: none yet
 
 
 def difference(want: dict[str, Any], got: dict[str, Any]) -> tuple[list[Any], ...]:

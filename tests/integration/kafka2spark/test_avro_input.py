@@ -80,7 +80,8 @@ def test_the_mirror_of_a_debezium_avro_topic_equals_the_table(
         def streamed() -> bool:  # the slot appears with the snapshot
             rows = h.sql("SELECT confirmed_flush_lsn - '0/0'::pg_lsn FROM pg_replication_slots"
                          " WHERE slot_name = %s", [slot])  # fmt: skip
-            return bool(rows) and int(rows[0][0]) >= lsn
+            # (a slot just made has no confirmed position yet: NULL)
+            return bool(rows) and rows[0][0] is not None and int(rows[0][0]) >= lsn
 
         wait_for(streamed, "the snapshot and the workload in Kafka", timeout=120)
         topic = f"{prefix}.public.{table}"
