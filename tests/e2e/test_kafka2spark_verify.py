@@ -72,6 +72,8 @@ def caught_up(run: Any, procs: list[Proc]) -> None:
     def equal() -> bool:
         dead = [p for p in procs if not p.alive() and p.popen.returncode not in (0, -9, EXIT_CODE)]
         assert not dead, dead[0].tail(60)
+        if not any((mirror_path(run) / "_delta_log").glob("*.json")):
+            return False  # its first commit not made yet (the directory comes before it)
         return delta_rows(run) == want
 
     wait_until(equal, "the mirror to equal the table", 300, interval=2)
