@@ -8,6 +8,10 @@ so one :class:`HttpSearchEngine` sends the requests through the client's transpo
 their client. The clients' own retries
 are off: retries wrap this adapter (``shared.retry``), and ``shared.errors.classify``
 decides what is worth retrying (429, 5xx, connection errors).
+
+Why one file of ~620 lines: the role, its one HTTP implementation and the two client
+builders are read together (each engine call is one method here); what a document's
+stamp is lives apart, in :mod:`services.kafka2search.stamps`.
 """
 
 from __future__ import annotations
