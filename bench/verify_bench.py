@@ -117,6 +117,10 @@ def run(
         cfg.work = work
     c = Chaos(cfg)
     envs = c.envs()
+    if scale >= 20:
+        # the default 1 GB driver heap ran out in a MERGE reading a file of a 10M-row mirror
+        # (docs/benchmarks.md, tenth session); docs/kafka2spark.md says to raise it so
+        envs["kafka2spark"]["KAFKA2SPARK_SPARK__CONF"] = json.dumps({"spark.driver.memory": "8g"})
     wanted = ("pg2kafka", "kafka2search-opensearch", "kafka2spark")
     try:
         if reuse:

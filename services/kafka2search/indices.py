@@ -8,7 +8,7 @@ from __future__ import annotations
 import logging
 import time
 import urllib.parse
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -219,7 +219,8 @@ class Indices:
             meta = {"db": ev.db, "schema": ev.schema, "table": ev.table}
             st = IndexState(alias, index_name(alias), dict(types), 0, meta)
             if self.engine.create_index(
-                st.index, alias, self.s.index, {**VERIFY_FIELDS, **properties(types)},
+                st.index, alias, self.s.index,
+                {**VERIFY_FIELDS, **properties(types, keys=_key_columns(ev))},
                 st.to_meta(),
             ):  # fmt: skip
                 register(self.engine, alias, st.index)
@@ -229,11 +230,39 @@ class Indices:
         props, meta_doc = self.engine.mapping(index)
         if not VERIFY_FIELDS.keys() <= props.keys():  # an index made before them
             self.engine.put_mapping(index, dict(VERIFY_FIELDS))
+        self._lengthen_key_keywords(index, props, types, _key_columns(ev))
         w = meta_doc.get("walcast", {})
         meta = {k: v for k, v in w.items() if k not in ("columns", "truncated_lsn")}
         return IndexState(
             alias, index, dict(w.get("columns", {})), int(w.get("truncated_lsn", 0)), meta
         )
+
+    def _lengthen_key_keywords(
+        self,
+        index: str,
+        props: Mapping[str, Any],
+        types: Mapping[str, str],
+        keys: Collection[str],
+    ) -> None:
+        """A text key's keyword in an index made before it held long keys (256 characters
+        then): lengthened, so that longer keys written from now on are compared by it
+        (``repair`` rewrites the ones written before, which ``verify`` reports missing)."""
+        want = properties({c: t for c, t in types.items() if c in keys}, keys)
+        short = {
+            c: m for c, m in want.items()
+            if props.get(c, {}).get("fields", {}).get("keyword", {}).get("ignore_above")
+            not in (None, m.get("fields", {}).get("keyword", {}).get("ignore_above"))
+        }  # fmt: skip
+        if not short:
+            return
+        try:
+            self.engine.put_mapping(index, short)
+        except Exception as exc:
+            if getattr(exc, "status_code", None) != 400:
+                raise
+            log.warning(
+                "index %s keeps the keyword of key columns %s: %s", index, sorted(short), exc
+            )
 
     def add_columns(
         self, st: IndexState, new: Mapping[str, str], pending: frozenset[str] = frozenset()
@@ -285,3 +314,8 @@ class Indices:
             " `kafka2search replay --from-offset 0 --allow-deleted-to-return` (or"
             " re-snapshot the table), then start the service",
         )
+
+
+def _key_columns(ev: EventView) -> frozenset[str]:
+    """The key's columns as the event names them (none for a keyless table's event)."""
+    return frozenset(ev.key) if isinstance(ev.key, dict) else frozenset()

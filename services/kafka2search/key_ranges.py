@@ -14,7 +14,9 @@ Bound = tuple[object, ...]
 
 
 def range_query(columns: Sequence[str], lower: Bound | None, upper: Bound | None) -> dict[str, Any]:
-    """The documents whose key is in (``lower``, ``upper``] (None: unbounded)."""
+    """The documents whose key is in (``lower``, ``upper``] (None: unbounded); ``columns``:
+    the fields of the key's columns (a text column's keyword: strings compare by code
+    point, the order :mod:`shared.contract.keyorder` decides)."""
     parts: list[dict[str, Any]] = []
     if lower is not None:
         parts.append(_beyond(columns, lower, "gt"))
@@ -25,11 +27,13 @@ def range_query(columns: Sequence[str], lower: Bound | None, upper: Bound | None
     return {"bool": {"filter": parts}}
 
 
-def ranges_query(ranges: KeyRanges) -> dict[str, Any]:
-    """The documents whose key is in any of ``ranges``."""
+def ranges_query(ranges: KeyRanges, fields: Sequence[str] | None = None) -> dict[str, Any]:
+    """The documents whose key is in any of ``ranges``; ``fields``: the key columns' fields
+    (:func:`~services.kafka2search.mapping.key_field`; default: the columns' names)."""
+    names = ranges.columns if fields is None else fields
     return {
         "bool": {
-            "should": [range_query(ranges.columns, lo, hi) for lo, hi in ranges.ranges],
+            "should": [range_query(names, lo, hi) for lo, hi in ranges.ranges],
             "minimum_should_match": 1,
         }
     }

@@ -27,7 +27,7 @@ Contract (documented in docs/kafka2search.md):
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from typing import Any
 
 from shared.contract import limits, pgtypes
@@ -58,8 +58,38 @@ VERIFY_FIELDS: dict[str, Mapping[str, Any]] = {
 every index (added to an index made before them when it is opened)."""
 
 
-def properties(types: Mapping[str, str]) -> dict[str, Mapping[str, Any]]:
-    return {column: field_mapping(t) for column, t in types.items()}
+def properties(
+    types: Mapping[str, str], keys: Collection[str] = ()
+) -> dict[str, Mapping[str, Any]]:
+    """The mapping of columns ``types``; a text column of the key (``keys``) keeps values
+    of any length in its keyword (what ``verify`` and key ranges compare it by)."""
+    return {
+        column: _long_keyword(field_mapping(t)) if column in keys else field_mapping(t)
+        for column, t in types.items()
+    }
+
+
+def _long_keyword(m: Mapping[str, Any]) -> Mapping[str, Any]:
+    sub = m.get("fields", {}).get("keyword")
+    if m.get("type") != "text" or sub is None:
+        return m
+    return {**m, "fields": {**m["fields"], "keyword": {**sub, "ignore_above": KEY_KEYWORD_CHARS}}}
+
+
+KEY_KEYWORD_CHARS = 8191
+"""The longest text key a keyword holds (Lucene's term limit, 32,766 bytes, in 4-byte
+characters; shared/contract/keyranges.py's bound)."""
+
+
+def key_field(column: str, pg_type: str) -> str:
+    """The field a key column is compared, sorted and read by: the keyword of a column
+    mapped as text (code point order, as Postgres with ``COLLATE "C"``), else itself."""
+    m = field_mapping(pg_type)
+    return (
+        f"{column}.keyword"
+        if m.get("type") == "text" and "keyword" in m.get("fields", {})
+        else column
+    )
 
 
 def alias_name(template: str, db: str, schema: str, table: str) -> str:

@@ -12,6 +12,7 @@ from functools import partial
 from services.kafka2search.engines import SearchEngine
 from services.kafka2search.indices import EngineRetry, Indices, forget
 from services.kafka2search.key_ranges import ranges_query
+from services.kafka2search.mapping import key_field
 from services.kafka2search.metrics import Metrics
 from services.kafka2search.moves import record as record_moves
 from services.kafka2search.settings import Kafka2SearchSettings
@@ -119,9 +120,10 @@ class TableEvents:
         st = self.indices.held_state(alias, ev)
         if st is None or version - 1 <= st.truncated_lsn:
             return  # no index yet (nothing to remove), or truncated after the run's start
+        fields = [key_field(c, st.columns.get(c, "")) for c in ranges.columns]
         deleted = self.retry(
             lambda: self.engine.delete_older(
-                st.index, version, reopen=True, within=ranges_query(ranges)
+                st.index, version, reopen=True, within=ranges_query(ranges, fields)
             ),
             f"remove the rows snapshot {info['id']} did not find in its key ranges of {alias}",
         )

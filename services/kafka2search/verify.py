@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import json
 import threading
-import uuid
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
@@ -28,13 +27,13 @@ import msgspec
 from services.kafka2search.engines import SearchEngine, engine_for
 from services.kafka2search.indices import quote_id
 from services.kafka2search.key_ranges import range_query
-from services.kafka2search.mapping import alias_name
+from services.kafka2search.mapping import alias_name, key_field
 from services.kafka2search.settings import Kafka2SearchSettings
 from services.kafka2search.stamps import body_intact
 from shared.avro import RegistryDecoder
 from shared.contract.event import ROW_HASH, ROW_XID
 from shared.verify.continuous import Continuous, VerifyMetrics
-from shared.verify.core import KeyRange, SinkRow, Summary, VerifyTarget
+from shared.verify.core import KeyRange, SinkRow, Summary, VerifyTarget, key_value
 from shared.verify.marks import GroupMarks
 from shared.verify.repair import RepairReport
 from shared.verify.run import TableReport
@@ -73,11 +72,6 @@ def _summary(rows: Sequence[SinkRow]) -> Summary:
     return Summary(len(rows), sum(known), len(rows) - len(known), sum(r.edited for r in rows))
 
 
-def _value(pg_type: str, v: Any) -> object:
-    """A key value as the engine's doc values give it, as Postgres's driver gives it."""
-    return uuid.UUID(str(v)) if pg_type == "uuid" else int(v)
-
-
 class SearchTarget(VerifyTarget):
     """One engine's indices, as ``settings`` names them for tables of ``database``."""
 
@@ -114,7 +108,7 @@ class SearchTarget(VerifyTarget):
             return [Summary(0, 0) for _ in ranges]
         if self.s.verify.values:  # every document read: its stamp checked
             return [_summary(self._documents(alias, table, r)) for r in ranges]
-        columns, _types = self.key_shape(table)
+        columns = self._fields(table)
         out: list[Summary] = []
         for start in range(0, len(ranges), RANGES_PER_REQUEST):
             part = ranges[start : start + RANGES_PER_REQUEST]
@@ -132,6 +126,11 @@ class SearchTarget(VerifyTarget):
                 out.append(Summary(rows, round(b["h"]["value"] or 0), rows - hashed))
         return out
 
+    def _fields(self, table: tuple[str, str]) -> list[str]:
+        """The fields of the key's columns (:func:`~services.kafka2search.mapping.key_field`)."""
+        columns, types = self.key_shape(table)
+        return [key_field(c, t) for c, t in zip(columns, types, strict=True)]
+
     def rows(self, table: tuple[str, str], rng: KeyRange) -> list[SinkRow]:
         alias = self._alias(table)
         return [] if alias is None else self._documents(alias, table, rng)
@@ -140,7 +139,8 @@ class SearchTarget(VerifyTarget):
         """A range's documents, paged by the key: the key fields, hash and transaction as
         doc values, and ``_source`` as the engine keeps it, to see whether another writer
         changed it (:func:`~services.kafka2search.stamps.body_intact`)."""
-        columns, types = self.key_shape(table)
+        _columns, types = self.key_shape(table)
+        columns = self._fields(table)
         body: dict[str, Any] = {
             "size": PAGE, "query": range_query(columns, rng.lower, rng.upper),
             "docvalue_fields": [*columns, ROW_HASH, ROW_XID],
@@ -154,7 +154,7 @@ class SearchTarget(VerifyTarget):
                 f = h.fields
                 if not all(c in f for c in columns):
                     continue  # no key fields: not a row of the table's key (never ours)
-                key = tuple(_value(t, f[c][0]) for c, t in zip(columns, types, strict=True))
+                key = tuple(key_value(t, f[c][0]) for c, t in zip(columns, types, strict=True))
                 row_hash = f.get(ROW_HASH, [None])[0]
                 xid = f.get(ROW_XID, [0])[0]
                 edited = body_intact(h.source) is False

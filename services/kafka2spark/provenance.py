@@ -226,6 +226,15 @@ def _current(
     """The table's current rows for the keys of ``rows`` (every column)."""
     flt = None
     for column in key_columns:
-        cond = pc.field(column).isin(pa.array([r.get(column) for r in rows]))
+        values = [r.get(column) for r in rows]
+        cond = string_field(column, values).isin(pa.array(values))
         flt = cond if flt is None else flt & cond
     return list(dt.to_pyarrow_dataset().to_table(filter=flt).to_pylist())
+
+
+def string_field(column: str, values: Sequence[object]) -> pc.Expression:
+    """The column in a dataset filter; one of strings read as ``string``: another writer
+    (delta-rs) writes them as ``string_view``, which pyarrow's comparisons with a
+    ``string`` value, and its pruning by statistics, do not take."""
+    field = pc.field(column)
+    return field.cast(pa.string()) if any(isinstance(v, str) for v in values) else field

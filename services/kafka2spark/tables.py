@@ -367,11 +367,14 @@ def _renamed_in(names: Column, moved: dict[str, str | None]) -> Column:
 
 def key_ranges_sql(columns: list[str], ranges: keyranges.KeyRanges) -> str:
     """Spark SQL for "the key (``columns``, mirror names) is in one of ``ranges``", in the
-    key's order (the tuple's). Values are checked integers or UUID texts (keyranges.parse):
-    written as literals, they cannot be anything else."""
+    key's order (the tuple's; strings by code point, as Spark compares them). Values are
+    checked integers or strings (keyranges.parse); a string is written as the hex of its
+    UTF-8 bytes, so no value, whatever its characters, is read as anything but a value."""
 
     def lit(v: int | str) -> str:
-        return str(int(v)) if type(v) is int else "'" + str(v) + "'"
+        if type(v) is int:
+            return str(int(v))
+        return f"CAST(X'{str(v).encode().hex()}' AS STRING)"
 
     def beyond(i: int, bound: keyranges.Bound, op: str) -> str:
         strict = ">" if op == ">" else "<"

@@ -4,7 +4,8 @@ docs/design.md#verification): a Delta mirror compared with its table without a J
 The mirror is read with ``deltalake`` (delta-rs), three kinds of column only — the key,
 ``_walcast_hash``, ``_walcast_xid`` — never the rows' values: Parquet's columnar layout
 makes that a fraction of a full read. Summaries of every range come from one read of the
-key and hash columns (sorted once; a single integer key in numpy, other keys as tuples);
+key and hash columns (a single integer key in numpy, other keys — uuid, text, composite —
+as tuples sorted once; strings in code point order, as Postgres's side reads them);
 a range's rows from a read filtered to it (files outside it skipped by their
 statistics). The marker has been applied once the source group's committed offsets pass
 it: kafka2spark commits each batch's offsets there after the batch's Delta commits.
@@ -16,7 +17,6 @@ import bisect
 import itertools
 import json
 import threading
-import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -28,20 +28,25 @@ import pyarrow.compute as pc
 from deltalake import DeltaTable
 
 from services.kafka2spark.names import HASH, XID, postgres_name, table_dir
-from services.kafka2spark.provenance import Provenance
+from services.kafka2spark.provenance import Provenance, string_field
 from services.kafka2spark.settings import Kafka2SparkSettings
 from shared.avro import RegistryDecoder
+from shared.contract.keyorder import INTEGER_KEY_TYPES
 from shared.errors import PermanentError
 from shared.verify.continuous import Continuous, VerifyMetrics
-from shared.verify.core import Key, KeyRange, SinkRow, Summary, VerifyTarget, key_order
+from shared.verify.core import (
+    Key,
+    KeyRange,
+    SinkRow,
+    Summary,
+    VerifyTarget,
+    key_order,
+    key_value,
+)
 from shared.verify.marks import GroupMarks
 from shared.verify.repair import RepairReport
 from shared.verify.run import TableReport
 from shared.verify.wiring import KeyShape, repair_once, verify_continuously, verify_once
-
-
-def _value(pg_type: str, v: Any) -> object:
-    return uuid.UUID(str(v)) if pg_type == "uuid" else int(v)
 
 
 class DeltaTarget(VerifyTarget):
@@ -102,7 +107,7 @@ class DeltaTarget(VerifyTarget):
             values = [row.get(n) for n in names]
             if any(v is None for v in values):
                 return None  # a NULL key: never one verify compares
-            return tuple(_value(t, v) for v, t in zip(values, types, strict=True))
+            return tuple(key_value(t, v) for v, t in zip(values, types, strict=True))
 
         return set(self.provenance.edited(path, names, key_of))
 
@@ -127,13 +132,13 @@ class DeltaTarget(VerifyTarget):
         keys, hashes, _xids, types = read
         known = pc.is_valid(hashes).to_numpy(zero_copy_only=False)
         h = pc.fill_null(hashes, 0).to_numpy(zero_copy_only=False).astype(np.int64)
-        if len(keys) == 1 and types[0] != "uuid":
+        if len(keys) == 1 and types[0] in INTEGER_KEY_TYPES:
             k = pc.fill_null(keys[0], 0).to_numpy(zero_copy_only=False).astype(np.int64)
             return _integer_summaries(k, h, known, ranges)
         # Other keys: tuples in Python, sorted once.
         values = [c.to_pylist() for c in keys]
         tuples = [
-            tuple(_value(t, v) for t, v in zip(types, vals, strict=True))
+            tuple(key_value(t, v) for t, v in zip(types, vals, strict=True))
             for vals in zip(*values, strict=True)
         ]
         order_i = sorted(range(len(tuples)), key=lambda i: tuples[i])
@@ -161,7 +166,7 @@ class DeltaTarget(VerifyTarget):
         out = []
         for *vals, row_hash, xid in zip(*(c.to_pylist() for c in keys), hashes.to_pylist(),
                                        xids.to_pylist(), strict=True):  # fmt: skip
-            key = tuple(_value(t, v) for t, v in zip(types, vals, strict=True))
+            key = tuple(key_value(t, v) for t, v in zip(types, vals, strict=True))
             out.append(SinkRow(key, row_hash, int(xid or 0), key in edited))
         return out
 
@@ -220,11 +225,11 @@ def _filter(names: Sequence[str], types: Sequence[str], rng: KeyRange) -> Any:
     """A dataset filter for the keys in ``rng`` (lexicographic over the key's columns)."""
 
     def lit(t: str, v: object) -> object:
-        return str(v) if t == "uuid" else v
+        return v if t in INTEGER_KEY_TYPES else str(v)  # uuid as its text, text as is
 
     def beyond(i: int, bound: Key, strict_last: str) -> Any:
-        f = pc.field(names[i])
         v = lit(types[i], bound[i])
+        f = string_field(names[i], [v])
         if i == len(names) - 1:
             return f > v if strict_last == "gt" else f <= v
         first = f > v if strict_last == "gt" else f < v

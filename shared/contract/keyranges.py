@@ -15,21 +15,21 @@ Shape (the marker's ``snapshot.key_ranges``, the signal table's ``key_ranges``):
   first column, then the next among equals); a bound is ``null`` (unbounded) or an array
   of one value per key column;
 - a value is an integer (the key column is ``smallint``, ``integer`` or ``bigint``) or a
-  UUID's canonical text (lower-case hex, ``8-4-4-4-12``: a ``uuid`` column). Only these:
-  their order is the same in Postgres, in a search engine and in Spark (a text key's order
-  depends on a collation, and a range read by one order and swept by another would remove
-  rows the snapshot never read).
+  string: a UUID's canonical text (lower-case hex, ``8-4-4-4-12``: a ``uuid`` column) or
+  a ``text`` / ``varchar`` key's value. Strings are ordered by their code points — UTF-8's
+  byte order, which a search engine's keyword and Spark's strings share, and Postgres
+  with ``COLLATE "C"`` (:mod:`shared.contract.keyorder`): a range read by one order and
+  swept by another would remove rows the snapshot never read, so no other order is used.
 """
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from typing import Any, TypedDict
 
 MAX_RANGES = 10_000  # ranges one request (one end marker) may carry
 MAX_KEY = 2**63 - 1
-_UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}\Z")
+MAX_TEXT = 8191  # characters of a string key value (a search engine's keyword holds that many)
 
 KeyValue = int | str
 Bound = tuple[KeyValue, ...]
@@ -90,10 +90,13 @@ def _bound(b: Any, width: int) -> Bound | None:
         if type(v) is int:
             if not -MAX_KEY - 1 <= v <= MAX_KEY:
                 raise ValueError(f"key value {v} outside a bigint")
-        elif type(v) is not str or not _UUID.match(v):
-            raise ValueError(
-                f"key value {str(v)[:60]!r} is neither an integer nor a UUID's canonical text"
-            )
+        elif type(v) is str:
+            if len(v) > MAX_TEXT:
+                raise ValueError(f"key value {v[:60]!r}... is longer than {MAX_TEXT} characters")
+            if "\x00" in v:
+                raise ValueError(f"key value {v[:60]!r} holds a NUL character (no text does)")
+        else:
+            raise ValueError(f"key value {str(v)[:60]!r} is neither an integer nor a string")
     return tuple(b)
 
 

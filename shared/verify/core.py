@@ -15,9 +15,12 @@ ranges need their rows looked at.
 from __future__ import annotations
 
 import enum
+import uuid
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
+
+from shared.contract.keyorder import INTEGER_KEY_TYPES
 
 Key = tuple[object, ...]
 
@@ -167,9 +170,20 @@ def judge_rows(
         yield key, judge(ours.get(key), theirs.get(key), snapshot)
 
 
+def key_value(pg_type: str, v: Any) -> object:
+    """A key value read from a sink, as Postgres's driver gives it: integers as ``int``,
+    a ``uuid`` as :class:`uuid.UUID`, text as ``str`` (the key types verify reads:
+    :data:`shared.contract.keyorder.ORDERED_KEY_TYPES`)."""
+    if pg_type == "uuid":
+        return uuid.UUID(str(v))
+    if pg_type in INTEGER_KEY_TYPES:
+        return int(v)
+    return str(v)
+
+
 def key_order(key: Key) -> tuple[tuple[int, int, str], ...]:
-    """The key's order in Postgres for the key types verify reads: integers by value,
-    UUIDs by their bytes (as their canonical text sorts)."""
+    """The order of keys every side shares (:mod:`shared.contract.keyorder`): integers by
+    value, UUIDs by their bytes (as their canonical text sorts), text by code point."""
     return tuple((0, v, "") if isinstance(v, int) else (1, 0, str(v)) for v in key)
 
 

@@ -12,9 +12,11 @@ in a session with the same text-output settings as pg2kafka's
 (:data:`~shared.contract.rowhash.TEXT_OUTPUT_OPTIONS`).
 
 Keys: the primary key, else the replica identity index — the key events carry. Ranges
-follow Postgres's order of the key, which the sinks' range queries must share: integer
-and uuid columns (and tuples of them) order alike everywhere; other key types are refused
-with what to do (docs/design.md#verification).
+follow the one order of keys the sinks' range queries share (:mod:`shared.contract.keyorder`):
+integer, uuid, text and varchar columns (and tuples of them); a text column under a
+collation that is not byte order is compared ``COLLATE "C"``, and needs an index sorting it
+so (the error says which to create). Other key types are refused with what to do
+(docs/design.md#verification).
 """
 
 from __future__ import annotations
@@ -31,13 +33,17 @@ import psycopg
 from psycopg import sql
 from psycopg.types.json import Jsonb
 
+from shared.contract.keyorder import (
+    ORDERED_KEY_TYPES,
+    c_index_statement,
+    has_c_index,
+    key_columns,
+    key_expr,
+)
 from shared.contract.rowhash import TEXT_OUTPUT_OPTIONS, row_hash_sql
 from shared.errors import PermanentError, RetriableError
 from shared.settings import SAFE_SEARCH_PATH
 from shared.verify.core import KeyRange, Snapshot, SourceRange, SourceRow, Summary
-
-ORDERED_KEY_TYPES = frozenset({"int2", "int4", "int8", "uuid"})
-"""Key column types whose order Postgres, the search engines and Delta share."""
 
 
 @dataclass(frozen=True)
@@ -50,6 +56,7 @@ class TableShape:
     key: tuple[str, ...]
     key_types: tuple[str, ...]  # pg_type.typname of each key column
     partitioned: bool
+    collate_c: tuple[bool, ...] = ()  # per key column: compared COLLATE "C"
 
 
 class PostgresSource:
@@ -106,25 +113,31 @@ class PostgresSource:
                 " AND (i.indisprimary OR i.indisreplident) ORDER BY i.indisprimary DESC LIMIT 1",
                 [oid],
             ).fetchone()
-        if index is None:
-            raise PermanentError(
-                f"verify: {name} has no primary key or replica identity index",
-                hint="verify compares keyed tables; add a primary key",
-            )
-        by_num = {int(num): (str(n), str(t)) for n, t, num in cols}
-        key = [by_num[int(num)] for num in index[0]]
-        odd = [f"{n} ({t})" for n, t in key if t not in ORDERED_KEY_TYPES]
-        if odd:
-            raise PermanentError(
-                f"verify: {name}'s key column {', '.join(odd)} is of a type whose order the"
-                " sinks do not share",
-                hint="verify compares tables keyed by integer or uuid columns",
-            )
+            if index is None:
+                raise PermanentError(
+                    f"verify: {name} has no primary key or replica identity index",
+                    hint="verify compares keyed tables; add a primary key",
+                )
+            key = key_columns(conn, int(oid), [int(num) for num in index[0]])
+            odd = [f"{c.name} ({c.type})" for c in key if c.type not in ORDERED_KEY_TYPES]
+            if odd:
+                raise PermanentError(
+                    f"verify: {name}'s key column {', '.join(odd)} is of a type whose order"
+                    " the sinks do not share",
+                    hint="verify compares tables keyed by integer, uuid, text or varchar columns",
+                )
+            if any(c.collate_c for c in key) and not has_c_index(conn, int(oid), key):
+                raise PermanentError(
+                    f"verify: {name}'s key is text under a collation that does not sort by"
+                    " code point, the order the sinks share, and no index sorts it so",
+                    hint=f"create one: {c_index_statement(table, key)}",
+                )
         got = TableShape(
             tuple(str(n) for n, _, _ in cols),
-            tuple(n for n, _ in key),
-            tuple(t for _, t in key),
+            tuple(c.name for c in key),
+            tuple(c.type for c in key),
             relkind == "p",
+            tuple(c.collate_c for c in key),
         )
         self._shapes[table] = got
         return got
@@ -134,9 +147,21 @@ class PostgresSource:
         shape = self.shape(table)
         only = sql.SQL("") if shape.partitioned else sql.SQL("ONLY ")
         source = sql.SQL("{}{} s").format(only, sql.Identifier(*table))
-        cols = sql.SQL(", ").join(sql.Identifier("s", k) for k in shape.key)
+        cols = self._keys(shape)
         key = cols if len(shape.key) == 1 else sql.SQL("({})").format(cols)
         return shape, source, key
+
+    @staticmethod
+    def _key_exprs(shape: TableShape) -> list[sql.Composable]:
+        """Each key column as compared and ordered (``COLLATE "C"`` where needed)."""
+        collate = shape.collate_c or (False,) * len(shape.key)
+        return [
+            key_expr(sql.Identifier("s", k), c) for k, c in zip(shape.key, collate, strict=True)
+        ]
+
+    @classmethod
+    def _keys(cls, shape: TableShape) -> sql.Composable:
+        return sql.SQL(", ").join(cls._key_exprs(shape))
 
     @staticmethod
     def _bound(values: tuple[object, ...]) -> sql.Composable:
@@ -169,12 +194,12 @@ class PostgresSource:
             yield from self._ranges_in_parallel(table, max_rows)
             return
         shape, source, key = self._parts(table)
-        keys = sql.SQL(", ").join(sql.Identifier("s", k) for k in shape.key)
+        keys = self._keys(shape)
         # r's columns: the key as k0, k1, ... and the hash as h (names of our own)
         named = [sql.Identifier(f"k{i}") for i in range(len(shape.key))]
         as_named = sql.SQL(", ").join(
-            sql.SQL("{} AS {}").format(sql.Identifier("s", k), n)
-            for k, n in zip(shape.key, named, strict=True)
+            sql.SQL("{} AS {}").format(k, n)
+            for k, n in zip(self._key_exprs(shape), named, strict=True)
         )
         desc = sql.SQL(", ").join(sql.SQL("{} DESC").format(n) for n in named)
         # One index-ordered scan per range: its first max_rows keys after the lower bound,
@@ -217,7 +242,7 @@ class PostgresSource:
         in its own short transaction with its snapshot, as the single scan does. Ranges
         come out in key order."""
         shape, source, key = self._parts(table)
-        keys = sql.SQL(", ").join(sql.Identifier("s", k) for k in shape.key)
+        keys = self._keys(shape)
         bound_q = sql.SQL("SELECT {keys} FROM {src} WHERE {after} ORDER BY {keys}"
                           " OFFSET {skip} LIMIT 1")  # fmt: skip
         summary_q = sql.SQL("SELECT count(*), coalesce(sum({h}), 0)::text FROM {src} WHERE {where}")
@@ -399,7 +424,8 @@ class PostgresSource:
 
 
 def _bound_json(bound: tuple[object, ...] | None) -> list[object] | None:
-    """A key bound as the signal table takes it: integers, and UUIDs as text."""
+    """A key bound as the signal table takes it: integers, and the rest (UUIDs, text) as
+    text."""
     if bound is None:
         return None
     return [v if isinstance(v, int) else str(v) for v in bound]

@@ -18,6 +18,7 @@ from services.pg2kafka.changes import EventBuilder
 from services.pg2kafka.filters import TableFilter
 from services.pg2kafka.types import TypeRegistry
 from shared.contract.event import EVENT_VERSION, SnapshotInfo
+from shared.contract.keyorder import key_expr, named_key_columns
 from shared.contract.keyranges import KeyRangesJson
 from shared.contract.rowhash import row_hash_sql
 
@@ -67,6 +68,9 @@ class Chunk:
     # Only these keys of the range (each as the events' key, JSON text): the keys of an
     # earlier chunk read again (V019, services/pg2kafka/snapshots/incremental.py). None: every row.
     only_keys: list[str] | None = None
+    # A chunk of a snapshot of key ranges: its keys compared in the order every sink shares
+    # (text COLLATE "C": shared/contract/keyorder.py), the order its ranges were cut by.
+    byte_order: bool = False
 
 
 @dataclass
@@ -181,14 +185,16 @@ def key_ranges(
     spec: TableSpec,
     chunk_rows: int,
     within: tuple[list[str] | None, list[str] | None] = (None, None),
+    byte_order: bool = False,
 ) -> list[Bounds]:
     """Chunks of ``chunk_rows`` keys: the boundaries from one ordered pass over the key
     (an index-only scan of the primary key), first and last range open. ``within``: only
     the keys lower < key <= upper (a snapshot of key ranges; None: unbounded), the first
-    chunk excluding ``lower`` and the last including ``upper``."""
+    chunk excluding ``lower`` and the last including ``upper``. ``byte_order``: in the
+    order every sink shares (a snapshot of key ranges), not the key's collation."""
     keys = [sql.Identifier(c.name) for c in spec.relation.columns if c.is_key]
-    listed = sql.SQL(", ").join(keys)
     texts = sql.SQL(", ").join(sql.SQL("{}::text").format(k) for k in keys)
+    listed = sql.SQL(", ").join(_ordered(conn, spec.relation, keys) if byte_order else keys)
     lo, hi = within
     query = sql.SQL(
         "SELECT json_build_array({texts}) FROM (SELECT {keys}, row_number() OVER"
@@ -198,7 +204,7 @@ def key_ranges(
         texts=texts,
         keys=listed,
         table=sql.Identifier(spec.schema, spec.name),
-        where=key_where(conn, spec.relation, lo, hi, "(]"),
+        where=key_where(conn, spec.relation, lo, hi, "(]", byte_order),
         n=sql.Literal(chunk_rows),
     )
     cuts = [list(r[0]) for r in conn.execute(query).fetchall()]
@@ -225,8 +231,17 @@ def ranged_chunks(
             None if lower is None else [str(v) for v in lower],
             None if upper is None else [str(v) for v in upper],
         )
-        out.extend(key_ranges(conn, spec, chunk_rows, within))
+        out.extend(key_ranges(conn, spec, chunk_rows, within, byte_order=True))
     return out
+
+
+def _ordered(
+    conn: psycopg.Connection[Any], rel: pg.Relation, keys: list[sql.Identifier]
+) -> list[sql.Composable]:
+    """The key columns as the order every sink shares compares them."""
+    names = [c.name for c in rel.columns if c.is_key]
+    collate = [c.collate_c for c in named_key_columns(conn, (rel.schema, rel.table), names)]
+    return [key_expr(k, c) for k, c in zip(keys, collate, strict=True)]
 
 
 def pg_json_table(rel: pg.Relation, types: TypeRegistry) -> bool:
@@ -274,7 +289,7 @@ def chunk_where(conn: psycopg.Connection[Any], rel: pg.Relation, chunk: Chunk) -
                 where, sql.Literal(f"({chunk.end_page},0)")
             )
         return where
-    return key_where(conn, rel, chunk.lower_key, chunk.upper_key, chunk.bounds)
+    return key_where(conn, rel, chunk.lower_key, chunk.upper_key, chunk.bounds, chunk.byte_order)
 
 
 def key_where(
@@ -283,10 +298,11 @@ def key_where(
     lower: list[str] | None,
     upper: list[str] | None,
     bounds: str = "[)",
+    byte_order: bool = False,
 ) -> sql.Composable:
     """The rows whose key lies between ``lower`` and ``upper`` (each the key columns'
     text; None: unbounded), each included as ``bounds`` says ('[)', '(]', '()', '[]'),
-    in the key's order (the tuple's)."""
+    in the key's order (the tuple's) — ``byte_order``: the order every sink shares."""
     if bounds not in ("[)", "(]", "()", "[]"):
         raise ValueError(f"key bounds {bounds!r}")
     keys = [c for c in rel.columns if c.is_key]
@@ -294,7 +310,8 @@ def key_where(
         str(conn.execute("SELECT format_type(%s, %s)", [c.type_oid, c.type_modifier]).fetchone()[0])  # type: ignore[index]
         for c in keys
     ]
-    names = sql.SQL(", ").join(sql.Identifier(c.name) for c in keys)
+    idents = [sql.Identifier(c.name) for c in keys]
+    names = sql.SQL(", ").join(_ordered(conn, rel, idents) if byte_order else idents)
     lhs = names if len(keys) == 1 else sql.SQL("({})").format(names)
 
     def bound(values: list[str]) -> sql.Composable:

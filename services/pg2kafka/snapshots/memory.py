@@ -148,7 +148,8 @@ class InMemorySnapshotStore:
             if table.state == "pending":
                 table.state, table.started = "running", time.monotonic()
             return Chunk(job.id, key[1], key[2], key[3], c.relation, c.first_page, c.end_page,
-                         c.lower_key, c.upper_key, c.bounds, c.only_keys)  # fmt: skip
+                         c.lower_key, c.upper_key, c.bounds, c.only_keys,
+                         table.key_ranges is not None)  # fmt: skip
 
     def chunk_done(self, chunk: Chunk, rows: int, version: int) -> bool:
         with self.lock:

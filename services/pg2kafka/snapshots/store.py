@@ -259,7 +259,8 @@ class PostgresSnapshotStore:
         with self.conn.transaction():
             row = self.conn.execute(
                 "UPDATE _walcast.snapshot_chunks c SET state = 'running'"
-                " FROM (SELECT x.snapshot_id, x.schema_name, x.table_name, x.chunk"
+                " FROM (SELECT x.snapshot_id, x.schema_name, x.table_name, x.chunk,"
+                "       t.key_ranges IS NOT NULL AS ranged"
                 "       FROM _walcast.snapshot_chunks x"
                 "       JOIN _walcast.snapshot_tables t USING (snapshot_id, schema_name,"
                 "            table_name)"
@@ -268,7 +269,7 @@ class PostgresSnapshotStore:
                 " WHERE (c.snapshot_id, c.schema_name, c.table_name, c.chunk)"
                 "     = (n.snapshot_id, n.schema_name, n.table_name, n.chunk)"
                 " RETURNING c.schema_name, c.table_name, c.chunk, c.relation, c.first_page,"
-                "     c.end_page, c.lower_key, c.upper_key, c.only_keys, c.bounds",
+                "     c.end_page, c.lower_key, c.upper_key, c.only_keys, c.bounds, n.ranged",
                 [job.id],
             ).fetchone()
             if row is None:
@@ -283,7 +284,7 @@ class PostgresSnapshotStore:
                      None if row[3] is None else int(row[3]),
                      None if row[4] is None else int(row[4]),
                      None if row[5] is None else int(row[5]), row[6], row[7],
-                     bounds=str(row[9]), only_keys=row[8])  # fmt: skip
+                     bounds=str(row[9]), only_keys=row[8], byte_order=bool(row[10]))  # fmt: skip
 
     def chunk_done(self, chunk: Chunk, rows: int, version: int) -> bool:
         """Record a chunk whose every event Kafka acknowledged; True when it was its

@@ -111,7 +111,10 @@ def test_composite_and_uuid_keys_are_read_by_their_order(
 
 
 BAD = [
-    ("txt", [[None, ["m"]]], "not made of smallint, integer, bigint or uuid"),
+    ("chr", [[None, ["m"]]], "not made of smallint, integer, bigint, uuid, text or varchar"),
+    ("txt", [[None, [5]]], "is not a string of at most 8191"),
+    ("txt", [[None, ["x" * 8192]]], "is not a string of at most 8191"),
+    ("txt", [[["a"], ["m\u00e9"]]], None),  # accepted: compared by code point
     ("nokey", [[None, [1]]], "has no primary key"),
     ("ident", [[None, [1]]], "replica identity of"),
     ("t", [[None, [1, 2]]], "array of 1 key value"),
@@ -133,6 +136,7 @@ def test_a_request_the_stream_cannot_serve_is_refused_with_what_is_wrong(
     try:
         h.sql(f"CREATE TABLE {q}.t (id int PRIMARY KEY)")
         h.sql(f"CREATE TABLE {q}.txt (id text PRIMARY KEY)")
+        h.sql(f"CREATE TABLE {q}.chr (id char(4) PRIMARY KEY)")
         h.sql(f"CREATE TABLE {q}.nokey (id int)")
         h.sql(f"CREATE TABLE {q}.ident (id int PRIMARY KEY, u int NOT NULL UNIQUE)")
         h.sql(f"ALTER TABLE {q}.ident REPLICA IDENTITY USING INDEX ident_u_key")
@@ -149,7 +153,7 @@ def test_a_request_the_stream_cannot_serve_is_refused_with_what_is_wrong(
             assert reason in str(err.value), (table, ranges)
         assert h.sql(
             "SELECT count(*) FROM _walcast.snapshot_requests WHERE schema_name = %s", [schema]
-        ) == [(1,)]  # the accepted one alone
+        ) == [(sum(reason is None for *_, reason in BAD),)]  # the accepted ones alone
     finally:
         h.sql(f"DROP SCHEMA {q} CASCADE")  # keyless tables would linger in init's warnings
 
