@@ -190,6 +190,20 @@ def tear_down(settings: Pg2KafkaSettings) -> None:
             time.sleep(0.5)
 
 
+def keyed_source(make_harness: HarnessFactory, schema: str) -> Harness:
+    """pg2kafka (not initialised, not started) streaming the tables of a new ``schema``,
+    partitioned by primary key, with an initial snapshot by one reader: the source of the
+    tests of ``verify`` and ``repair``."""
+    h = make_harness(
+        init=False,
+        producer={"partition_key": "primary_key"},
+        filters={"include": [f"{schema}.*"]},
+        snapshot={"mode": "initial", "workers": 1},
+    )
+    h.sql(f'CREATE SCHEMA "{schema}"')
+    return h
+
+
 @pytest.fixture
 def harness(make_harness: HarnessFactory) -> Harness:
     return make_harness()

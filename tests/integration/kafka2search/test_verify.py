@@ -17,7 +17,7 @@ from services.kafka2search.settings import Kafka2SearchSettings
 from services.kafka2search.verify import verify
 from services.pg2kafka import admin
 from shared.cli import with_values
-from tests.integration.conftest import Harness, HarnessFactory
+from tests.integration.conftest import Harness, HarnessFactory, keyed_source
 from tests.integration.kafka2search.conftest import Indexer, IndexerFactory
 
 ROWS = 600
@@ -31,14 +31,8 @@ def pipeline(
 ) -> tuple[Harness, Indexer, Kafka2SearchSettings]:
     """pg2kafka and kafka2search on a table of ROWS rows, the index caught up; the
     settings ``verify`` runs with."""
-    h = make_harness(
-        init=False,
-        producer={"partition_key": "primary_key"},
-        filters={"include": [f"{schema}.*"]},
-        snapshot={"mode": "initial", "workers": 1},
-    )
+    h = keyed_source(make_harness, schema)
     q = f'"{schema}"'
-    h.sql(f"CREATE SCHEMA {q}")
     h.sql(f"CREATE TABLE {q}.t (id int PRIMARY KEY, v text, n int, b bool)")
     h.sql(f"INSERT INTO {q}.t SELECT g, 'v' || g, g, g % 2 = 0 FROM generate_series(1, {ROWS}) g")
     admin.init(h.settings)

@@ -25,7 +25,7 @@ from services.kafka2search.settings import Kafka2SearchSettings
 from services.kafka2search.verify import repair, verify
 from services.pg2kafka import admin
 from shared.errors import PermanentError
-from tests.integration.conftest import Harness, HarnessFactory
+from tests.integration.conftest import Harness, HarnessFactory, keyed_source
 from tests.integration.kafka2search.conftest import Indexer, IndexerFactory
 
 LONG = "x" * 300
@@ -39,14 +39,8 @@ KEYS = [
 def pipeline(
     make_harness: HarnessFactory, make_indexer: IndexerFactory, schema: str
 ) -> tuple[Harness, Indexer, Kafka2SearchSettings]:
-    h = make_harness(
-        init=False,
-        producer={"partition_key": "primary_key"},
-        filters={"include": [f"{schema}.*"]},
-        snapshot={"mode": "initial", "workers": 1},
-    )
+    h = keyed_source(make_harness, schema)
     q = f'"{schema}"'
-    h.sql(f"CREATE SCHEMA {q}")
     h.sql(f"CREATE TABLE {q}.t (k text PRIMARY KEY, v text, n int)")
     h.sql(f'CREATE TABLE {q}.u (k varchar(400) COLLATE "und-x-icu" PRIMARY KEY, v text, n int)')
     for table in ("t", "u"):

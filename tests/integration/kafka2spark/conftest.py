@@ -18,7 +18,8 @@ from pyspark.sql import SparkSession
 from services.kafka2spark.app import Service, build, spark_session
 from services.kafka2spark.mirror import BatchResult, DeltaMirror
 from services.kafka2spark.settings import Kafka2SparkSettings
-from shared.settings import load_settings
+from services.pg2kafka.settings import Pg2KafkaSettings
+from shared.settings import VerifySettings, load_settings
 
 
 def spark_settings(env_file: Path, root: Path, name: str, topic: str) -> Kafka2SparkSettings:
@@ -124,3 +125,17 @@ def wait_for(predicate: Callable[[], bool], what: str, timeout: float = 60) -> N
             return
         time.sleep(0.2)
     raise AssertionError(f"timed out waiting for {what}")
+
+
+def verify_settings(m: Mirror, source: Pg2KafkaSettings, range_rows: int) -> Kafka2SparkSettings:
+    """The mirror's settings with a ``verify`` section reading ``source``'s database."""
+    return m.settings.model_copy(
+        update={
+            "verify": VerifySettings(
+                postgres=source.postgres,
+                slot=source.replication.slot,
+                range_rows=range_rows,
+                mark_timeout_s=240,
+            )
+        }
+    )

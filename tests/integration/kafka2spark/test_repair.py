@@ -16,12 +16,10 @@ from typing import Any
 import psycopg
 from deltalake import DeltaTable
 
-from services.kafka2spark.settings import Kafka2SparkSettings
 from services.kafka2spark.verify import repair
 from services.pg2kafka import admin
-from shared.settings import VerifySettings
-from tests.integration.conftest import Harness, HarnessFactory
-from tests.integration.kafka2spark.conftest import MirrorFactory, wait_for
+from tests.integration.conftest import Harness, HarnessFactory, keyed_source
+from tests.integration.kafka2spark.conftest import MirrorFactory, verify_settings, wait_for
 from tests.integration.kafka2spark.test_verify import Streaming
 
 ROWS = 400
@@ -42,14 +40,8 @@ def test_kafka2spark_repair_mends_each_difference_while_rows_change(
     make_harness: HarnessFactory, make_mirror: MirrorFactory, unique_name: str
 ) -> None:
     schema = f"sr_{unique_name}"
-    h = make_harness(
-        init=False,
-        producer={"partition_key": "primary_key"},
-        filters={"include": [f"{schema}.*"]},
-        snapshot={"mode": "initial", "workers": 1},
-    )
+    h = keyed_source(make_harness, schema)
     q = f'"{schema}"'
-    h.sql(f"CREATE SCHEMA {q}")
     h.sql(f"CREATE TABLE {q}.t (id int PRIMARY KEY, v text, n int)")
     h.sql(f"INSERT INTO {q}.t SELECT g, 'v' || g, g FROM generate_series(1, {ROWS}) g")
     admin.init(h.settings)
@@ -65,16 +57,7 @@ def test_kafka2spark_repair_mends_each_difference_while_rows_change(
             "the mirror caught up",
             300,
         )
-        settings: Kafka2SparkSettings = m.settings.model_copy(
-            update={
-                "verify": VerifySettings(
-                    postgres=h.settings.postgres,
-                    slot=h.settings.replication.slot,
-                    range_rows=100,
-                    mark_timeout_s=240,
-                )
-            }
-        )
+        settings = verify_settings(m, h.settings, range_rows=100)
         streaming.pause()
         DeltaTable(str(path)).delete("id = 7")  # behind walcast's back
         DeltaTable(str(path)).update(predicate="id = 5", updates={"id": "9999"})

@@ -11,12 +11,10 @@ import threading
 
 from deltalake import DeltaTable
 
-from services.kafka2spark.settings import Kafka2SparkSettings
 from services.kafka2spark.verify import verify
 from services.pg2kafka import admin
-from shared.settings import VerifySettings
-from tests.integration.conftest import HarnessFactory
-from tests.integration.kafka2spark.conftest import Mirror, MirrorFactory, wait_for
+from tests.integration.conftest import HarnessFactory, keyed_source
+from tests.integration.kafka2spark.conftest import Mirror, MirrorFactory, verify_settings, wait_for
 
 ROWS = 400
 
@@ -64,14 +62,8 @@ def test_kafka2spark_verify_finds_each_difference_by_key(
     make_harness: HarnessFactory, make_mirror: MirrorFactory, unique_name: str
 ) -> None:
     schema = f"sv_{unique_name}"
-    h = make_harness(
-        init=False,
-        producer={"partition_key": "primary_key"},
-        filters={"include": [f"{schema}.*"]},
-        snapshot={"mode": "initial", "workers": 1},
-    )
+    h = keyed_source(make_harness, schema)
     q = f'"{schema}"'
-    h.sql(f"CREATE SCHEMA {q}")
     h.sql(f"CREATE TABLE {q}.t (id int PRIMARY KEY, v text, n int)")
     h.sql(f"INSERT INTO {q}.t SELECT g, 'v' || g, g FROM generate_series(1, {ROWS}) g")
     admin.init(h.settings)
@@ -88,16 +80,7 @@ def test_kafka2spark_verify_finds_each_difference_by_key(
             "the mirror caught up",
             300,
         )
-        settings: Kafka2SparkSettings = m.settings.model_copy(
-            update={
-                "verify": VerifySettings(
-                    postgres=h.settings.postgres,
-                    slot=h.settings.replication.slot,
-                    range_rows=100,
-                    mark_timeout_s=240,
-                )
-            }
-        )
+        settings = verify_settings(m, h.settings, range_rows=100)
         (equal,) = verify(settings, [(schema, "t")])
         assert equal.ok, equal.as_dict()
         assert (equal.rows, equal.looked_into) == (ROWS, 0)

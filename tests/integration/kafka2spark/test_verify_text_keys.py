@@ -14,14 +14,12 @@ import psycopg
 import pytest
 from deltalake import DeltaTable
 
-from services.kafka2spark.settings import Kafka2SparkSettings
 from services.kafka2spark.verify import repair, verify
 from services.pg2kafka import admin
 from shared.errors import PermanentError
-from shared.settings import VerifySettings
-from tests.integration.conftest import Harness, HarnessFactory
+from tests.integration.conftest import Harness, HarnessFactory, keyed_source
 from tests.integration.kafka2search.test_verify_text_keys import KEYS, LONG
-from tests.integration.kafka2spark.conftest import MirrorFactory, wait_for
+from tests.integration.kafka2spark.conftest import MirrorFactory, verify_settings, wait_for
 from tests.integration.kafka2spark.test_verify import Streaming
 
 
@@ -40,14 +38,8 @@ def test_kafka2spark_text_keys_verify_and_repair_in_code_point_order(
     make_harness: HarnessFactory, make_mirror: MirrorFactory, unique_name: str
 ) -> None:
     schema = f"st_{unique_name}"
-    h = make_harness(
-        init=False,
-        producer={"partition_key": "primary_key"},
-        filters={"include": [f"{schema}.*"]},
-        snapshot={"mode": "initial", "workers": 1},
-    )
+    h = keyed_source(make_harness, schema)
     q = f'"{schema}"'
-    h.sql(f"CREATE SCHEMA {q}")
     h.sql(f'CREATE TABLE {q}.u (k text COLLATE "und-x-icu" PRIMARY KEY, v text, n int)')
     with psycopg.connect(h.dsn, autocommit=True) as conn, conn.cursor() as cur:
         cur.executemany(
@@ -60,16 +52,7 @@ def test_kafka2spark_text_keys_verify_and_repair_in_code_point_order(
     streaming = Streaming(m).start()
     try:
         wait_for(lambda: len(mirror_rows(path)) == len(KEYS), "the mirror caught up", 300)
-        settings: Kafka2SparkSettings = m.settings.model_copy(
-            update={
-                "verify": VerifySettings(
-                    postgres=h.settings.postgres,
-                    slot=h.settings.replication.slot,
-                    range_rows=25,
-                    mark_timeout_s=240,
-                )
-            }
-        )
+        settings = verify_settings(m, h.settings, range_rows=25)
         with pytest.raises(PermanentError, match="collation"):
             verify(settings, [(schema, "u")])
         h.sql(f'CREATE INDEX ON {q}.u (k COLLATE "C")')
