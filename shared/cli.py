@@ -181,13 +181,16 @@ def with_values(settings: SettingsT, values: bool) -> SettingsT:
 
 def print_verify(reports: list[TableReport], as_json: bool) -> int:
     """A verification's reports: one line per table (or one JSON document); the exit
-    code — 1 when a table differs from its source, else 0."""
+    code — 1 when a table differs from its source or could not be verified, else 0."""
     if as_json:
         print(json.dumps({"ok": all(r.ok for r in reports),
                           "tables": [r.as_dict() for r in reports]}, indent=2))  # fmt: skip
     else:
         for r in reports:
             d = r.as_dict()
+            if r.refused:
+                print(f"{d['table']}: NOT VERIFIED — {r.refused}")
+                continue
             found = ", ".join(
                 f"{kind} {d[kind]['count']} (e.g. {d[kind]['sample']})"
                 for kind in ("missing", "extra", "differs", "unknown")
@@ -221,7 +224,9 @@ def print_repair(reports: list[RepairReport], as_json: bool) -> int:
             fixed = ", ".join(
                 f"{kind} {v['count']}" for kind, v in d["repaired"].items() if v["count"]
             )
-            if r.after is None:
+            if r.found.refused:
+                state = f"NOT VERIFIED — {r.found.refused}"
+            elif r.after is None:
                 state = "equal, nothing to repair" if r.ok else "DIFFERS, nothing to read again"
             elif r.ok:
                 state = f"repaired ({fixed or 'nothing left different'})"

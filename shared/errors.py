@@ -32,6 +32,11 @@ class ConfigError(PermanentError):
     """Configuration is invalid; raised at start-up before anything connects."""
 
 
+class UnverifiableError(PermanentError):
+    """A table ``verify`` cannot compare (it is gone, has no key, or a key without an order
+    every side shares): said in that table's report; the other tables are verified."""
+
+
 class RetriableError(WalcastError):
     """A transient failure: the operation may succeed if tried again later."""
 

@@ -41,7 +41,7 @@ from shared.contract.keyorder import (
     key_expr,
 )
 from shared.contract.rowhash import TEXT_OUTPUT_OPTIONS, row_hash_sql
-from shared.errors import PermanentError, RetriableError
+from shared.errors import PermanentError, RetriableError, UnverifiableError
 from shared.settings import SAFE_SEARCH_PATH
 from shared.verify.core import KeyRange, Snapshot, SourceRange, SourceRow, Summary
 
@@ -99,7 +99,7 @@ class PostgresSource:
                 list(table),
             ).fetchone()
             if row is None:
-                raise PermanentError(f"verify: no table {name} in the source database")
+                raise UnverifiableError(f"verify: no table {name} in the source database")
             oid, relkind = row
             cols = conn.execute(
                 "SELECT a.attname, t.typname, a.attnum FROM pg_catalog.pg_attribute a"
@@ -114,20 +114,20 @@ class PostgresSource:
                 [oid],
             ).fetchone()
             if index is None:
-                raise PermanentError(
+                raise UnverifiableError(
                     f"verify: {name} has no primary key or replica identity index",
                     hint="verify compares keyed tables; add a primary key",
                 )
             key = key_columns(conn, int(oid), [int(num) for num in index[0]])
             odd = [f"{c.name} ({c.type})" for c in key if c.type not in ORDERED_KEY_TYPES]
             if odd:
-                raise PermanentError(
+                raise UnverifiableError(
                     f"verify: {name}'s key column {', '.join(odd)} is of a type whose order"
                     " the sinks do not share",
                     hint="verify compares tables keyed by integer, uuid, text or varchar columns",
                 )
             if any(c.collate_c for c in key) and not has_c_index(conn, int(oid), key):
-                raise PermanentError(
+                raise UnverifiableError(
                     f"verify: {name}'s key is text under a collation that does not sort by"
                     " code point, the order the sinks share, and no index sorts it so",
                     hint=f"create one: {c_index_statement(table, key)}",

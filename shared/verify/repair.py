@@ -135,7 +135,7 @@ class Repairer:
 
     def table(self, table: tuple[str, str]) -> RepairReport:
         started = time.monotonic()
-        found = self.verifier.table(table)
+        found = self.verifier.table_or_refusal(table)
         report = RepairReport(table, found)
         todo = kinds(found)
         ranges = narrow_ranges(found)

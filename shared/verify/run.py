@@ -23,6 +23,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from shared.errors import UnverifiableError
 from shared.verify.core import (
     Key,
     KeyRange,
@@ -55,6 +56,7 @@ class TableReport:
     # of ``differs``: rows another writer changed inside the sink (their hash as written)
     edited: list[Key] = field(default_factory=list)
     changing: list[Key] = field(default_factory=list)  # still changing after the last round
+    refused: str = ""  # why the table could not be verified (UnverifiableError), if so
     # Around each difference reported (missing, extra, differs, unknown), the narrowest
     # range holding it: from the key before it that either side held (excluded), to it
     # (included). What ``repair`` asks pg2kafka to read again.
@@ -67,7 +69,7 @@ class TableReport:
         """Nothing differs. Rows still changing are not a difference; rows whose hash the
         sink does not know (an update that left a TOAST value out, rows written before
         the sinks kept hashes) are reported, not judged: a re-snapshot gives them one."""
-        return not (self.missing or self.extra or self.differs)
+        return not (self.refused or self.missing or self.extra or self.differs)
 
     def as_dict(self) -> dict[str, Any]:
         def sample(keys: list[Key]) -> list[Any]:
@@ -80,6 +82,7 @@ class TableReport:
             "ranges": self.ranges,
             "ranges_looked_into": self.looked_into,
             "rounds": self.rounds,
+            **({"refused": self.refused} if self.refused else {}),
             **{
                 kind: {"count": len(keys), "sample": sample(keys)}
                 for kind, keys in (
@@ -276,4 +279,13 @@ class Verifier:
         return report
 
     def tables(self, tables: Sequence[tuple[str, str]]) -> list[TableReport]:
-        return [self.table(t) for t in tables]
+        """Each table's report; a table that cannot be verified is said so in its report
+        (not equal), and the others are verified."""
+        return [self.table_or_refusal(t) for t in tables]
+
+    def table_or_refusal(self, table: tuple[str, str]) -> TableReport:
+        try:
+            return self.table(table)
+        except UnverifiableError as exc:
+            log.error("%s", exc)
+            return TableReport(table, refused=str(exc))

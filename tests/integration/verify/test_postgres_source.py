@@ -19,7 +19,7 @@ import pytest
 from services.pg2kafka import admin
 from services.pg2kafka.replication import SESSION_OPTIONS
 from shared.contract.rowhash import row_hash
-from shared.errors import PermanentError
+from shared.errors import UnverifiableError
 from shared.verify.core import KeyRange
 from shared.verify.postgres import PostgresSource
 from tests.integration.conftest import HarnessFactory
@@ -124,16 +124,43 @@ def test_keys_verify_cannot_order_are_refused_with_what_to_do(
 ) -> None:
     dsn = stack_env["WALCAST_PG_DSN"]
     q = f'"{schema}"'
-    run(dsn, f"CREATE TABLE {q}.named (name text PRIMARY KEY)",
+    run(dsn, f"CREATE TABLE {q}.named (name numeric PRIMARY KEY)",
         f"CREATE TABLE {q}.loose (v int)")  # fmt: skip
     src = PostgresSource(dsn)
-    with pytest.raises(PermanentError, match=r"key column name \(text\)") as exc:
+    with pytest.raises(UnverifiableError, match=r"key column name \(numeric\)") as exc:
         list(src.ranges((schema, "named"), 10))
-    assert "integer or uuid" in (exc.value.hint or "")
-    with pytest.raises(PermanentError, match="no primary key or replica identity"):
+    assert "integer, uuid, text or varchar" in (exc.value.hint or "")
+    with pytest.raises(UnverifiableError, match="no primary key or replica identity"):
         list(src.ranges((schema, "loose"), 10))
-    with pytest.raises(PermanentError, match="no table"):
+    with pytest.raises(UnverifiableError, match="no table"):
         list(src.ranges((schema, "absent"), 10))
+
+
+@WORKERS
+def test_text_keys_are_read_in_code_point_order_whatever_their_collation(
+    stack_env: dict[str, str], schema: str, workers: int
+) -> None:
+    """Ranges of a text key under ICU (whose order puts "a" before "B") follow code point
+    order once an index gives Postgres that order; without one the table is refused with
+    the index to create."""
+    dsn = stack_env["WALCAST_PG_DSN"]
+    q = f'"{schema}"'
+    words = [f"{p}{i}" for p in ("a", "B", "\u00e9", "Z", "\u65e5", "b ") for i in range(7)]
+    run(dsn, f'CREATE TABLE {q}.icu (k text COLLATE "und-x-icu" PRIMARY KEY, v int)')
+    with psycopg.connect(dsn, autocommit=True) as conn, conn.cursor() as cur:
+        cur.executemany(f"INSERT INTO {q}.icu VALUES (%s, 1)", [(w,) for w in words])
+    src = PostgresSource(dsn, workers=workers)
+    with pytest.raises(UnverifiableError, match="collation") as exc:
+        list(src.ranges((schema, "icu"), 5))
+    assert f'CREATE INDEX CONCURRENTLY ON {q}."icu" ("k" COLLATE "C")' in exc.value.hint
+    run(dsn, f'CREATE INDEX ON {q}.icu (k COLLATE "C")')
+    src = PostgresSource(dsn, workers=workers)
+    ranges = list(src.ranges((schema, "icu"), 5))
+    code_point = sorted(words)
+    assert [r.range.upper for r in ranges[:-1]] == [(w,) for w in code_point[4::5]]
+    seen = [row.key[0] for r in ranges for row in sorted(src.rows((schema, "icu"), r.range)[0],
+                                                          key=lambda x: x.key)]  # fmt: skip
+    assert seen == code_point
 
 
 @WORKERS

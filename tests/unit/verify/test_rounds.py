@@ -11,6 +11,7 @@ from collections.abc import Iterator, Sequence
 
 import pytest
 
+from shared.errors import UnverifiableError
 from shared.verify.core import (
     KeyRange,
     SinkRow,
@@ -230,3 +231,26 @@ def test_an_edit_the_sink_service_wrote_over_by_the_next_round_is_no_difference(
     report, _ = verify(ROWS, dict(HELD), edited={9}, edits_later=[{9}, set()])
     assert report["ok"] is True
     assert report["edited_in_sink"]["count"] == 0
+
+
+class RefusingSource(FakeSource):
+    """Refuses one table as Postgres's side does a table it cannot verify."""
+
+    def ranges(self, table: tuple[str, str], max_rows: int) -> Iterator[SourceRange]:
+        if table == ("s", "refused"):
+            raise UnverifiableError("verify: s.refused's key column c (numeric) is of a type ...")
+        yield from super().ranges(table, max_rows)
+
+
+def test_a_table_that_cannot_be_verified_is_said_so_and_the_others_are_verified() -> None:
+    log: list[str] = []
+    target = FakeTarget(dict(HELD), log)
+    src = RefusingSource(ROWS, log)
+    target.source = src
+    reports = Verifier(src, target, Plan(range_rows=10), "test").tables([("s", "refused"), T])
+    refused, equal = (r.as_dict() for r in reports)
+    assert refused["ok"] is False
+    assert "numeric" in refused["refused"]
+    assert equal["ok"] is True
+    assert "refused" not in equal
+    assert log.count("mark") == 1  # no marker asked for the refused table
