@@ -2,9 +2,15 @@
 docs/design.md#verification): an index compared with its table without reading every
 document out of the engine.
 
-- A range's summary is one bucket of a ``filters`` aggregation — the range as a query on
-  the key fields, with the sum and the count of ``_walcast_hash`` (doc values; the engine
-  sums in doubles, exact for the at most 2^21 hashes of a range): many ranges per request.
+- A single integer key's summaries come from ``range`` aggregations: one pass over the
+  documents for up to 10,000 ranges (its bounds are doubles: keys beyond 2^53 are summed
+  as other keys are).
+- Other keys': a range's summary is one search of a multi-search — the range as a query on the key
+  fields, its hit count, and the sum and the count of ``_walcast_hash`` (doc values; the
+  engine sums in doubles, exact for the at most 2^21 hashes of a range): many ranges per
+  request, each search visiting only its range's documents. (One ``filters`` aggregation
+  over many ranges was 30 times slower on an index holding deleted documents: the
+  engine then tests every document against every filter.)
 - A range's rows are its documents' key fields, hash and transaction as doc values, paged
   by the key, with each ``_source`` as the engine keeps it: its stamp says whether another
   writer changed the document (:mod:`services.kafka2search.stamps`). With
@@ -32,6 +38,8 @@ from services.kafka2search.settings import Kafka2SearchSettings
 from services.kafka2search.stamps import body_intact
 from shared.avro import RegistryDecoder
 from shared.contract.event import ROW_HASH, ROW_XID
+from shared.contract.keyorder import INTEGER_KEY_TYPES
+from shared.errors import RetriableError
 from shared.verify.continuous import Continuous, VerifyMetrics
 from shared.verify.core import KeyRange, SinkRow, Summary, VerifyTarget, key_value
 from shared.verify.marks import GroupMarks
@@ -46,6 +54,20 @@ from shared.verify.wiring import (
 )
 
 RANGES_PER_REQUEST = 200
+INTEGER_RANGES_PER_REQUEST = 10_000  # buckets of one range aggregation (engines allow 65,535)
+_SUMS = {"h": {"sum": {"field": ROW_HASH}}, "n": {"value_count": {"field": ROW_HASH}}}
+_EXACT = 2**53  # an engine reads a range aggregation's bounds as doubles
+
+
+def _exact_in_doubles(ranges: Sequence[KeyRange]) -> bool:
+    """Whether every bound of ``ranges`` (single integers) survives as a double."""
+    return all(
+        b is None or abs(int(b[0])) < _EXACT - 1  # type: ignore[call-overload]
+        for r in ranges
+        for b in (r.lower, r.upper)
+    )
+
+
 PAGE = 5000
 
 
@@ -109,19 +131,57 @@ class SearchTarget(VerifyTarget):
         if self.s.verify.values:  # every document read: its stamp checked
             return [_summary(self._documents(alias, table, r)) for r in ranges]
         columns = self._fields(table)
+        _names, types = self.key_shape(table)
+        if len(columns) == 1 and types[0] in INTEGER_KEY_TYPES and _exact_in_doubles(ranges):
+            return self._integer_summaries(alias, columns[0], ranges)
         out: list[Summary] = []
         for start in range(0, len(ranges), RANGES_PER_REQUEST):
             part = ranges[start : start + RANGES_PER_REQUEST]
-            filters = {str(i): range_query(columns, r.lower, r.upper) for i, r in enumerate(part)}
+            searches = b"".join(
+                b"{}\n" + json.dumps({
+                    "size": 0, "track_total_hits": True, "aggs": _SUMS,
+                    "query": range_query(columns, r.lower, r.upper),
+                }).encode() + b"\n"
+                for r in part
+            )  # fmt: skip
+            answer = self.engine.request(
+                "POST", f"/{alias}/_msearch", body=searches,
+                headers={"content-type": "application/x-ndjson"},
+            )  # fmt: skip
+            for r, got in zip(part, answer["responses"], strict=True):
+                if "error" in got:
+                    raise RetriableError(
+                        f"{alias}: the summary of keys in ({r.lower}, {r.upper}] failed:"
+                        f" {json.dumps(got['error'])[:300]}"
+                    )
+                rows, hashed = (
+                    int(got["hits"]["total"]["value"]),
+                    int(got["aggregations"]["n"]["value"]),
+                )
+                out.append(
+                    Summary(rows, round(got["aggregations"]["h"]["value"] or 0), rows - hashed)
+                )
+        return out
+
+    def _integer_summaries(
+        self, alias: str, field: str, ranges: Sequence[KeyRange]
+    ) -> list[Summary]:
+        """A single integer key's summaries from ``range`` aggregations — one pass over
+        the documents, each put in its range by a binary search: ``[lower + 1, upper + 1)``
+        holds the integers of ``(lower, upper]``."""
+        out: list[Summary] = []
+        for start in range(0, len(ranges), INTEGER_RANGES_PER_REQUEST):
+            part = ranges[start : start + INTEGER_RANGES_PER_REQUEST]
+            spans = [
+                {**({} if r.lower is None else {"from": int(r.lower[0]) + 1}),  # type: ignore[call-overload]
+                 **({} if r.upper is None else {"to": int(r.upper[0]) + 1})}  # type: ignore[call-overload]
+                for r in part
+            ]  # fmt: skip
             answer = self.engine.request("POST", f"/{alias}/_search", body={
                 "size": 0, "track_total_hits": False,
-                "aggs": {"r": {"filters": {"filters": filters}, "aggs": {
-                    "h": {"sum": {"field": ROW_HASH}},
-                    "n": {"value_count": {"field": ROW_HASH}}}}},
+                "aggs": {"r": {"range": {"field": field, "ranges": spans}, "aggs": _SUMS}},
             })  # fmt: skip
-            buckets = answer["aggregations"]["r"]["buckets"]
-            for i in range(len(part)):
-                b = buckets[str(i)]
+            for b in answer["aggregations"]["r"]["buckets"]:
                 rows, hashed = int(b["doc_count"]), int(b["n"]["value"])
                 out.append(Summary(rows, round(b["h"]["value"] or 0), rows - hashed))
         return out
