@@ -225,6 +225,9 @@ class SearchTarget(VerifyTarget):
                 return out
             body["search_after"] = hits[-1].sort
 
+    def prefetch(self, table: tuple[str, str]) -> None:
+        """Nothing: the engine answers the summaries in one pass when they are asked for."""
+
     def before_mark(self, tables: Sequence[tuple[str, str]]) -> None:
         self.group.before_mark()
 

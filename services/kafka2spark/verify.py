@@ -48,6 +48,8 @@ from shared.verify.repair import RepairReport
 from shared.verify.run import TableReport
 from shared.verify.wiring import KeyShape, repair_once, verify_continuously, verify_once
 
+_Read = tuple[list[pa.Array], pa.Array, pa.Array, tuple[str, ...]]
+
 
 class DeltaTarget(VerifyTarget):
     """The mirrors under ``settings.delta.root`` of tables of ``database``."""
@@ -57,6 +59,7 @@ class DeltaTarget(VerifyTarget):
         self.database = database
         self.key_shape = key_shape
         self.provenance = Provenance()
+        self._ahead: dict[tuple[str, str], tuple[int, _Read | None]] = {}
         registry = settings.schema_registry
         self.group = GroupMarks(
             settings.kafka.client_config(), settings.source.group_id, settings.source.topics,
@@ -69,16 +72,39 @@ class DeltaTarget(VerifyTarget):
     def path(self, table: tuple[str, str]) -> Path:
         return self.s.delta.root / table_dir(self.s.delta.table_template, self.database, *table)
 
+    def prefetch(self, table: tuple[str, str]) -> None:
+        """Read the key and hash columns for the summaries now, while the marker is
+        awaited, noting the mirror's version: the summaries use them only if the mirror
+        is still at that version once the marker was applied (no commit since: the state
+        read is the state after the marker)."""
+        path = self.path(table)
+        version = _latest_version(path)
+        if version is None:
+            return
+        dt = DeltaTable(str(path), version=version)
+        self._ahead[table] = (version, self._read(table, summaries_only=True, dt=dt))
+
+    def _summary_read(self, table: tuple[str, str]) -> _Read | None:
+        ahead = self._ahead.pop(table, None)
+        if ahead is not None and ahead[0] == _latest_version(self.path(table)):
+            return ahead[1]
+        return self._read(table, summaries_only=True)
+
     def _read(
-        self, table: tuple[str, str], rng: KeyRange | None = None, summaries_only: bool = False
-    ) -> tuple[list[pa.Array], pa.Array, pa.Array, tuple[str, ...]] | None:
+        self,
+        table: tuple[str, str],
+        rng: KeyRange | None = None,
+        summaries_only: bool = False,
+        dt: DeltaTable | None = None,
+    ) -> _Read | None:
         """(key columns, hashes, xids, key types) of the mirror's rows (in ``rng``), or
-        None when the table has no mirror; ``summaries_only``: the xids not read (nulls)."""
+        None when the table has no mirror; ``summaries_only``: the xids not read (nulls);
+        ``dt``: the mirror at a version (default: the latest)."""
         path = self.path(table)
         if not (path / "_delta_log").is_dir():
             return None
         columns, types = self.key_shape(table)
-        dt = DeltaTable(str(path))
+        dt = DeltaTable(str(path)) if dt is None else dt
         by_pg = {postgres_name(f.name): f.name for f in dt.schema().fields}
         missing = [c for c in columns if c not in by_pg]
         if missing or HASH not in by_pg.values():
@@ -126,7 +152,7 @@ class DeltaTarget(VerifyTarget):
         return [replace(s, edited=n) for s, n in zip(out, counts, strict=True)]
 
     def _summaries(self, table: tuple[str, str], ranges: Sequence[KeyRange]) -> list[Summary]:
-        read = self._read(table, summaries_only=True)
+        read = self._summary_read(table)
         if read is None:
             return [Summary(0, 0) for _ in ranges]
         keys, hashes, _xids, types = read
@@ -219,6 +245,13 @@ def _integer_summaries(
         rows_in = b - a
         out.append(Summary(rows_in, int(cum_h[b] - cum_h[a]), rows_in - int(cum_k[b] - cum_k[a])))
     return out
+
+
+def _latest_version(path: Path) -> int | None:
+    """The mirror's latest version — its highest commit file (each commit adds the next
+    one, atomically) — or None before its first commit."""
+    versions = [int(p.stem) for p in (path / "_delta_log").glob("*.json") if p.stem.isdigit()]
+    return max(versions) if versions else None
 
 
 def _filter(names: Sequence[str], types: Sequence[str], rng: KeyRange) -> Any:

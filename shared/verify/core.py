@@ -240,6 +240,13 @@ class VerifyTarget(Protocol):
         """Note where the tables' partitions end now: a marker asked for next lies after."""
         ...
 
+    def prefetch(self, table: tuple[str, str]) -> None:
+        """Called while the first round's marker is awaited (on another thread, before
+        :meth:`summaries`): read ahead what the summaries need, if that is cheaper later.
+        :meth:`summaries` must still answer for the sink as it is after the marker (use
+        what was read ahead only if nothing changed since). May do nothing."""
+        ...
+
     def wait_for_mark(
         self, mark_id: str, tables: Sequence[tuple[str, str]], timeout_s: float
     ) -> None:

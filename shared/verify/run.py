@@ -164,14 +164,16 @@ class Verifier:
         ranges: list[SourceRange] = []
         reading = self.source.ranges(table, self.plan.range_rows)
         first = next(reading, None)  # the table's key checked before a marker is asked for
-        with ThreadPoolExecutor(1, thread_name_prefix="verify-mark") as pool:
+        with ThreadPoolExecutor(2, thread_name_prefix="verify-mark") as pool:
             synced = pool.submit(self._synced_at, table)
+            ahead = pool.submit(self.target.prefetch, table)
             for r in itertools.chain([] if first is None else [first], reading):
                 ranges.append(r)
                 report.rows += r.summary.rows
                 report.ranges += 1
             read_s = time.monotonic() - started
             synced_s = synced.result() - started
+            ahead.result()
         sums_started = time.monotonic()
         summaries = self.target.summaries(table, [r.range for r in ranges])
         log.info(

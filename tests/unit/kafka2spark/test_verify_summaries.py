@@ -1,18 +1,25 @@
 """The Delta side's range summaries for a single integer key (services/kafka2spark/verify.py):
 the sort-free pass over a whole table's ranges and the sorted path for any other ranges
 agree with a plain count and sum per range, unknown hashes and keys on the bounds
-included."""
+included; a read ahead (while the marker is awaited) serves the summaries only while the
+mirror has no newer commit."""
 
 from __future__ import annotations
 
 import itertools
 import random
+from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
 import pytest
+from deltalake import write_deltalake
 
-from services.kafka2spark.verify import _integer_summaries
+from services.kafka2spark.names import HASH, XID
+from services.kafka2spark.verify import DeltaTarget, _integer_summaries
 from shared.verify.core import KeyRange, Summary
+
+T = ("s", "t")
 
 
 def plain(keys: list[int], hashes: list[int | None], ranges: list[KeyRange]) -> list[Summary]:
@@ -68,3 +75,42 @@ def test_sums_stay_exact_for_a_range_of_the_most_rows() -> None:
     h = np.full(n, 2**32 - 1, dtype=np.int64)
     (s,) = _integer_summaries(k, h, np.ones(n, dtype=bool), [KeyRange(None, None)])
     assert s == Summary(n, n * (2**32 - 1), 0)
+
+
+# -- read ahead while the marker is awaited --------------------------------------------
+
+
+def _target(path: Path) -> DeltaTarget:
+    t = DeltaTarget.__new__(DeltaTarget)  # the Delta side alone: no Kafka group
+    t.key_shape = lambda table: (("id",), ("int8",))
+    t.path = lambda table: path  # type: ignore[method-assign]
+    t._ahead = {}
+    return t
+
+
+def _write(path: Path, ids: list[int], mode: str = "append") -> None:
+    write_deltalake(
+        str(path), pa.table({"id": ids, HASH: [7] * len(ids), XID: [1] * len(ids)}), mode=mode
+    )
+
+
+def test_a_read_ahead_is_used_only_while_the_mirror_has_not_moved(tmp_path: Path) -> None:
+    _write(tmp_path, list(range(10)))
+    whole = [KeyRange(None, None)]
+    t = _target(tmp_path)
+    t.prefetch(T)
+    read_again = t._read
+    t._read = lambda *a, **k: pytest.fail("read again though nothing was committed")  # type: ignore[method-assign]
+    assert t._summaries(T, whole) == [Summary(10, 70)]
+
+    t._read = read_again  # type: ignore[method-assign]
+    t.prefetch(T)
+    _write(tmp_path, [10, 11])  # a commit after the read ahead: the state it read is gone
+    assert t._summaries(T, whole) == [Summary(12, 84)]
+
+
+def test_no_mirror_yet_is_no_read_ahead(tmp_path: Path) -> None:
+    (tmp_path / "_delta_log").mkdir()  # made before its first commit
+    t = _target(tmp_path)
+    t.prefetch(T)
+    assert t._ahead == {}
