@@ -28,7 +28,10 @@ docs/development.md ("Failpoints"); they are:
 - ``kafka2spark.batch_started``: a micro-batch handed to the mirror, nothing of it
   written yet;
 - ``kafka2spark.batch_written``: a micro-batch written to Delta, neither its offsets
-  committed to the group nor Spark's checkpoint written.
+  committed to the group nor Spark's checkpoint written;
+- ``verify.marked``: a verification's marker committed in Postgres, the sink not yet
+  waited for (``verify``, ``repair`` and the continuous mode);
+- ``repair.requested``: a repair's snapshot of key ranges filed, not yet waited for.
 """
 
 from __future__ import annotations

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from shared.errors import PermanentError, RetriableError
+from shared.failpoints import failpoint
 from shared.verify.core import Key, KeyRange
 from shared.verify.run import SAMPLE, TableReport, Verifier, shown_key
 
@@ -147,6 +148,7 @@ class Repairer:
                 f" (attempt {report.attempts})"
             )
             ids = self.source.request_repair(table, ranges)
+            failpoint("repair.requested")  # filed, pg2kafka not yet waited for
             self._wait(table, ids)
             after = self.verifier.recheck(table, ranges)
             report.after = after

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from shared.errors import UnverifiableError
+from shared.failpoints import failpoint
 from shared.verify.core import (
     Key,
     KeyRange,
@@ -143,6 +144,7 @@ class Verifier:
         mark_id = f"{self.service}-{uuid.uuid4().hex[:16]}"
         self.target.before_mark([table])
         lsn = self.source.mark(mark_id, [table])
+        failpoint("verify.marked")  # the marker committed, the sink not yet past it
         self.source.wait_streamed(self.plan.slot, lsn, self.plan.mark_timeout_s)
         self.target.wait_for_mark(mark_id, [table], self.plan.mark_timeout_s)
 

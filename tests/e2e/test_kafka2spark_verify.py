@@ -3,7 +3,10 @@ services.kafka2spark run``), fed by pg2kafka as a process:
 
 - the continuous mode inside the running service (``verify.interval_s``): the table's
   outcome in ``status`` and in ``/metrics``, and a row deleted from the mirror behind
-  walcast's back turns it into a difference with the row's key;
+  walcast's back turns it into a difference with the row's key; then ``kafka2spark
+  verify`` killed with its marker written and ``kafka2spark repair`` killed with its
+  snapshot of key ranges filed, each run again: the repair mends the row, the
+  verification says equal;
 - a repair while kafka2spark is down, then killed at a failpoint right after a micro-batch
   is written to Delta, before its offsets are committed (the batch, and any ``range_end``
   marker in it, applied again after the restart), ends with the mirror equal to the
@@ -11,7 +14,11 @@ services.kafka2spark run``), fed by pg2kafka as a process:
 
 from __future__ import annotations
 
+import json
+import os
 import re
+import subprocess
+import sys
 import threading
 import urllib.request
 from pathlib import Path
@@ -25,7 +32,7 @@ from services.kafka2spark import admin as spark_admin
 from services.kafka2spark.settings import Kafka2SparkSettings
 from services.kafka2spark.verify import repair, verify
 from services.pg2kafka.settings import Pg2KafkaSettings
-from shared.failpoints import EXIT_CODE
+from shared.failpoints import ENV, EXIT_CODE
 from shared.settings import VerifySettings, load_settings
 from shared.verify.repair import RepairReport
 from tests.e2e.conftest import Proc, wait_until, write_rows
@@ -116,6 +123,30 @@ def test_the_continuous_mode_in_the_running_service(
     assert o["missing"] == {"count": 1, "sample": [42]}, o
     wait_until(lambda: metric(flow["port"], "walcast_verify_differences", name) == 1,
                "the difference in /metrics", 60)  # fmt: skip
+
+    # The command line, killed at its worst moments, then run again: a verify killed with
+    # its marker written, a repair killed with its snapshot of key ranges filed.
+    assert cli(flow, "verify", name, "verify.marked=exit").returncode == EXIT_CODE
+    assert cli(flow, "repair", name, "repair.requested=exit").returncode == EXIT_CODE
+    again = cli(flow, "repair", name)
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+    caught_up(flow, procs)  # row 42 is back (by either repair)
+    final = cli(flow, "verify", name)
+    assert final.returncode == 0, final.stdout[-3000:] + final.stderr[-3000:]
+    assert json.loads(final.stdout)["tables"][0]["ok"] is True
+
+
+def cli(
+    run: Any, command: str, table: str, failpoints: str = ""
+) -> subprocess.CompletedProcess[str]:
+    """``python -m services.kafka2spark verify|repair --table T --json`` as its own process,
+    with the running service's settings; ``failpoints``: where it dies."""
+    env = {**os.environ, **run["spark_env"], **verify_env(run), ENV: failpoints}
+    return subprocess.run(
+        [sys.executable, "-m", "services.kafka2spark", "--env-file", str(run["env_file"]),
+         command, "--table", table, "--json"],
+        env=env, capture_output=True, text=True, timeout=600, check=False,
+    )  # fmt: skip
 
 
 def test_a_repair_with_kafka2spark_killed_after_writing_batches_ends_equal(
