@@ -38,6 +38,13 @@ def spark_settings(env_file: Path, root: Path, name: str, topic: str) -> Kafka2S
 def spark(stack_env: dict[str, str]) -> Iterator[SparkSession]:
     env_file = Path(stack_env["WALCAST_STACK_DIR"]) / "walcast.env"
     settings = load_settings(Kafka2SparkSettings, env_file=env_file)
+    # One JVM for every integration test: thousands of streaming queries' stages and
+    # plans over the session. Its default 1 GB heap ran out in the suite's ~100th Spark
+    # test (stage 6,402, a first micro-batch of a pgbench load): 2 GB for the session.
+    conf = {**settings.spark.conf, "spark.driver.memory": "2g"}
+    settings = settings.model_copy(
+        update={"spark": settings.spark.model_copy(update={"conf": conf})}
+    )
     session = spark_session(settings)
     yield session
     session.stop()
