@@ -31,8 +31,6 @@ TEXT_KEY_TYPES = frozenset({"text", "varchar"})
 ORDERED_KEY_TYPES = INTEGER_KEY_TYPES | TEXT_KEY_TYPES | {"uuid"}
 """Key column types (``pg_type.typname``) whose order Postgres, the engines and Spark share."""
 
-TEXT_KEY_TYPE_OIDS = frozenset({25, 1043})  # text, varchar
-
 _BYTE_ORDER_LOCALES = frozenset({"C", "POSIX", "C.UTF-8", "C.utf8"})
 _C_COLLATIONS = frozenset({950, 951})  # pg_collation "C" and "POSIX"
 
