@@ -179,3 +179,27 @@ def read_topic(
     finally:
         consumer.close()
     return records
+
+
+WALCAST_SOURCE_FIELDS = ("walcast_hash", "walcast_mark")
+"""What pg2kafka's Debezium records add to the connector's ``source`` block (optional
+fields, shared/formats/debezium.py): left out before comparing with the connector's."""
+
+
+def without_walcast_fields(value: Any) -> Any:
+    """A Debezium record value (Connect's JSON: ``{"schema", "payload"}``, or a bare
+    payload) without walcast's additions to ``source`` — in the payload and, with a
+    schema, in the source block's schema."""
+    if not isinstance(value, dict):
+        return value
+    payload = value.get("payload", value)
+    if isinstance(payload, dict) and isinstance(payload.get("source"), dict):
+        payload["source"] = {
+            k: v for k, v in payload["source"].items() if k not in WALCAST_SOURCE_FIELDS
+        }
+    schema = value.get("schema")
+    if isinstance(schema, dict):
+        for f in schema.get("fields") or ():
+            if f.get("field") == "source":
+                f["fields"] = [s for s in f["fields"] if s["field"] not in WALCAST_SOURCE_FIELDS]
+    return value

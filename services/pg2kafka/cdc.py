@@ -313,12 +313,34 @@ class DebeziumCdc(CdcHandler):
             if opened is not None and opened.prefix == DDL_PREFIX:
                 self.check_keyless(session)
             elif opened is not None and opened.prefix == VERIFY_PREFIX:
-                # The connector's records have no marker: a sink of this format cannot
-                # know when it has applied everything up to a point of the stream.
-                self._verify_log.warning(
-                    "verify", "a verification mark was asked for; the debezium format"
-                    " writes no markers: verify needs producer.format walcast",
-                )  # fmt: skip
+                self.verify_marks(session, lsn, opened)
+
+    def verify_marks(self, session: HandlerContext, lsn: int, msg: pg.Message) -> None:
+        """A verification mark: a marker record (``op: m``) on every partition of each
+        table's topic, as walcast's format does with its ``verify`` event — a sink has
+        applied everything before it once each partition's offsets pass it. Off with
+        ``debezium.verify_marks: false`` (for consumers that cannot skip such records)."""
+        b = session.builder
+        if not msg.transactional or b.txn is None:
+            return
+        if not self.settings.debezium.verify_marks:
+            self._verify_log.warning(
+                "verify", "a verification mark was asked for; debezium.verify_marks is"
+                " false: no marker written, the sinks' verify will wait for it in vain",
+            )  # fmt: skip
+            return
+        records = self._records(session)
+        for ev in b.verify_marks(msg, lsn):
+            schema, table = ev["schema"], ev["table"]
+            if not self.filter.matches(schema, table):
+                continue
+            r = records.mark(schema, table, ev["verify"]["id"], b.txn, lsn)
+            if r.value is None:
+                continue
+            partitions = session.refresh_partitions(r.topic)
+            for partition in range(partitions):
+                session.write(Outgoing(r.topic, None, r.value, partition=partition))
+            session.count(r.op, len(r.value) * partitions)
 
     def _records(self, session: HandlerContext) -> DebeziumRecords:
         if self.records is None:

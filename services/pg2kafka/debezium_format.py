@@ -23,7 +23,7 @@ from typing import Any
 import orjson
 
 from services.pg2kafka import pgoutput as pg
-from services.pg2kafka._native import convert_value
+from services.pg2kafka._native import RowHasher, convert_value
 from services.pg2kafka.changes import Transaction
 from services.pg2kafka.settings import DebeziumSettings
 from services.pg2kafka.transforms import Transforms, unique_key
@@ -58,6 +58,8 @@ class _Table:
     # The transform rules' rewrite of a row's values; ``relation`` is then the one the
     # stream sent and ``columns`` what the rules leave of it.
     apply: Callable[[tuple[pg.Value, ...]], tuple[pg.Value, ...]] | None = None
+    # The row hash over the stream's columns, before any transform (``source.walcast_hash``).
+    hasher: RowHasher | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -153,7 +155,7 @@ class DebeziumRecords:
         }
         table = _Table(
             rel, topic, tuple(columns), keys, absent, key_schema, value_schema,
-            plan.apply if plan is not None else None,
+            plan.apply if plan is not None else None, RowHasher([c.name for c in rel.columns]),
         )  # fmt: skip
         self._tables[rel.oid] = table
         return table
@@ -193,7 +195,7 @@ class DebeziumRecords:
 
     def _value(
         self, t: _Table, op: str, before: dict[str, Any] | None, after: dict[str, Any] | None,
-        txn: Transaction | SnapshotRead, lsn: int,
+        txn: Transaction | SnapshotRead, lsn: int, row_hash: int | None = None,
     ) -> bytes:  # fmt: skip
         rel = t.relation
         if isinstance(txn, SnapshotRead):
@@ -211,6 +213,7 @@ class DebeziumRecords:
             txid=txn.xid,
             lsn=lsn,
             last_commit_lsn=last_commit,
+            row_hash=row_hash,
         )
         payload = debezium.envelope(op, before, after, source, self.clock() // 1000)
         if self.avro is not None:
@@ -222,8 +225,8 @@ class DebeziumRecords:
         it): an ``r`` record at ``snap.lsn``."""
         t = self.table(rel)
         after = self._row(t, values)
-        return Record(t.topic, self._key(t, after), self._value(t, "r", None, after, snap,
-                      snap.lsn), "read")  # fmt: skip
+        value = self._value(t, "r", None, after, snap, snap.lsn, self._hash(t, values))
+        return Record(t.topic, self._key(t, after), value, "read")
 
     def change(
         self, rel: pg.Relation, msg: pg.Insert | pg.Update | pg.Delete, txn: Transaction, lsn: int
@@ -231,17 +234,12 @@ class DebeziumRecords:
         t = self.table(rel)
         if isinstance(msg, pg.Insert):
             after = self._row(t, msg.new)
-            return [
-                Record(
-                    t.topic,
-                    self._key(t, after),
-                    self._value(t, "c", None, after, txn, lsn),
-                    "insert",
-                )
-            ]
+            value = self._value(t, "c", None, after, txn, lsn, self._hash(t, msg.new))
+            return [Record(t.topic, self._key(t, after), value, "insert")]
         if isinstance(msg, pg.Delete):
             return self._delete(t, self._row(t, msg.old, only_key=msg.old_kind == "K"), txn, lsn)
         after = self._row(t, msg.new)
+        row_hash = self._hash(t, msg.new)
         before: dict[str, Any] | None = None
         if msg.old is not None:
             before = self._row(t, msg.old, only_key=msg.old_kind == "K")
@@ -249,11 +247,43 @@ class DebeziumRecords:
         if before is not None and t.keys and self._key(t, before) != key:
             # The key changed: as the connector, a delete of the old key (and its
             # tombstone), then a create under the new one.
-            create = Record(t.topic, key, self._value(t, "c", None, after, txn, lsn), "insert")
+            create = Record(
+                t.topic, key, self._value(t, "c", None, after, txn, lsn, row_hash), "insert"
+            )
             return [*self._delete(t, before, txn, lsn), create]
         if before is not None and msg.old_kind == "K":
             before = None  # only the unchanged key: the connector writes no before image
-        return [Record(t.topic, key, self._value(t, "u", before, after, txn, lsn), "update")]
+        value = self._value(t, "u", before, after, txn, lsn, row_hash)
+        return [Record(t.topic, key, value, "update")]
+
+    @staticmethod
+    def _hash(t: _Table, values: tuple[pg.Value, ...]) -> int | None:
+        """The row hash of the stream's values (None: an unchanged TOAST value among them)."""
+        return t.hasher.hash(values) if t.hasher is not None else None
+
+    def mark(self, schema: str, table: str, mark_id: str, txn: Transaction, lsn: int) -> Record:
+        """A verification marker for ``schema.table`` (``op: m``, no row images, the id in
+        ``source.walcast_mark``; docs/events.md): the sender writes it to every partition
+        of the table's topic, where it orders after every change the marker's transaction
+        follows. Its schema is :func:`shared.formats.debezium.mark_schema`, whatever
+        relation the stream last saw — a table that had no change this session has none."""
+        topic = debezium.record_name(self.settings.topic_prefix, schema, table)
+        source = debezium.source(
+            version=VERSION, prefix=self.settings.topic_prefix, db=self.database,
+            schema=schema, table=table, commit_us=txn.commit_us, snapshot="false",
+            txid=txn.xid, lsn=lsn, last_commit_lsn=self.last_commit_lsn, mark=mark_id,
+        )  # fmt: skip
+        now_us = self.clock() // 1000
+        payload = {"source": source, "op": debezium.MARK_OP, "ts_ms": now_us // 1000,
+                   "ts_us": now_us, "ts_ns": now_us * 1000}  # fmt: skip
+        connect = debezium.mark_schema(topic)
+        if self.avro is not None:
+            value = self.avro.encode(topic, {"schema": connect, "payload": payload})
+        else:
+            value = orjson.dumps(
+                debezium.with_schema(payload, connect if self.settings.schemas else None)
+            )
+        return Record(topic, None, value, "verify")
 
     def _delete(
         self, t: _Table, before: dict[str, Any], txn: Transaction, lsn: int

@@ -34,6 +34,7 @@ from services.pg2kafka import pgoutput
 from services.pg2kafka.pgoutput import format_lsn
 from shared.contract.rowhash import TEXT_OUTPUT_OPTIONS
 from shared.errors import PermanentError, RetriableError
+from shared.formats import debezium
 from shared.interfaces import Source
 from shared.settings import SAFE_SEARCH_PATH
 
@@ -43,9 +44,8 @@ _XLOG_HEADER = struct.Struct("!QQq")  # wal start, wal end, send time
 _KEEPALIVE = struct.Struct("!QqB")  # wal end, send time, reply requested
 _STATUS = struct.Struct("!cQQQqB")
 
-# The Debezium format reads money as an amount: its text must not depend on the server's
-# lc_monetary (walcast's event keeps money's text as the server writes it).
-DEBEZIUM_SESSION_OPTIONS = "-c lc_monetary=C"
+# The Debezium format reads money as an amount (shared/formats/debezium.py).
+DEBEZIUM_SESSION_OPTIONS = debezium.SESSION_OPTIONS
 
 # Pin the text output of every type, so the converters in types.py see one format and
 # the row hash is the one Postgres computes in a verify session (the same settings).

@@ -209,6 +209,12 @@ class DebeziumSettings(Section):
     tombstones: bool = True
     """Debezium's tombstones.on.delete: a delete is followed by a record with the same key
     and no value, so a compacted topic forgets the row."""
+    verify_marks: bool = True
+    """When a sink's ``verify`` asks for a marker, write it into the table's topic: a record
+    with ``op: m``, no row images and the verification's id in ``source.walcast_mark``, on
+    every partition (docs/events.md). Off: no marker is written, and ``verify`` of a sink
+    of these topics waits for one in vain — for topics also read by consumers that cannot
+    skip a record they do not know."""
 
     @field_validator("topic_prefix")
     @classmethod

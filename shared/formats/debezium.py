@@ -443,11 +443,27 @@ _ZERO: dict[str, Any] = {
 }
 
 
+SESSION_OPTIONS = "-c lc_monetary=C"
+"""The Debezium format reads money as an amount: its text must not depend on the server's
+lc_monetary (walcast's event keeps money's text as the server writes it). pg2kafka's
+sessions in this format use it, and so does ``verify`` of a sink reading it, whose row
+hashes are of that text."""
+
+
 # -- envelopes ------------------------------------------------------------------------------
 
 SNAPSHOT_VALUES = (
     "true,first,first_in_data_collection,last_in_data_collection,last,false,incremental"
 )
+
+WALCAST_HASH = "walcast_hash"
+"""``source.walcast_hash``: the row hash of ``after`` (shared/contract/rowhash.py), which
+``verify`` compares; absent where pg2kafka does not hold the whole row (an unchanged
+TOAST value) and on the real connector's records."""
+WALCAST_MARK = "walcast_mark"
+"""``source.walcast_mark``: on a marker record (``op: m``, no before, no after), the id of
+the verification whose point of the stream it is (docs/design.md#verification)."""
+MARK_OP = "m"
 
 SOURCE_SCHEMA: dict[str, Any] = {
     "type": "struct",
@@ -476,13 +492,18 @@ SOURCE_SCHEMA: dict[str, Any] = {
         {"type": "int64", "optional": True, "field": "xmin"},
         {"type": "string", "optional": True, "field": "origin"},
         {"type": "int64", "optional": True, "field": "origin_lsn"},
+        # walcast's own, optional (a Connect consumer ignores them): the row hash
+        # (shared/contract/rowhash.py) and, on a marker record, the verification's id
+        {"type": "int64", "optional": True, "field": WALCAST_HASH},
+        {"type": "string", "optional": True, "field": WALCAST_MARK},
     ],
     "optional": False,
     "name": "io.debezium.connector.postgresql.Source",
     "version": 1,
     "field": "source",
 }
-"""The connector's ``source`` block schema (io.debezium.connector.postgresql.Source)."""
+"""The connector's ``source`` block schema (io.debezium.connector.postgresql.Source), and
+walcast's two optional fields (:data:`WALCAST_HASH`, :data:`WALCAST_MARK`)."""
 
 TRANSACTION_SCHEMA: dict[str, Any] = {
     "type": "struct",
@@ -532,6 +553,25 @@ def value_schema(name: str, fields: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
+def mark_schema(name: str) -> dict[str, Any]:
+    """The schema of a marker record: the table's envelope (same name, so that it shares
+    the table's subject in a registry) without the row images, which a marker has none
+    of — compatible with the full envelope both ways."""
+    return {
+        "type": "struct",
+        "fields": [
+            SOURCE_SCHEMA,
+            {"type": "string", "optional": False, "field": "op"},
+            {"type": "int64", "optional": True, "field": "ts_ms"},
+            {"type": "int64", "optional": True, "field": "ts_us"},
+            {"type": "int64", "optional": True, "field": "ts_ns"},
+        ],
+        "optional": False,
+        "name": f"{name}.Envelope",
+        "version": 2,
+    }
+
+
 def source(
     *,
     version: str,
@@ -544,9 +584,12 @@ def source(
     txid: int | None,
     lsn: int | None,
     last_commit_lsn: int | None,
+    row_hash: int | None = None,
+    mark: str | None = None,
 ) -> dict[str, Any]:
     """The ``source`` block: where and when the change was made (``commit_us``: the
-    transaction's commit time in microseconds since the epoch)."""
+    transaction's commit time in microseconds since the epoch); ``row_hash`` and ``mark``
+    as :data:`WALCAST_HASH` and :data:`WALCAST_MARK` say."""
     sequence = (
         f'["{last_commit_lsn}","{lsn}"]' if last_commit_lsn is not None else f'[null,"{lsn}"]'
     )
@@ -567,6 +610,8 @@ def source(
         "xmin": None,
         "origin": None,
         "origin_lsn": None,
+        WALCAST_HASH: row_hash,
+        WALCAST_MARK: mark,
     }
 
 

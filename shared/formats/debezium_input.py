@@ -11,7 +11,10 @@ The mapping (docs/events.md, "Reading Debezium topics"):
 
 - ``op`` ``c`` / ``r`` / ``u`` / ``d`` / ``t`` → ``insert`` / ``read`` / ``update`` /
   ``delete`` / ``truncate``; a logical-decoding message (``m``) and a tombstone (a record
-  without a value) carry no row change: no event.
+  without a value) carry no row change: no event — except pg2kafka's verification
+  marker (an ``m`` record with ``source.walcast_mark``), which becomes ``verify``.
+- ``source.walcast_hash`` (pg2kafka's records; not the connector's) is the event's row
+  hash, which ``verify`` compares; a row without it is of unknown hash (read again).
 - Values go back to walcast's encoding through the Connect field schemas
   (:func:`shared.formats.debezium.to_walcast`) and ``types`` names each column's
   Postgres type (:func:`~shared.formats.debezium.pg_type`). A record without its schema
@@ -40,8 +43,15 @@ from typing import Any, Literal
 import orjson
 
 from shared.contract import limits
-from shared.contract.event import EVENT_VERSION, MAX_LSN, EventDecodeError
-from shared.formats.debezium import UNAVAILABLE, pg_type, to_walcast
+from shared.contract.event import EVENT_VERSION, MAX_LSN, MAX_ROW_HASH, EventDecodeError
+from shared.formats.debezium import (
+    MARK_OP,
+    UNAVAILABLE,
+    WALCAST_HASH,
+    WALCAST_MARK,
+    pg_type,
+    to_walcast,
+)
 
 InputFormat = Literal["walcast", "debezium", "auto"]
 """What a sink's topics hold: walcast's change events, Debezium records, or either
@@ -108,11 +118,12 @@ def _events(key: bytes | None, value: bytes | None) -> list[dict[str, Any]]:
             else "Debezium record: schema or payload is not an object"
         )  # fmt: skip
     op = payload.get("op")
-    if op == "m":
-        return []  # a logical-decoding message: no row changed
+    if op == MARK_OP:
+        return _mark(payload)
     if op not in _OPS:
         raise EventDecodeError(f"Debezium record with an unknown op {op!r}")
     head = _head(payload)
+    row_hash = _row_hash(payload)
     if op == "t":
         return [{**head, "op": "truncate", "key": {}, "new": None, "old": None}]
     fields = _row_fields(schema)
@@ -144,7 +155,32 @@ def _events(key: bytes | None, value: bytes | None) -> list[dict[str, Any]]:
             _event(head, "delete", before[0], None, types),
             {**_event(head, "insert", after[0], after, types), "seq": 1},
         ]
-    return [_event(head, _OPS[op], _key(names, after[0]), after, types)]
+    ev = _event(head, _OPS[op], _key(names, after[0]), after, types)
+    if row_hash is not None and not after[1]:
+        ev["hash"] = row_hash
+    return [ev]
+
+
+def _row_hash(payload: dict[str, Any]) -> int | None:
+    """``source.walcast_hash`` (pg2kafka's records; the connector writes none)."""
+    h = payload["source"].get(WALCAST_HASH)
+    if h is None:
+        return None
+    if type(h) is not int or not 0 <= h <= MAX_ROW_HASH:
+        raise EventDecodeError(f"Debezium source.{WALCAST_HASH} not an integer from 0 to 2^32-1")
+    return h
+
+
+def _mark(payload: dict[str, Any]) -> list[dict[str, Any]]:
+    """An ``m`` record: pg2kafka's verification marker (``source.walcast_mark``) as
+    walcast's ``verify`` event; any other logical-decoding message carries nothing."""
+    source = payload.get("source")
+    mark = source.get(WALCAST_MARK) if isinstance(source, dict) else None
+    if mark is None:
+        return []
+    head = _head(payload)
+    return [{**head, "op": "verify", "key": {}, "new": None, "old": None,
+             "verify": {"id": mark}}]  # fmt: skip
 
 
 _Image = tuple[dict[str, Any], list[str]]  # the row, its unchanged TOAST columns

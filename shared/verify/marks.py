@@ -21,6 +21,7 @@ from confluent_kafka import Consumer, KafkaException, TopicPartition
 
 from shared.contract.event import EventDecodeError
 from shared.errors import PermanentError, RetriableError
+from shared.formats.debezium_input import events as debezium_events
 from shared.kafka import topic_partitions
 from shared.retry import BackoffPolicy, call_with_retry
 
@@ -88,7 +89,7 @@ def find_marks(
                             value = from_avro(value)
                         except EventDecodeError:
                             value = b""  # unreadable: the sink dead-letters it, no mark
-                    if b'"verify"' in value and _is_mark(value, mark_id, table):
+                    if _is_mark(value, mark_id, table):
                         found.setdefault(p, offset)
                 if offset + 1 >= ends[p]:
                     done.add(p)
@@ -109,10 +110,21 @@ def _position(consumer: Consumer, p: Partition) -> int:
 
 
 def _is_mark(value: bytes, mark_id: str, table: tuple[str, str]) -> bool:
+    """Whether a record (JSON) is the marker: walcast's ``verify`` event, or pg2kafka's
+    Debezium-format marker record (read as the sinks read it)."""
     try:
         ev = orjson.loads(value)
     except orjson.JSONDecodeError:
         return False
+    if isinstance(ev, dict) and "payload" in ev:  # a Debezium record (Connect's JSON)
+        try:
+            return any(_is_mark_event(e, mark_id, table) for e in debezium_events(None, value))
+        except EventDecodeError:
+            return False
+    return _is_mark_event(ev, mark_id, table)
+
+
+def _is_mark_event(ev: Any, mark_id: str, table: tuple[str, str]) -> bool:
     return (
         isinstance(ev, dict)
         and ev.get("op") == "verify"
@@ -219,8 +231,9 @@ class GroupMarks:
                 raise PermanentError(
                     f"verify: the marker for {'.'.join(table)} is in none of the topics"
                     f" {sink} reads ({', '.join(self.topics)})",
-                    hint="the sink's topics must hold the topic pg2kafka writes the table to,"
-                    " and pg2kafka must write walcast's format",
+                    hint="the sink's topics must hold the topic pg2kafka writes the table to;"
+                    " a topic of the Debezium connector's own records carries no marker:"
+                    " verify needs pg2kafka's records (its walcast or debezium format)",
                 )
             for p, o in found.items():
                 marks[p] = max(marks.get(p, -1), o)

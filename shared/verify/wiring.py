@@ -11,6 +11,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 from shared.errors import ConfigError, PermanentError, RetriableError
+from shared.formats import debezium
 from shared.settings import VerifySettings
 from shared.verify.continuous import Continuous, VerifyMetrics
 from shared.verify.core import VerifyTarget
@@ -32,8 +33,14 @@ MakeTarget = Callable[[str, KeyShape], ClosingTarget]
 """A sink's target for the tables of the source database named by the first argument."""
 
 
-def _source(v: VerifySettings) -> tuple[PostgresSource, KeyShape]:
-    source = PostgresSource(v.postgres.conninfo(), rows_per_s=v.rows_per_s, workers=v.workers)
+def _source(v: VerifySettings, input_format: str) -> tuple[PostgresSource, KeyShape]:
+    # Row hashes are of the text pg2kafka read: its Debezium format reads money under
+    # lc_monetary=C, so verify does too.
+    options = debezium.SESSION_OPTIONS if input_format == "debezium" else ""
+    source = PostgresSource(
+        v.postgres.conninfo(), rows_per_s=v.rows_per_s, workers=v.workers,
+        session_options=options,
+    )  # fmt: skip
 
     def key_shape(table: tuple[str, str]) -> tuple[tuple[str, ...], tuple[str, ...]]:
         shape = source.shape(table)
@@ -42,19 +49,21 @@ def _source(v: VerifySettings) -> tuple[PostgresSource, KeyShape]:
     return source, key_shape
 
 
-def require_walcast_events(input_format: str, service: str) -> None:
-    """``verify`` compares the row hashes walcast's events carry and waits for the markers
-    pg2kafka writes among them: a sink fed Debezium records has neither, so it is refused
-    up front (never a timeout, never a table of rows of unknown hash called verified).
-    ``auto`` is let through: its walcast events are verified, Debezium records among them
-    leave their rows of unknown hash (reported, not a difference)."""
+def require_repairable(input_format: str, service: str) -> None:
+    """``repair`` has pg2kafka read key ranges again as an incremental snapshot, which its
+    Debezium format does not write: a sink fed Debezium records is refused up front (never
+    a request no pg2kafka takes). ``verify`` works on both formats: pg2kafka's Debezium
+    records carry the row hash and its markers (``source.walcast_hash``,
+    ``source.walcast_mark``); the connector's own records have neither, and a verify of
+    them stops, saying the marker is in none of the topics."""
     if input_format == "debezium":
         raise ConfigError(
-            f"{service}: verify and repair need walcast's change events, and this service"
-            " reads Debezium records (input_format = debezium): they carry no row hash and"
-            " no verification marker",
-            hint="feed the sink from pg2kafka in walcast's format (JSON or Avro) to verify"
-            " it, or compare the tables by other means",
+            f"{service}: repair has pg2kafka read the differing key ranges again as an"
+            " incremental snapshot, and this service reads Debezium records"
+            " (input_format = debezium), a format pg2kafka writes no incremental snapshot in",
+            hint="verify reports the differing keys; to read every table again in this"
+            " format: pg2kafka tear-down, then run it with snapshot.mode=initial (a new"
+            " slot, a new initial snapshot); or feed the sink walcast's format",
         )
 
 
@@ -72,8 +81,7 @@ def verify_once(
 ) -> list[TableReport]:
     """Each of ``tables`` compared with Postgres; a transient failure that outlasted its
     retries becomes a PermanentError saying what to look at."""
-    require_walcast_events(input_format, service)
-    source, key_shape = _source(v)
+    source, key_shape = _source(v, input_format)
     target = make_target(source.database(), key_shape)
     try:
         return Verifier(source, target, _plan(v), service, progress).tables(tables)
@@ -93,8 +101,8 @@ def repair_once(
 ) -> list[RepairReport]:
     """Each of ``tables`` verified and, where it differs, repaired (shared/verify/repair.py);
     failures as in :func:`verify_once`."""
-    require_walcast_events(input_format, service)
-    source, key_shape = _source(v)
+    require_repairable(input_format, service)
+    source, key_shape = _source(v, input_format)
     target = make_target(source.database(), key_shape)
     try:
         verifier = Verifier(source, target, _plan(v), service)
@@ -117,12 +125,10 @@ def verify_continuously(
     input_format: str = "walcast",
 ) -> Continuous | None:
     """The continuous mode when ``verify.interval_s`` is set (None otherwise). Postgres is
-    asked nothing until the first verification (the service starts without it); a
-    service fed Debezium records is refused at start-up."""
+    asked nothing until the first verification (the service starts without it)."""
     if not v.interval_s:
         return None
-    require_walcast_events(input_format, service)
-    source, key_shape = _source(v)
+    source, key_shape = _source(v, input_format)
     made: list[Verifier] = []
 
     def verify_one(table: tuple[str, str]) -> TableReport:

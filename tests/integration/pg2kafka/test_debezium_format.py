@@ -46,6 +46,7 @@ def normalise(record: tuple[Any, Any], prefix: str, read: bool = False) -> Any:
     text = re.sub(re.escape(prefix) + r"\.", "P.", repr((key, value)))
     key, value = eval(text)  # noqa: S307 - our own repr of JSON values
     if value is not None:
+        value = debezium.without_walcast_fields(value)
         payload = value["payload"]
         for field in ("ts_ms", "ts_us", "ts_ns"):
             payload.pop(field)

@@ -30,6 +30,7 @@ from services.pg2kafka.transforms import (
 )
 from services.pg2kafka.types import TypeRegistry
 from shared.contract.event import SnapshotInfo
+from shared.contract.rowhash import row_hash
 from shared.errors import ConfigError, PermanentError
 
 KEY = "0123456789abcdef-key"
@@ -215,6 +216,9 @@ def test_the_debezium_format_is_transformed_with_matching_schemas() -> None:
     assert fields["age"]["type"] == "string"
     assert fields["email"]["optional"] is True  # NOT NULL, but the rule writes NULL
     assert "bio" not in fields
+    # verify compares the source's rows: the hash is of the values before the rules
+    names = [c.name for c in USERS.columns]
+    assert value["payload"]["source"]["walcast_hash"] == row_hash(zip(names, ROW, strict=True))
 
 
 def test_subscription_payloads_new_and_old_are_transformed() -> None:

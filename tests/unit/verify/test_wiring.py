@@ -1,46 +1,36 @@
-"""How a sink runs ``verify`` (shared/verify/wiring.py): a sink fed Debezium records —
-which carry no row hash and no verification marker — is refused up front with what to do,
-before Postgres or the sink is asked anything: by ``verify``, ``repair`` and the
-continuous mode (at the service's start-up)."""
+"""How a sink runs ``verify`` (shared/verify/wiring.py): ``repair`` of a sink fed Debezium
+records — a format pg2kafka writes no incremental snapshot in — is refused up front with
+what to do, before Postgres or the sink is asked anything; ``verify`` of such a sink
+reads Postgres's text as pg2kafka's Debezium format does (money under ``lc_monetary=C``),
+so that the row hashes agree."""
 
 from __future__ import annotations
 
-import threading
 from typing import Any
 
 import pytest
 
 from shared.errors import ConfigError
 from shared.settings import VerifySettings
-from shared.verify.continuous import VerifyMetrics
-from shared.verify.wiring import repair_once, verify_continuously, verify_once
+from shared.verify.wiring import _source, repair_once
 
 
 def no_target(*_: Any) -> Any:
     raise AssertionError("the sink was asked for a target")
 
 
-def test_verify_of_a_sink_fed_debezium_records_is_refused_with_the_reason() -> None:
-    with pytest.raises(ConfigError, match="Debezium records") as caught:
-        verify_once(VerifySettings(), "kafka2search", no_target, [("s", "t")],
-                    input_format="debezium")  # fmt: skip
-    assert "walcast's format" in (caught.value.hint or "")
-
-
-def test_repair_of_a_sink_fed_debezium_records_is_refused() -> None:
-    with pytest.raises(ConfigError, match="no row hash and no verification marker"):
+def test_repair_of_a_sink_fed_debezium_records_is_refused_with_what_to_do() -> None:
+    with pytest.raises(ConfigError, match="incremental snapshot") as caught:
         repair_once(VerifySettings(), "kafka2spark", no_target, [("s", "t")],
                     input_format="debezium")  # fmt: skip
+    assert "input_format = debezium" in str(caught.value)
+    assert "snapshot.mode=initial" in (caught.value.hint or "")
 
 
-def test_the_continuous_mode_over_debezium_records_stops_the_start() -> None:
-    from prometheus_client import CollectorRegistry
-
-    metrics = VerifyMetrics(CollectorRegistry())
-    with pytest.raises(ConfigError, match="input_format = debezium"):
-        verify_continuously(VerifySettings(interval_s=5), "kafka2search", no_target,
-                            list, metrics, print, threading.Event(),
-                            input_format="debezium")  # fmt: skip
-    off = verify_continuously(VerifySettings(), "kafka2search", no_target, list, metrics,
-                              print, threading.Event(), input_format="debezium")  # fmt: skip
-    assert off is None  # off: nothing to refuse
+@pytest.mark.parametrize(("input_format", "monetary"), [
+    ("debezium", True), ("walcast", False), ("auto", False),
+])  # fmt: skip
+def test_verify_reads_money_as_the_format_it_checks_does(input_format: str, monetary: bool) -> None:
+    source, _shape = _source(VerifySettings(), input_format)
+    assert ("lc_monetary=C" in source.options) is monetary
+    assert "DateStyle=ISO" in source.options  # the text-output settings stay
