@@ -337,6 +337,7 @@ class DebeziumCdc(CdcHandler):
             r = records.mark(schema, table, ev["verify"]["id"], b.txn, lsn)
             if r.value is None:
                 continue
+            session.ensure_topic(r.topic)  # a table without a change yet: its topic made
             partitions = session.refresh_partitions(r.topic)
             for partition in range(partitions):
                 session.write(Outgoing(r.topic, None, r.value, partition=partition))

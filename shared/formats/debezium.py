@@ -533,15 +533,13 @@ def key_schema(name: str, key_fields: list[dict[str, Any]]) -> dict[str, Any]:
     return {"type": "struct", "fields": key_fields, "optional": False, "name": f"{name}.Key"}
 
 
-def value_schema(name: str, fields: list[dict[str, Any]]) -> dict[str, Any]:
-    row = {"type": "struct", "fields": fields, "optional": True, "name": f"{name}.Value"}
+def _envelope_schema(name: str, images: list[dict[str, Any]]) -> dict[str, Any]:
     return {
         "type": "struct",
         "fields": [
-            {**row, "field": "before"},
-            {**row, "field": "after"},
+            *images,
             SOURCE_SCHEMA,
-            TRANSACTION_SCHEMA,
+            *([TRANSACTION_SCHEMA] if images else []),
             {"type": "string", "optional": False, "field": "op"},
             {"type": "int64", "optional": True, "field": "ts_ms"},
             {"type": "int64", "optional": True, "field": "ts_us"},
@@ -551,25 +549,18 @@ def value_schema(name: str, fields: list[dict[str, Any]]) -> dict[str, Any]:
         "name": f"{name}.Envelope",
         "version": 2,
     }
+
+
+def value_schema(name: str, fields: list[dict[str, Any]]) -> dict[str, Any]:
+    row = {"type": "struct", "fields": fields, "optional": True, "name": f"{name}.Value"}
+    return _envelope_schema(name, [{**row, "field": "before"}, {**row, "field": "after"}])
 
 
 def mark_schema(name: str) -> dict[str, Any]:
     """The schema of a marker record: the table's envelope (same name, so that it shares
-    the table's subject in a registry) without the row images, which a marker has none
-    of — compatible with the full envelope both ways."""
-    return {
-        "type": "struct",
-        "fields": [
-            SOURCE_SCHEMA,
-            {"type": "string", "optional": False, "field": "op"},
-            {"type": "int64", "optional": True, "field": "ts_ms"},
-            {"type": "int64", "optional": True, "field": "ts_us"},
-            {"type": "int64", "optional": True, "field": "ts_ns"},
-        ],
-        "optional": False,
-        "name": f"{name}.Envelope",
-        "version": 2,
-    }
+    the table's subject in a registry) without the row images and the transaction block,
+    which a marker has none of — compatible with the full envelope both ways."""
+    return _envelope_schema(name, [])
 
 
 def source(

@@ -16,6 +16,7 @@ def test_the_pipeline_survives_every_fault_on_a_real_workload(unique_name: str) 
     cfg = Config(
         name=unique_name[:40], duration_s=75, kills=1, kafka_restarts=1, engine_stops=1,
         engine_stop_s=20, postgres_restarts=1, converge_timeout_s=300, seed=7, verify=True,
+        baseline=False,
     )  # fmt: skip
     chaos = Chaos(cfg)
     try:

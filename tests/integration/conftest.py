@@ -204,6 +204,19 @@ def keyed_source(make_harness: HarnessFactory, schema: str) -> Harness:
     return h
 
 
+def behind_the_slot(h: Harness, statement: str) -> None:
+    """Run ``statement`` in Postgres with pg2kafka stopped and its slot then moved past it:
+    a change that never reaches Kafka (``verify`` must report it). pg2kafka is started
+    again."""
+    h.stop()
+    h.sql(statement)
+    h.sql(
+        "SELECT pg_replication_slot_advance(%s, pg_current_wal_lsn())",
+        [h.settings.replication.slot],
+    )
+    h.start()
+
+
 @pytest.fixture
 def harness(make_harness: HarnessFactory) -> Harness:
     return make_harness()

@@ -12,7 +12,7 @@ from deltalake import DeltaTable
 from services.kafka2spark.verify import verify
 from services.pg2kafka import admin
 from shared.kafka import ensure_topic
-from tests.integration.conftest import HarnessFactory
+from tests.integration.conftest import HarnessFactory, behind_the_slot
 from tests.integration.kafka2spark.conftest import MirrorFactory, verify_settings, wait_for
 from tests.integration.kafka2spark.test_verify import Streaming
 
@@ -63,13 +63,7 @@ def test_a_mirror_of_debezium_records_is_verified_and_its_differences_found(
 
         streaming.pause()
         DeltaTable(str(path)).delete("id = 7")  # behind walcast's back
-        h.stop()
-        h.sql(f"UPDATE {q}.t SET v = 'bypassed' WHERE id = 9")
-        h.sql(
-            "SELECT pg_replication_slot_advance(%s, pg_current_wal_lsn())",
-            [h.settings.replication.slot],
-        )
-        h.start()
+        behind_the_slot(h, f"UPDATE {q}.t SET v = 'bypassed' WHERE id = 9")
         streaming.go.set()
         (report,) = verify(settings, [(schema, "t")])
         d = report.as_dict()
