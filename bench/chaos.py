@@ -94,6 +94,9 @@ class Config:
     # run each sink's `verify` over and over during the load, and once after convergence
     # (issue 39: no false alarm on a moving source under faults)
     verify: bool = False
+    # ...and the load goes on past --duration, faults over, until one of those finished
+    # whole (a fault in its way ends it early), this long at most
+    verify_wait_s: float = 300.0
     # TPC-B alone first (the report's "tps without"): the short form in tests skips it
     baseline: bool = True
     work: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="walcast-chaos-")))
@@ -386,6 +389,8 @@ class Chaos:
                 raise RuntimeError(f"{dead} exited by itself: see {self.cfg.work}")
         # Every planned fault happened during the load; the load lasts --duration at least.
         time.sleep(max(0.0, started + self.cfg.duration_s - time.monotonic()))
+        if verifier is not None:
+            self.wait_for_a_verification_under_load(loader)
         stop.set()
         loader.join()
         if verifier is not None:
@@ -434,6 +439,20 @@ class Chaos:
         }  # fmt: skip
         out["changing"] = sum(t["changing"]["count"] for t in report["tables"])
         return out
+
+    def wait_for_a_verification_under_load(self, loader: threading.Thread) -> None:
+        """Every fault may have cut the verifications so far short (a Postgres restart
+        ends them all): the load goes on until one finished, whatever it found."""
+        deadline = time.monotonic() + self.cfg.verify_wait_s
+        while time.monotonic() < deadline and loader.is_alive():
+            if any("error" not in v for v in self.report.verifications):
+                return
+            time.sleep(1)
+        print(
+            f"chaos: no verification finished during the load, {self.cfg.verify_wait_s:.0f} s"
+            f" past --duration: {self.report.verifications}",
+            file=sys.stderr,
+        )
 
     def verify_loop(self, stop: threading.Event) -> None:
         sinks = [s for s, svc in _SINK_SERVICES.items() if svc in self.services]
@@ -723,6 +742,9 @@ def print_report(cfg: Config, r: Report) -> None:
               f" {len(r.verifications) - len(done)} not finished (a fault in the way)")  # fmt: skip
         for v in false:
             print(f"    {v['sink']} ({v['phase']}): {v['differences']}")
+        for v in r.verifications:
+            if "error" in v:
+                print(f"    not finished: {v['sink']} ({v['phase']}, {v['s']} s): {v['error']}")
     if r.mismatches:
         print(f"  differences: {r.mismatches}")
 

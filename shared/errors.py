@@ -41,6 +41,12 @@ class RetriableError(WalcastError):
     """A transient failure: the operation may succeed if tried again later."""
 
 
+class WaitExpiredError(RetriableError):
+    """A wait for another service's progress ran out of time (a sink not applying a
+    marker, a slot not passing it). Transient, but doing the same wait again at once only
+    doubles it: a caller that starts whole operations again lets this one through."""
+
+
 class NoAnswerError(RetriableError):
     """A broker request got no answer within its deadline. The client that sent it may
     be stuck (librdkafka can keep a request queued for a coordinator it never finds

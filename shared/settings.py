@@ -152,6 +152,10 @@ class VerifySettings(Section):
     written); reads every document's `_source`. Off: the hash sums, and the stamps of the
     ranges whose sums differ. kafka2spark: no effect — rows another writer changed are
     found in the mirror's Delta log on every verification."""
+    retry: BackoffPolicy = BackoffPolicy(initial_s=1.0, max_s=10.0, give_up_after_s=180.0)
+    """A table's verification cut short by a transient failure (Postgres restarting, the
+    engine or Kafka out of reach) starts again after these waits, from a new marker; a
+    marker not reached within `mark_timeout_s` is not waited for again."""
     repair_attempts: int = Field(default=3, ge=1, le=20)
     """`repair`: how many times the key ranges still different after a repair are read
     again (a key the sink holds at a version newer than the read's waits for a later

@@ -238,8 +238,13 @@ class GroupCommitter:
             log.debug("lag not updated: %s", exc)
 
     def close(self) -> None:
+        """Leaves the group and lets the client go. This object outlives the query: py4j's
+        pool of Python callbacks keeps the batch function (and so this committer) as long
+        as the JVM runs, and a client, even closed, holds one of the process's 1,024
+        thread-local keys until it is freed. Not called again; no commit after it."""
         cp = self.checkpointer
         close_consumer(self.consumer, timeout_s=cp.timeout_s, stuck=cp.stuck)
+        del self.consumer, self.checkpointer
 
 
 @dataclass

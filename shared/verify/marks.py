@@ -20,7 +20,7 @@ import orjson
 from confluent_kafka import Consumer, KafkaException, TopicPartition
 
 from shared.contract.event import EventDecodeError
-from shared.errors import PermanentError, RetriableError
+from shared.errors import PermanentError, RetriableError, WaitExpiredError
 from shared.formats.debezium_input import events as debezium_events
 from shared.kafka import topic_partitions
 from shared.retry import BackoffPolicy, call_with_retry
@@ -30,7 +30,7 @@ T = TypeVar("T")
 Partition = tuple[str, int]
 
 
-class MarkNotAppliedError(RetriableError):
+class MarkNotAppliedError(WaitExpiredError):
     """The sink made no progress towards a marker within the time allowed."""
 
 

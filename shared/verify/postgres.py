@@ -41,7 +41,7 @@ from shared.contract.keyorder import (
     key_expr,
 )
 from shared.contract.rowhash import TEXT_OUTPUT_OPTIONS, row_hash_sql
-from shared.errors import PermanentError, RetriableError, UnverifiableError
+from shared.errors import PermanentError, UnverifiableError, WaitExpiredError
 from shared.settings import SAFE_SEARCH_PATH
 from shared.verify.core import KeyRange, Snapshot, SourceRange, SourceRow, Summary
 
@@ -416,7 +416,7 @@ class PostgresSource:
                     return
                 if time.monotonic() > deadline:
                     state = "streamed" if row[1] else "not streamed (is pg2kafka running?)"
-                    raise RetriableError(
+                    raise WaitExpiredError(
                         f"verify: slot {slot!r} ({state}) has not passed the marker at"
                         f" {lsn} within {timeout_s:.0f}s"
                     )

@@ -23,8 +23,10 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from shared.errors import UnverifiableError
+from shared.errors import UnverifiableError, WaitExpiredError, classify
+from shared.errors import Verdict as RetryVerdict
 from shared.failpoints import failpoint
+from shared.retry import BackoffPolicy, call_with_retry
 from shared.verify.core import (
     Key,
     KeyRange,
@@ -117,6 +119,8 @@ class Plan:
     rounds: int = 3  # rounds of looking at rows after the summaries' (at least 2)
     mark_timeout_s: float = 120.0
     slot: str = "walcast"  # pg2kafka's replication slot (the marker is in Kafka once past)
+    # a table's verification cut short by a transient failure starts again (None: not)
+    retry: BackoffPolicy | None = None
 
 
 class Verifier:
@@ -289,7 +293,23 @@ class Verifier:
 
     def table_or_refusal(self, table: tuple[str, str]) -> TableReport:
         try:
-            return self.table(table)
+            if self.plan.retry is None:
+                return self.table(table)
+            return call_with_retry(
+                lambda: self.table(table),
+                policy=self.plan.retry,
+                what=f"verify {'.'.join(table)}",
+                classify_fn=_restartable,
+            )
         except UnverifiableError as exc:
             log.error("%s", exc)
             return TableReport(table, refused=str(exc))
+
+
+def _restartable(exc: BaseException) -> RetryVerdict:
+    """Whether a verification cut short by ``exc`` starts again: after a transient failure
+    (a lost connection) yes; after a wait that ran out its time, no (the same wait again
+    would only double it: the error says what did not progress)."""
+    if isinstance(exc, WaitExpiredError):
+        return RetryVerdict.PERMANENT
+    return classify(exc)

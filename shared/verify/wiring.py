@@ -10,7 +10,7 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
-from shared.errors import ConfigError, PermanentError, RetriableError
+from shared.errors import ConfigError, PermanentError, RetriableError, RetriesExhaustedError
 from shared.formats import debezium
 from shared.settings import VerifySettings
 from shared.verify.continuous import Continuous, VerifyMetrics
@@ -68,7 +68,7 @@ def require_repairable(input_format: str, service: str) -> None:
 
 
 def _plan(v: VerifySettings) -> Plan:
-    return Plan(v.range_rows, v.rounds, v.mark_timeout_s, v.slot)
+    return Plan(v.range_rows, v.rounds, v.mark_timeout_s, v.slot, v.retry)
 
 
 def verify_once(
@@ -85,7 +85,7 @@ def verify_once(
     target = make_target(source.database(), key_shape)
     try:
         return Verifier(source, target, _plan(v), service, progress).tables(tables)
-    except RetriableError as exc:
+    except (RetriableError, RetriesExhaustedError) as exc:
         raise PermanentError(str(exc), hint=f"is pg2kafka streaming, {service} running?") from exc
     finally:
         target.close()
@@ -108,7 +108,7 @@ def repair_once(
         verifier = Verifier(source, target, _plan(v), service)
         repairer = Repairer(verifier, source, v.mark_timeout_s, v.repair_attempts, progress)
         return [repairer.table(t) for t in tables]
-    except RetriableError as exc:
+    except (RetriableError, RetriesExhaustedError) as exc:
         raise PermanentError(str(exc), hint=f"is pg2kafka streaming, {service} running?") from exc
     finally:
         target.close()

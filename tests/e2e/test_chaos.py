@@ -14,8 +14,8 @@ from bench.chaos import Chaos, Config, print_report
 
 def test_the_pipeline_survives_every_fault_on_a_real_workload(unique_name: str) -> None:
     cfg = Config(
-        name=unique_name[:40], duration_s=75, kills=1, kafka_restarts=1, engine_stops=1,
-        engine_stop_s=20, postgres_restarts=1, converge_timeout_s=300, seed=7, verify=True,
+        name=unique_name[:40], duration_s=50, kills=1, kafka_restarts=1, engine_stops=1,
+        engine_stop_s=12, postgres_restarts=1, converge_timeout_s=300, seed=7, verify=True,
         baseline=False,
     )  # fmt: skip
     chaos = Chaos(cfg)

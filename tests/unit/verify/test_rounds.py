@@ -11,7 +11,8 @@ from collections.abc import Iterator, Sequence
 
 import pytest
 
-from shared.errors import UnverifiableError
+from shared.errors import RetriesExhaustedError, UnverifiableError
+from shared.retry import BackoffPolicy
 from shared.verify.core import (
     KeyRange,
     SinkRow,
@@ -22,6 +23,7 @@ from shared.verify.core import (
     VerifySource,
     VerifyTarget,
 )
+from shared.verify.marks import MarkNotAppliedError
 from shared.verify.run import Plan, Verifier
 
 T = ("app", "t")
@@ -254,3 +256,52 @@ def test_a_table_that_cannot_be_verified_is_said_so_and_the_others_are_verified(
     assert equal["ok"] is True
     assert "refused" not in equal
     assert log.count("mark") == 1  # no marker asked for the refused table
+
+
+class RestartingSource(FakeSource):
+    """Postgres restarting under the first marker request: the connection is lost."""
+
+    def __init__(self, rows: dict[int, int], log: list[str], failures: list[Exception]) -> None:
+        super().__init__(rows, log)
+        self.failures = failures
+
+    def mark(self, mark_id: str, tables: Sequence[tuple[str, str]]) -> int:
+        if self.failures:
+            self.log.append("mark lost")
+            raise self.failures.pop(0)
+        return super().mark(mark_id, tables)
+
+
+FAST = BackoffPolicy(initial_s=0.01, max_s=0.01, jitter=0.0, give_up_after_s=5.0)
+
+
+def test_a_verification_cut_short_by_a_lost_connection_starts_again() -> None:
+    log: list[str] = []
+    src = RestartingSource(ROWS, log, [ConnectionError("server closed the connection")])
+    target = FakeTarget(dict(HELD), log)
+    target.source = src
+    report = Verifier(src, target, Plan(range_rows=10, retry=FAST), "test").tables([T])[0]
+    assert report.as_dict()["ok"] is True
+    assert log[:2] == ["before mark", "mark lost"]
+    assert log.count("mark") == 1  # a new marker, then the whole table
+
+
+def test_a_marker_not_reached_in_time_is_not_waited_for_again() -> None:
+    log: list[str] = []
+    src = RestartingSource(ROWS, log, [MarkNotAppliedError("no progress in 60 s")])
+    target = FakeTarget(dict(HELD), log)
+    target.source = src
+    with pytest.raises(MarkNotAppliedError):
+        Verifier(src, target, Plan(range_rows=10, retry=FAST), "test").tables([T])
+    assert log.count("mark lost") == 1
+
+
+def test_a_failure_that_lasts_gives_up_saying_what() -> None:
+    log: list[str] = []
+    src = RestartingSource(ROWS, log, [ConnectionError("refused")] * 1000)
+    target = FakeTarget(dict(HELD), log)
+    target.source = src
+    policy = BackoffPolicy(initial_s=0.01, max_s=0.01, jitter=0.0, max_attempts=3)
+    with pytest.raises(RetriesExhaustedError, match=r"verify app\.t: still failing after 3"):
+        Verifier(src, target, Plan(range_rows=10, retry=policy), "test").tables([T])
+    assert log.count("mark lost") == 3
