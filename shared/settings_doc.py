@@ -114,16 +114,22 @@ def _plain(value: Any) -> Any:
     return value
 
 
-def default(field: FieldInfo) -> str:
+_OWN = object()  # a field shown with its own default (not one its section's default sets)
+
+
+def default(field: FieldInfo, value: Any = _OWN) -> str:
     """A field's default, as the reference shows it; a default that depends on the machine
-    (``default_factory``) says so through ``json_schema_extra={"doc_default": ...}``."""
+    (``default_factory``) says so through ``json_schema_extra={"doc_default": ...}``.
+    ``value``: the default a section's own default gives it (``retry: BackoffPolicy =
+    BackoffPolicy(max_s=10.0)`` shows `10` for ``retry.max_s``)."""
     extra = field.json_schema_extra
     if isinstance(extra, dict) and isinstance(extra.get("doc_default"), str):
         return str(extra["doc_default"])
-    if field.is_required():
-        return "required"
-    factory = field.default_factory
-    value = factory() if factory is not None else field.default  # type: ignore[call-arg]
+    if value is _OWN:
+        if field.is_required():
+            return "required"
+        factory = field.default_factory
+        value = factory() if factory is not None else field.default  # type: ignore[call-arg]
     if value is None:
         return "unset"
     value = _plain(value)
@@ -136,21 +142,28 @@ def default(field: FieldInfo) -> str:
     return f"`{value}`"
 
 
-def rows(model: type[BaseModel], prefix: str = "") -> Iterator[Row]:
-    """One row per setting of ``model``, nested sections flattened to dotted keys."""
+def rows(
+    model: type[BaseModel], prefix: str = "", values: BaseModel | None = None
+) -> Iterator[Row]:
+    """One row per setting of ``model``, nested sections flattened to dotted keys;
+    ``values``: the section's default where its field sets one of its own."""
     for name, field in model.model_fields.items():
-        yield from field_rows(prefix + name, field)
+        value = _OWN if values is None else getattr(values, name)
+        yield from field_rows(prefix + name, field, value)
 
 
-def field_rows(key: str, field: FieldInfo) -> Iterator[Row]:
+def field_rows(key: str, field: FieldInfo, value: Any = _OWN) -> Iterator[Row]:
     """The rows of one field: itself, or its section's settings."""
     nested = _section(field.annotation)
     if nested is not None:
-        yield from rows(nested, key + ".")
+        if not isinstance(value, BaseModel):
+            value = field.default if isinstance(field.default, BaseModel) else None
+        yield from rows(nested, key + ".", value)
         return
     items = _item_model(field.annotation)
     meaning = markdown(field.description) if field.description else None
-    yield Row(key, "list" if items else kind(field.annotation), default(field), meaning)
+    shown = default(field, value)
+    yield Row(key, "list" if items else kind(field.annotation), shown, meaning)
     if items is not None:
         yield from rows(items, key + "[].")
 

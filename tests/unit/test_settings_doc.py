@@ -10,7 +10,7 @@ import pytest
 from pydantic import BaseModel, ConfigDict, Field
 
 from shared.settings import Section
-from shared.settings_doc import BEGIN, END, render, replace_block, stale_docs, undocumented
+from shared.settings_doc import BEGIN, END, render, replace_block, rows, stale_docs, undocumented
 
 
 def test_every_service_doc_matches_its_settings_model() -> None:
@@ -40,6 +40,23 @@ def test_a_setting_without_a_docstring_is_named_and_cells_are_escaped() -> None:
     assert "| `inner.size` | integer | `4` | How many. |" in text
     assert '| `names` | list of string | `["a\\|b"]` | Names; a `\\|` stays in its cell. |' in text
     assert "#### `inner`\n\nAn inner section." in text
+
+
+class _Outer(BaseModel):
+    model_config = ConfigDict(use_attribute_docstrings=True)
+
+    inner: _Inner = _Inner()
+    tuned: _Inner = _Inner(size=9)
+    """A section whose default sets one of its settings."""
+
+
+def test_a_section_default_of_its_own_is_what_the_reference_shows() -> None:
+    shown = {r.key: r.default for r in rows(_Outer)}
+    assert (shown["inner.size"], shown["tuned.size"], shown["tuned.secret"]) == (
+        "`4`",
+        "`9`",
+        "unset",
+    )
 
 
 def test_a_doc_without_markers_is_refused_with_their_text(tmp_path: Path) -> None:
