@@ -10,10 +10,12 @@ testcontainers starts instead (tests/containers.py).
 from __future__ import annotations
 
 import os
+import threading
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
+import psycopg
 import pytest
 
 from tests.containers import Containers, select_backend, skip_reason
@@ -70,11 +72,27 @@ def unique_name(request: pytest.FixtureRequest) -> str:
     return f"t_{base}_{uuid.uuid4().hex[:8]}"
 
 
+# Tests that stop, freeze or reconfigure a service every other test uses. `walcast test`
+# runs every other test on two workers at once, then these alone (marker ``serial``).
+SERIAL = {
+    "tests/e2e/test_chaos.py": "restarts Kafka and Postgres, stops a search engine",
+    "tests/e2e/test_composition.py": "restarts Kafka, freezes a search engine",
+    "tests/e2e/test_kafka2search_faults.py": "stops and freezes a search engine",
+    "tests/e2e/test_pg2kafka_faults.py": "stops Kafka",
+    "tests/e2e/test_local_stack.py": "stops and starts the stack's components",
+    "tests/e2e/test_subscription_failover.py": "stops Kafka, sets max_slot_wal_keep_size",
+    "tests/integration/test_commit_deadline.py": "freezes Kafka",
+}
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Mark each test with its tier from its directory, so `-m unit` etc. select them; under
-    the containers backend, skip what needs the local stack itself."""
+    """Mark each test with its tier from its directory, so `-m unit` etc. select them, and
+    with ``serial`` when it disrupts the shared stack; under the containers backend, skip
+    what needs the local stack itself."""
     backend = select_backend(os.environ)
     for item in items:
+        if Path(str(item.fspath)).resolve().relative_to(REPO).as_posix() in SERIAL:
+            item.add_marker(pytest.mark.serial)
         reason = skip_reason(backend, str(item.fspath))
         if reason is not None:
             item.add_marker(pytest.mark.skip(reason=reason))
@@ -82,3 +100,26 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         for tier in ("unit", "integration", "e2e"):
             if tier in parts:
                 item.add_marker(getattr(pytest.mark, tier))
+
+
+@pytest.fixture
+def slots_move_often(stack_env: dict[str, str]) -> Iterator[None]:
+    """A checkpoint every second while the test runs. A repair's snapshot is taken once
+    its slot's restart position is past the request (V021), and that position moves only
+    at a record of the running transactions the slot decodes: Postgres 15 writes one every
+    15 s, or at a checkpoint (from Postgres 16 ``request_repair`` writes it itself). The
+    waits the tests exercise are the same; they only end sooner."""
+    stop = threading.Event()
+
+    def tick() -> None:
+        with psycopg.connect(stack_env["WALCAST_PG_DSN"], autocommit=True) as conn:
+            while not stop.wait(1.0):
+                conn.execute("CHECKPOINT")
+
+    ticker = threading.Thread(target=tick, name="checkpoints", daemon=True)
+    ticker.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        ticker.join(30)

@@ -25,6 +25,7 @@ A failure names the component, the step and the log file to read.
 from __future__ import annotations
 
 import argparse
+import fcntl
 import json
 import os
 import subprocess
@@ -233,7 +234,15 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("env", help="print the connection settings")
     p.set_defaults(func=cmd_env)
     args = parser.parse_args(argv)
-    result: int = args.func(args)
+    if args.func in (cmd_up, cmd_down):
+        # One `up` or `down` at a time: parallel test workers may each ask for an optional
+        # component; the second waits for the first and then finds it running.
+        state_dir().mkdir(parents=True, exist_ok=True)
+        with open(state_dir() / "stack.lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            result: int = args.func(args)
+        return result
+    result = args.func(args)
     return result
 
 

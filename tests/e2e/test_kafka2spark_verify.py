@@ -38,7 +38,8 @@ from shared.verify.repair import RepairReport
 from tests.e2e.conftest import Proc, wait_until, write_rows
 from tests.e2e.test_kafka2spark_crash import delta_rows, flow, pg_rows, start  # noqa: F401
 
-pytestmark = pytest.mark.e2e
+# repairs: a checkpoint every second (tests/conftest.py)
+pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("slots_move_often")]
 
 ROWS = 1500
 

@@ -33,7 +33,8 @@ from tests.integration.kafka2search.conftest import (  # noqa: F401 - fixtures
     make_indexer,
 )
 
-pytestmark = pytest.mark.e2e
+# repairs: a checkpoint every second (tests/conftest.py)
+pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("slots_move_often")]
 
 
 @pytest.fixture

@@ -61,6 +61,7 @@ def test_avro_from_pg2kafka_to_the_index(
             producer={"encoding": "avro"},
             schema_registry={"url": url, "subject_name_strategy": "topic_record"},
             snapshot={"mode": "never", "automatic": False},
+            filters={"include": [f"public.{table}"]},  # no other test's table in the topic
         )
         topic = h.settings.producer.topic
         h.sql(f"CREATE TABLE {table} (id int PRIMARY KEY, name text, amount numeric(10,2),"

@@ -22,6 +22,8 @@ from tests.integration.conftest import Harness, HarnessFactory
 from tests.integration.kafka2search.conftest import Indexer, IndexerFactory
 from tests.integration.kafka2search.test_verify import ROWS, pipeline
 
+pytestmark = pytest.mark.usefixtures("slots_move_often")  # repairs: tests/conftest.py
+
 
 def table_rows(h: Harness, schema: str) -> dict[int, tuple[Any, ...]]:
     return {r[0]: r for r in h.sql(f'SELECT id, v, n, b FROM "{schema}".t')}

@@ -15,6 +15,8 @@ from tests.schema_registry import running
 
 ROWS = 300
 
+pytestmark = pytest.mark.usefixtures("slots_move_often")  # repairs: tests/conftest.py
+
 
 @pytest.fixture
 def engine_kind() -> str:

@@ -20,6 +20,7 @@ import urllib.parse
 from typing import Any
 
 import psycopg
+import pytest
 
 from services.kafka2search.settings import Kafka2SearchSettings
 from services.kafka2search.verify import repair, verify
@@ -33,6 +34,8 @@ KEYS = [
     *(f"\u00e9{i}" for i in range(15)), *(f"\u65e5\u672c{i}" for i in range(10)),
     " ", "a b", "o'quote", "back\\slash", "\U0001f600", "Zed", "zed", LONG,
 ]  # fmt: skip
+
+pytestmark = pytest.mark.usefixtures("slots_move_often")  # repairs: tests/conftest.py
 
 
 def pipeline(

@@ -14,6 +14,7 @@ import threading
 from typing import Any
 
 import psycopg
+import pytest
 from deltalake import DeltaTable
 
 from services.kafka2spark.verify import repair
@@ -23,6 +24,8 @@ from tests.integration.kafka2spark.conftest import MirrorFactory, verify_setting
 from tests.integration.kafka2spark.test_verify import Streaming
 
 ROWS = 400
+
+pytestmark = pytest.mark.usefixtures("slots_move_often")  # repairs: tests/conftest.py
 
 
 def table_rows(h: Harness, schema: str) -> dict[int, tuple[Any, ...]]:

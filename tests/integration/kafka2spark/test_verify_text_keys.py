@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 import psycopg
+import pytest
 from deltalake import DeltaTable
 
 from services.kafka2spark.verify import repair, verify
@@ -19,6 +20,8 @@ from tests.integration.conftest import Harness, HarnessFactory, keyed_source
 from tests.integration.kafka2search.test_verify_text_keys import KEYS, LONG
 from tests.integration.kafka2spark.conftest import MirrorFactory, verify_settings, wait_for
 from tests.integration.kafka2spark.test_verify import Streaming
+
+pytestmark = pytest.mark.usefixtures("slots_move_often")  # repairs: tests/conftest.py
 
 
 def table_rows(h: Harness, schema: str) -> dict[str, tuple[Any, ...]]:
