@@ -12,6 +12,8 @@ which reports them; the insert-only publication has its own module.)
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
 from functools import partial
 from typing import Any
 
@@ -36,6 +38,18 @@ log = logging.getLogger(__name__)
 
 def _connect(settings: Pg2KafkaSettings) -> psycopg.Connection[tuple[Any, ...]]:
     return psycopg.connect(settings.postgres.conninfo(), autocommit=True)
+
+
+@contextmanager
+def _streams_lock(conn: psycopg.Connection[tuple[Any, ...]]) -> Iterator[None]:
+    """One ``init`` or ``tear-down`` of this database's streams at a time (a session-level
+    advisory lock): the DDL capture goes with the last stream's tear-down, and must not
+    go between another stream's ``init`` installing it and that stream's registration."""
+    conn.execute("SELECT pg_catalog.pg_advisory_lock(hashtext('walcast.streams'))")
+    try:
+        yield
+    finally:
+        conn.execute("SELECT pg_catalog.pg_advisory_unlock(hashtext('walcast.streams'))")
 
 
 def check_server(conn: psycopg.Connection[tuple[Any, ...]]) -> None:
@@ -108,7 +122,8 @@ def init(settings: Pg2KafkaSettings, *, migrations_only: bool = False) -> InitRe
     publication matches the filters, the slot exists and, if configured, the topic."""
     rep = settings.replication
     report = InitReport()
-    with _connect(settings) as conn:
+    with _connect(settings) as conn, ExitStack() as locked:
+        locked.enter_context(_streams_lock(conn))  # until the stream is registered
         check_server(conn)
         for name in migrate(conn):
             report.created.append(f"migration {name}")
@@ -139,6 +154,7 @@ def init(settings: Pg2KafkaSettings, *, migrations_only: bool = False) -> InitRe
         if migrations_only:
             return report
         sync_publication(conn, settings, report)
+        locked.close()  # creating a slot waits for running transactions: not under the lock
         if settings.snapshot.mode == "never" or slot_exists(conn, rep.slot):
             ensure_slot(conn, rep.slot, settings.postgres.database, report)
         else:
@@ -361,7 +377,7 @@ def tear_down(settings: Pg2KafkaSettings) -> list[str]:
     """Drop the slot and the publication (the Kafka topic is kept: it holds data)."""
     rep = settings.replication
     removed = []
-    with _connect(settings) as conn:
+    with _connect(settings) as conn, _streams_lock(conn):
         if settings.subscriptions.enabled:
             sub = settings.subscriptions
             removed.extend(_drop_stream(conn, sub.slot, sub.publication))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -17,6 +18,7 @@ import pytest
 
 from services.pg2kafka.settings import Pg2KafkaSettings
 from shared.settings import load_settings
+from tests.conftest import own_tables
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -102,6 +104,7 @@ def pg2kafka_env(name: str, topic: str, partition_key: str | None = None) -> dic
         "PG2KAFKA_PRODUCER__TOPIC": topic,
         "PG2KAFKA_HTTP__PORT": "0",
         "PG2KAFKA_LOG__FORMAT": "text",
+        "PG2KAFKA_FILTERS__INCLUDE": json.dumps(own_tables(name)),
     }
     if partition_key is not None:
         env["PG2KAFKA_PRODUCER__PARTITION_KEY"] = partition_key
@@ -113,6 +116,7 @@ def pg2kafka_settings(
 ) -> Pg2KafkaSettings:
     """pg2kafka streaming slot and publication ``name`` into ``topic`` (created with
     ``partitions``); the stack's env file for the rest, ``sections`` on top."""
+    sections.setdefault("filters", {"include": own_tables(name)})
     return load_settings(
         Pg2KafkaSettings,
         env_file=env_file,

@@ -25,6 +25,7 @@ from confluent_kafka import Producer
 from services.pg2kafka import admin
 from services.pg2kafka.settings import Pg2KafkaSettings
 from shared.settings import load_settings
+from tests.conftest import own_tables
 from tests.e2e.conftest import REPO, Proc, free_port
 from tests.integration.conftest import crafted_event
 
@@ -98,6 +99,7 @@ def test_commands_and_consumers_wait_out_a_new_broker(
         "PG2KAFKA_KAFKA__BOOTSTRAP_SERVERS": fresh_broker,
         "PG2KAFKA_REPLICATION__SLOT": unique_name,
         "PG2KAFKA_REPLICATION__PUBLICATION": unique_name,
+        "PG2KAFKA_FILTERS__INCLUDE": json.dumps(own_tables(unique_name)),
         "PG2KAFKA_PRODUCER__TOPIC": topic,
         "PG2KAFKA_PRODUCER__CREATE_TOPIC": "true",
         "PG2KAFKA_LOG__FORMAT": "text",

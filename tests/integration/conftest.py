@@ -20,6 +20,7 @@ from services.pg2kafka.app import Service, build
 from services.pg2kafka.settings import Pg2KafkaSettings
 from shared.errors import PermanentError
 from shared.settings import load_settings
+from tests.conftest import own_tables
 
 
 @dataclass
@@ -132,6 +133,7 @@ def make_settings(env_file: Path, name: str, **sections: dict[str, Any]) -> Pg2K
         "http": {"enabled": False},
         "log": {"format": "text"},
         "retry": {"give_up_after_s": 30},
+        "filters": {"include": own_tables(name)},  # a test's `filters.include` replaces it
     }
     for key, value in sections.items():
         overrides[key] = {**overrides.get(key, {}), **value}

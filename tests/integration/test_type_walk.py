@@ -125,9 +125,9 @@ def _columns() -> list[tuple[str, str, str, str]]:
 def _make_table(h: Harness) -> tuple[str, list[tuple[str, str, str, str]]]:
     table = f"walk_{h.settings.replication.slot[-8:]}"
     h.sql("DO $$ BEGIN CREATE TYPE walk_mood AS ENUM ('happy', 'sad');"
-          " EXCEPTION WHEN duplicate_object THEN NULL; END $$")  # fmt: skip
+          " EXCEPTION WHEN duplicate_object OR unique_violation THEN NULL; END $$")  # fmt: skip
     h.sql("DO $$ BEGIN CREATE DOMAIN walk_pos AS int4 CHECK (VALUE > 0);"
-          " EXCEPTION WHEN duplicate_object THEN NULL; END $$")  # fmt: skip
+          " EXCEPTION WHEN duplicate_object OR unique_violation THEN NULL; END $$")  # fmt: skip
     cols = _columns()
     ddl = ", ".join(f"{c} {t}" for c, t, _, _ in cols)
     h.sql(f"CREATE TABLE {table} (id int PRIMARY KEY, {ddl})")

@@ -23,6 +23,7 @@ from services.pg2kafka import admin
 from services.pg2kafka.app import build
 from shared.errors import PermanentError
 from shared.kafka import ensure_topic
+from tests.conftest import own_tables
 from tests.integration.conftest import (
     Harness,
     HarnessFactory,
@@ -243,6 +244,7 @@ def test_cli_rejects_unknown_key_and_reports_status(env_file: Path, unique_name:
         **os.environ,
         "PG2KAFKA_REPLICATION__SLOT": unique_name,
         "PG2KAFKA_REPLICATION__PUBLICATION": unique_name,
+        "PG2KAFKA_FILTERS__INCLUDE": json.dumps(own_tables(unique_name)),
     }
     base = [sys.executable, "-m", "services.pg2kafka", "--env-file", str(env_file)]
     try:

@@ -101,7 +101,11 @@ def secdb(stack_env: dict[str, str]) -> Iterator[SecurityDb]:
         for r in ("walcast_sandbox", "walcast_admin"):
             c.execute(
                 "DO $$ BEGIN IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = %s) THEN"
-                f" CREATE ROLE {r} NOLOGIN; END IF; END $$".replace("%s", f"'{r}'")
+                f" CREATE ROLE {r} NOLOGIN; END IF;"
+                # a test beside this one may create it at the same moment
+                " EXCEPTION WHEN duplicate_object OR unique_violation THEN NULL; END $$".replace(
+                    "%s", f"'{r}'"
+                )
             )
         c.execute(
             sql.SQL("GRANT CREATE ON DATABASE {} TO {}").format(
