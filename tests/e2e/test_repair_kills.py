@@ -105,10 +105,12 @@ def test_a_repair_killed_at_every_chunk_boundary_ends_with_the_index_equal(
 
         # The request `repair` files for that damage: ranges around each difference.
         ranges = [[[9], [40]], [[99], [130]], [[199], [205]], [[ROWS], None]]
-        (rid,) = sql(s.dsn, "SELECT id FROM _walcast.snapshot_requests WHERE id IN"
-                     f" (SELECT * FROM _walcast.request_repair('{t}', %s::jsonb))"
-                     " AND publication = %s",
-                     [json.dumps(ranges), s.settings.replication.publication])[0]  # fmt: skip
+        ids = [r[0] for r in sql(s.dsn, f"SELECT * FROM _walcast.request_repair('{t}',"
+                                 " %s::jsonb)", [json.dumps(ranges)])]  # fmt: skip
+        # this stream's request (one is filed per publication that holds the table)
+        (rid,) = sql(s.dsn, "SELECT id FROM _walcast.snapshot_requests"
+                     " WHERE id = ANY(%s) AND publication = %s",
+                     [ids, s.settings.replication.publication])[0]  # fmt: skip
 
         def state() -> str:
             return str(sql(s.dsn, "SELECT state FROM _walcast.repair_progress(%s)", [[rid]])[0][0])

@@ -61,12 +61,13 @@ def by_key(rows: dict[str, Any], key: str) -> dict[str, Any]:
 
 
 def search_rows(base: str, alias: str) -> dict[str, Any]:
-    """The documents behind ``alias`` (plain HTTP); {} before the index exists."""
+    """The documents behind ``alias`` (plain HTTP); {} before the index exists, or while
+    its shards are not yet searchable (503: just created, on a loaded machine)."""
     assert base.startswith("http")
     try:
         return _search(base, alias)
     except urllib.error.HTTPError as exc:
-        if exc.code == 404:
+        if exc.code in (404, 503):
             return {}
         raise
 

@@ -3,6 +3,8 @@ stack's database has the demo's), and a SQL_ASCII database's text that is not UT
 
 from __future__ import annotations
 
+import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -98,7 +100,9 @@ def test_a_sql_ascii_database_streams_text_that_is_not_utf8(
 ) -> None:
     """Before: a value that was not UTF-8 stopped decoding, for good, with WAL piling up."""
     own_database = make_database("SQL_ASCII")
-    settings = make_settings(env_file, unique_name, postgres={"database": own_database})
+    settings = make_settings(
+        env_file, unique_name, postgres={"database": own_database}, filters={"include": ["*.*"]}
+    )  # the test's own database: every table its own
     sql(settings, "CREATE TABLE t (id int PRIMARY KEY, body text)")
     admin.init(settings)
     dsn = stack_env["WALCAST_PG_DSN"].rsplit("/", 1)[0] + f"/{own_database}"
@@ -118,3 +122,36 @@ def test_a_sql_ascii_database_streams_text_that_is_not_utf8(
             h.consumer.close()
         admin.tear_down(settings)
         delete_topic(settings)
+
+
+def test_a_tear_down_waits_for_an_init_of_the_same_database(
+    env_file: Path, unique_name: str, make_database: Callable[[str], str]
+) -> None:
+    """The last stream's tear-down removes the DDL capture: were it to run between another
+    stream's ``init`` installing the capture and registering its publication, that stream
+    would run without it. Both take one lock per database: a tear-down waits for a
+    holder of it (seen in ``pg_locks``, not by timing) and leaves the capture alone
+    meanwhile."""
+    own_database = make_database("UTF8")
+    settings = make_settings(env_file, unique_name, postgres={"database": own_database})
+    admin.init(settings)
+    with psycopg.connect(settings.postgres.conninfo(), autocommit=True) as holder:
+        holder.execute("SELECT pg_advisory_lock(hashtext('walcast.streams'))")  # an init
+        done: list[object] = []
+        worker = threading.Thread(target=lambda: done.append(admin.tear_down(settings)))
+        worker.start()
+        deadline = time.monotonic() + 60
+        while not holder.execute(
+            "SELECT 1 FROM pg_locks l JOIN pg_database d ON d.oid = l.database"
+            " WHERE l.locktype = 'advisory' AND NOT l.granted AND d.datname = %s",
+            [own_database],
+        ).fetchone():
+            assert not done, "the tear-down did not wait for the lock"
+            assert worker.is_alive(), "the tear-down failed"
+            assert time.monotonic() < deadline, "the tear-down never asked for the lock"
+            time.sleep(0.05)
+        assert admin.ddl_capture_installed(holder), "removed while an init held the lock"
+        holder.execute("SELECT pg_advisory_unlock(hashtext('walcast.streams'))")
+        worker.join(60)
+        assert done, "the tear-down did not end once the lock was free"
+        assert not admin.ddl_capture_installed(holder), done
