@@ -11,6 +11,7 @@ import pytest
 from services.kafka2search.verify import repair, verify
 from tests.integration.conftest import HarnessFactory
 from tests.integration.kafka2search.conftest import IndexerFactory
+from tests.integration.kafka2search.test_verify import past_the_snapshot
 from tests.schema_registry import running
 
 ROWS = 300
@@ -55,6 +56,7 @@ def test_verify_and_repair_read_their_markers_in_avro(
             },
         ).start()  # fmt: skip
         ix.wait(lambda: len(ix.docs_all("t", schema)) == ROWS, "the index caught up")
+        past_the_snapshot(h, ix)
         settings = ix.settings
 
         (equal,) = verify(settings, [(schema, "t")])

@@ -24,6 +24,7 @@ from shared.errors import ConfigError
 from shared.kafka import ensure_topic
 from tests.integration.conftest import HarnessFactory, behind_the_slot
 from tests.integration.kafka2search.conftest import IndexerFactory
+from tests.integration.kafka2search.test_verify import past_the_snapshot
 from tests.schema_registry import running
 
 ROWS = 400
@@ -88,6 +89,7 @@ def test_an_index_of_debezium_records_is_verified_and_its_differences_found(
             },
         ).start()  # fmt: skip
         ix.wait(lambda: len(ix.docs_all("t", schema)) == ROWS, "the index caught up")
+        past_the_snapshot(h, ix)
         settings = ix.settings
 
         # The TOASTed rows updated around their big value: of unknown hash in the index.

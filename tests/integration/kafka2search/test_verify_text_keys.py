@@ -27,6 +27,7 @@ from services.kafka2search.verify import repair, verify
 from services.pg2kafka import admin
 from tests.integration.conftest import Harness, HarnessFactory, keyed_source
 from tests.integration.kafka2search.conftest import Indexer, IndexerFactory
+from tests.integration.kafka2search.test_verify import past_the_snapshot
 
 LONG = "x" * 300
 KEYS = [
@@ -61,6 +62,7 @@ def pipeline(
     ix = make_indexer(h.settings.producer.topic, verify=verify_section).start()
     for table in ("t", "u"):
         ix.wait(lambda t=table: len(ix.docs_all(t, schema)) == len(KEYS), f"{table} indexed")
+    past_the_snapshot(h, ix)
     return h, ix, ix.settings
 
 
