@@ -49,7 +49,8 @@ def _streams_lock(conn: psycopg.Connection[tuple[Any, ...]]) -> Iterator[None]:
     try:
         yield
     finally:
-        conn.execute("SELECT pg_catalog.pg_advisory_unlock(hashtext('walcast.streams'))")
+        if not conn.broken:  # a lost connection released it (and its error is the news)
+            conn.execute("SELECT pg_catalog.pg_advisory_unlock(hashtext('walcast.streams'))")
 
 
 def check_server(conn: psycopg.Connection[tuple[Any, ...]]) -> None:
