@@ -70,3 +70,39 @@ def test_a_pid_file_naming_another_process_is_not_the_component(stack: Any) -> N
         for p in (others, ours):
             p.kill()
             p.wait()
+
+
+def test_a_start_is_judged_by_its_process_not_by_its_command_line(
+    stack: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Right after ``Popen`` a child's command line can read empty: the wait for health
+    must not call such a process gone (CI once failed a start that went on to succeed)."""
+    dbz = stack.Debezium()
+    dbz.dir.mkdir(parents=True, exist_ok=True)
+    answers = iter([False, False, True])
+    monkeypatch.setattr(stack.Debezium, "probe", lambda self: (next(answers), ""))
+    monkeypatch.setattr(stack.Debezium, "pid", lambda self: None)  # the empty command line
+    starting = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        dbz.pid_file.write_text(f"{starting.pid}\n")
+        dbz.wait_healthy()  # returns on the third probe instead of raising
+    finally:
+        starting.kill()
+        starting.wait()
+
+
+def test_a_process_that_exits_during_start_up_is_reported_with_its_log(
+    stack: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A CI run keeps only what was printed: the error quotes the log's last lines."""
+    monkeypatch.setattr(stack.Debezium, "probe", lambda self: (False, "refused"))
+    dbz = stack.Debezium()
+    dbz.dir.mkdir(parents=True, exist_ok=True)
+    dbz.log.write_text("starting\njava.net.BindException: Address already in use\n")
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    dbz.pid_file.write_text(f"{gone.pid}\n")
+    with pytest.raises(
+        stack.StackError, match=r"(?s)exited during start-up\n.*\| java.net.BindException"
+    ):
+        dbz.wait_healthy()

@@ -121,10 +121,21 @@ def wait_until(
         if probe():
             return
         if alive is not None and not alive():
-            raise StackError(component, what, "process exited during start-up", log)
+            raise StackError(component, what, f"process exited during start-up{log_tail(log)}", log)
         time.sleep(delay)
         delay = min(delay * 1.5, 2.0)
     raise StackError(component, what, f"no answer within {timeout:.0f}s", log)
+
+
+def log_tail(log: Path | None, lines: int = 12) -> str:
+    """The last lines of a log, to quote in an error: a CI run keeps only what it printed."""
+    if log is None:
+        return ""
+    try:
+        tail = log.read_text(errors="replace").strip().splitlines()[-lines:]
+    except OSError:
+        return ""
+    return "".join(f"\n    | {line}" for line in tail) + "\n   " if tail else ""
 
 
 def file_digest(*paths: Path) -> str:
@@ -286,8 +297,21 @@ class Component:
             START_TIMEOUT_S,
             self.name,
             self.log,
-            alive=lambda: self.pid() is not None,
+            alive=self.started_alive,
         )
+
+    def started_alive(self) -> bool:
+        """Whether the process in the pid file still runs (a zombie does not). Not
+        ``pid()``: ``Popen`` returns once the child's exec closed its file descriptors,
+        before the kernel has laid out its new command line, which then reads empty (as
+        it does again while a launcher re-executes itself). ``pid()`` takes such a
+        process for someone else's, and a CI run once reported an OpenSearch that went on
+        to start as "exited during start-up" that way."""
+        try:
+            pid = int(self.pid_file.read_text().split()[0])
+        except (OSError, ValueError, IndexError):
+            return False
+        return pid_alive(pid)
 
     def stop(self) -> None:
         pid = self.pid()
