@@ -32,6 +32,7 @@ from typing import Any
 
 from shared.contract import limits, pgtypes
 from shared.contract.event import ROW_HASH, ROW_XID
+from shared.contract.keyorder import TIME_KEY_TYPES
 from shared.naming import SEARCH_INDEX, table_name
 
 MAX_ID_BYTES = 512
@@ -62,11 +63,19 @@ def properties(
     types: Mapping[str, str], keys: Collection[str] = ()
 ) -> dict[str, Mapping[str, Any]]:
     """The mapping of columns ``types``; a text column of the key (``keys``) keeps values
-    of any length in its keyword (what ``verify`` and key ranges compare it by)."""
+    of any length in its keyword, a date or timestamp one its text (:data:`KEY_TEXT`):
+    what ``verify`` and key ranges compare them by."""
     return {
-        column: _long_keyword(field_mapping(t)) if column in keys else field_mapping(t)
+        column: _key_mapping(field_mapping(t), t) if column in keys else field_mapping(t)
         for column, t in types.items()
     }
+
+
+def _key_mapping(m: Mapping[str, Any], pg_type: str) -> Mapping[str, Any]:
+    if pg_type in TIME_KEY_TYPES:
+        fields = {**m.get("fields", {}), KEY_TEXT: {"type": "keyword"}}
+        return {**m, "fields": fields}
+    return _long_keyword(m)
 
 
 def _long_keyword(m: Mapping[str, Any]) -> Mapping[str, Any]:
@@ -83,13 +92,37 @@ characters; shared/contract/keyranges.py's bound)."""
 
 def key_field(column: str, pg_type: str) -> str:
     """The field a key column is compared, sorted and read by: the keyword of a column
-    mapped as text (code point order, as Postgres with ``COLLATE "C"``), else itself."""
+    mapped as text (code point order, as Postgres with ``COLLATE "C"``), the raw text of
+    a date or timestamp (:data:`KEY_TEXT`: a ``date`` field keeps milliseconds), else
+    itself."""
+    if pg_type in TIME_KEY_TYPES:
+        return f"{column}.{KEY_TEXT}"
     m = field_mapping(pg_type)
     return (
         f"{column}.keyword"
         if m.get("type") == "text" and "keyword" in m.get("fields", {})
         else column
     )
+
+
+KEY_TEXT = "key"
+"""The keyword beside a date or timestamp key column's ``date`` field, holding the value's
+text as the event carries it (:func:`shared.contract.keyorder.key_text`), whose code
+point order is Postgres's: what ``verify`` and key ranges compare such a key by. Mapped
+when the column is mapped as a key (an index made before has none: its table is not
+verified, :func:`has_key_fields`)."""
+
+
+def has_key_fields(props: Mapping[str, Any], keys: Mapping[str, str]) -> list[str]:
+    """The key columns (``keys``: name → type) whose :func:`key_field` the index's mapping
+    ``props`` lacks."""
+    out = []
+    for column, pg_type in keys.items():
+        field = key_field(column, pg_type)
+        m = props.get(column, {})
+        if field != column and field.split(".", 1)[1] not in m.get("fields", {}):
+            out.append(column)
+    return out
 
 
 def alias_name(template: str, db: str, schema: str, table: str) -> str:

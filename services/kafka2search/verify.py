@@ -33,13 +33,13 @@ import msgspec
 from services.kafka2search.engines import SearchEngine, engine_for
 from services.kafka2search.indices import quote_id
 from services.kafka2search.key_ranges import range_query
-from services.kafka2search.mapping import alias_name, key_field
+from services.kafka2search.mapping import alias_name, has_key_fields, key_field
 from services.kafka2search.settings import Kafka2SearchSettings
 from services.kafka2search.stamps import body_intact
 from shared.avro import RegistryDecoder
 from shared.contract.event import ROW_HASH, ROW_XID
 from shared.contract.keyorder import INTEGER_KEY_TYPES
-from shared.errors import RetriableError
+from shared.errors import RetriableError, UnverifiableError
 from shared.verify.continuous import Continuous, VerifyMetrics
 from shared.verify.core import KeyRange, SinkRow, Summary, VerifyTarget, key_value
 from shared.verify.marks import GroupMarks
@@ -108,6 +108,7 @@ class SearchTarget(VerifyTarget):
         self.engine = engine
         self.database = database
         self.key_shape = key_shape
+        self._checked: set[tuple[str, str]] = set()
         registry = settings.schema_registry
         self.group = GroupMarks(
             settings.kafka.client_config(), settings.consumer.group_id, settings.consumer.topics,
@@ -119,10 +120,30 @@ class SearchTarget(VerifyTarget):
 
     def _alias(self, table: tuple[str, str]) -> str | None:
         alias = alias_name(self.s.index.name_template, self.database, *table)
-        if self.engine.resolve_alias(alias) is None:
+        index = self.engine.resolve_alias(alias)
+        if index is None:
             return None
+        if table not in self._checked:
+            self._check_key_fields(table, index)
+            self._checked.add(table)
         self.engine.refresh(alias)
         return alias
+
+    def _check_key_fields(self, table: tuple[str, str], index: str) -> None:
+        """An index made before its key's fields were (a date or timestamp key's text,
+        :data:`~services.kafka2search.mapping.KEY_TEXT`) holds documents that have none:
+        its table is not verified, rather than reported missing."""
+        columns, types = self.key_shape(table)
+        props, _meta = self.engine.mapping(index)
+        lacking = has_key_fields(props, dict(zip(columns, types, strict=True)))
+        if lacking:
+            raise UnverifiableError(
+                f"verify: the index {index} of {'.'.join(table)} was made before this"
+                f" version indexed the text of its key column(s) {', '.join(lacking)}, which"
+                " verify compares (a date field keeps milliseconds only)",
+                hint="an index made by this version has it: reindex the table into a new"
+                " index (docs/kafka2search.md#is-my-index-right)",
+            )
 
     def summaries(self, table: tuple[str, str], ranges: Sequence[KeyRange]) -> list[Summary]:
         alias = self._alias(table)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from pyspark.sql import Column, DataFrame, SparkSession
@@ -258,13 +258,18 @@ class DeltaTables:
             return None
         if c.lsn - 1 <= int(self.properties(path).get(TRUNCATED, "0")):
             return None  # truncated after the run's start: nothing older is left
-        mirror = {pg: f.name for pg, f in self.columns(path).items()}
+        fields = self.columns(path)
+        mirror = {pg: f.name for pg, f in fields.items()}
         missing = [col for col in ranges.columns if col not in mirror]
         if missing:
             log.error("%s: snapshot %s's key columns %s not in the mirror: nothing removed",
                       name, sid, missing)  # fmt: skip
             return f"{name}: snapshot {sid} key columns not mirrored, ignored"
-        where = key_ranges_sql([mirror[col] for col in ranges.columns], ranges)
+        where = key_ranges_sql(
+            [mirror[col] for col in ranges.columns],
+            ranges,
+            [fields[col].dataType for col in ranges.columns],
+        )
         done = self.spark.sql(
             f"DELETE FROM delta.{quote(str(path))} WHERE {LSN} < {int(c.lsn)} AND ({where})"
         )
@@ -365,24 +370,33 @@ def _renamed_in(names: Column, moved: dict[str, str | None]) -> Column:
     return names
 
 
-def key_ranges_sql(columns: list[str], ranges: keyranges.KeyRanges) -> str:
+def key_ranges_sql(
+    columns: list[str],
+    ranges: keyranges.KeyRanges,
+    types: Sequence[T.DataType] | None = None,
+) -> str:
     """Spark SQL for "the key (``columns``, mirror names) is in one of ``ranges``", in the
     key's order (the tuple's; strings by code point, as Spark compares them). Values are
     checked integers or strings (keyranges.parse); a string is written as the hex of its
-    UTF-8 bytes, so no value, whatever its characters, is read as anything but a value."""
+    UTF-8 bytes, so no value, whatever its characters, is read as anything but a value —
+    and cast to the mirror column's type (``types``) where that is a date or a timestamp
+    (a date or timestamp key's bound is its text: shared/contract/keyorder.py)."""
+    casts = [_TIME_CASTS.get(type(t)) for t in (types or [T.StringType()] * len(columns))]
 
-    def lit(v: int | str) -> str:
+    def lit(i: int, v: int | str) -> str:
         if type(v) is int:
             return str(int(v))
-        return f"CAST(X'{str(v).encode().hex()}' AS STRING)"
+        text = f"CAST(X'{str(v).encode().hex()}' AS STRING)"
+        return text if casts[i] is None else f"CAST({text} AS {casts[i]})"
 
     def beyond(i: int, bound: keyranges.Bound, op: str) -> str:
         strict = ">" if op == ">" else "<"
-        here = f"{quote(columns[i])} {op if i == len(columns) - 1 else strict} {lit(bound[i])}"
+        value = lit(i, bound[i])
+        here = f"{quote(columns[i])} {op if i == len(columns) - 1 else strict} {value}"
         if i == len(columns) - 1:
             return here
         tail = beyond(i + 1, bound, op)
-        return f"({here} OR ({quote(columns[i])} = {lit(bound[i])} AND {tail}))"
+        return f"({here} OR ({quote(columns[i])} = {value} AND {tail}))"
 
     parts = []
     for lower, upper in ranges.ranges:
@@ -390,6 +404,13 @@ def key_ranges_sql(columns: list[str], ranges: keyranges.KeyRanges) -> str:
         conds += [beyond(0, upper, "<=")] if upper is not None else []
         parts.append("(" + " AND ".join(conds) + ")" if conds else "TRUE")
     return " OR ".join(parts)
+
+
+_TIME_CASTS: dict[type, str] = {
+    T.DateType: "DATE",
+    T.TimestampType: "TIMESTAMP",
+    T.TimestampNTZType: "TIMESTAMP_NTZ",
+}
 
 
 def _affected(result: DataFrame) -> int | None:

@@ -19,6 +19,7 @@ import json
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import replace
+from datetime import date, datetime
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +32,7 @@ from services.kafka2spark.names import HASH, XID, postgres_name, table_dir
 from services.kafka2spark.provenance import Provenance, string_field
 from services.kafka2spark.settings import Kafka2SparkSettings
 from shared.avro import RegistryDecoder
-from shared.contract.keyorder import INTEGER_KEY_TYPES
+from shared.contract.keyorder import INTEGER_KEY_TYPES, TIME_KEY_TYPES
 from shared.errors import PermanentError
 from shared.verify.continuous import Continuous, VerifyMetrics
 from shared.verify.core import (
@@ -247,6 +248,16 @@ def _integer_summaries(
     return out
 
 
+def key_time(pg_type: str, text: str) -> pa.Scalar:
+    """A date or timestamp key's text (:func:`~shared.contract.keyorder.key_text`) as the
+    value the mirror holds: a date, a timestamp without time zone, one in UTC."""
+    if pg_type == "date":
+        return pa.scalar(date.fromisoformat(text), pa.date32())
+    if pg_type == "timestamp":
+        return pa.scalar(datetime.fromisoformat(text), pa.timestamp("us"))
+    return pa.scalar(datetime.fromisoformat(text), pa.timestamp("us", tz="UTC"))
+
+
 def _latest_version(path: Path) -> int | None:
     """The mirror's latest version — its highest commit file (each commit adds the next
     one, atomically) — or None before its first commit."""
@@ -258,6 +269,8 @@ def _filter(names: Sequence[str], types: Sequence[str], rng: KeyRange) -> Any:
     """A dataset filter for the keys in ``rng`` (lexicographic over the key's columns)."""
 
     def lit(t: str, v: object) -> object:
+        if t in TIME_KEY_TYPES:  # the mirror's date or timestamp (a bound is its text)
+            return key_time(t, str(v))
         return v if t in INTEGER_KEY_TYPES else str(v)  # uuid as its text, text as is
 
     def beyond(i: int, bound: Key, strict_last: str) -> Any:

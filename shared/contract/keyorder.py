@@ -11,14 +11,26 @@ Postgres for it: what ``verify`` ranges and a snapshot of key ranges
   every comparison of such a column is written with ``COLLATE "C"``. Postgres walks that
   order by an index only if one sorts the column so — ``verify`` asks for one
   (:func:`c_index_statement`) rather than sort the table once per range.
-- Anything else (``bpchar`` — blank-padded, compared without its padding —, numeric,
-  dates, ``citext``...) has no order all three share: such keys are refused, with why.
+- ``bpchar`` (``char(n)``) orders in Postgres without its trailing blanks; the sinks hold
+  it blank-padded. The two orders agree unless a value holds a character below the blank
+  (a control character): it is compared ``COLLATE "C"`` as text is, and a range holding
+  such a key is not verified (:func:`sortable_sql`).
+- ``date``, ``timestamp`` and ``timestamptz`` are compared by their text as events carry
+  it (:func:`key_text`: ISO-8601, ``T``, a fraction without trailing zeros, ``+00:00``),
+  whose code point order is the time order for years 1 to 9999 — a search engine's
+  ``date`` field keeps milliseconds only, so its key columns' raw text is indexed beside
+  it (``<column>.key``). A range holding a key outside those years (``infinity``, a year
+  BC or beyond 9999) is not verified (:func:`sortable_sql`).
+- Anything else (numeric — exact in Postgres, doubles in a search engine —, ``citext``,
+  ``time``...) has no order all three share: such keys are refused, with why.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import UTC, date, datetime
 from typing import Any
 
 import psycopg
@@ -27,9 +39,48 @@ from psycopg import sql
 from shared.errors import PermanentError
 
 INTEGER_KEY_TYPES = frozenset({"int2", "int4", "int8"})
-TEXT_KEY_TYPES = frozenset({"text", "varchar"})
-ORDERED_KEY_TYPES = INTEGER_KEY_TYPES | TEXT_KEY_TYPES | {"uuid"}
-"""Key column types (``pg_type.typname``) whose order Postgres, the engines and Spark share."""
+TEXT_KEY_TYPES = frozenset({"text", "varchar", "bpchar"})
+TIME_KEY_TYPES = frozenset({"date", "timestamp", "timestamptz"})
+ORDERED_KEY_TYPES = INTEGER_KEY_TYPES | TEXT_KEY_TYPES | TIME_KEY_TYPES | {"uuid"}
+"""Key column types (``pg_type.typname``) whose order Postgres, the engines and Spark share
+(within the bounds :func:`sortable_sql` checks)."""
+
+_TIME_TEXT = re.compile(r"\d{4}-\d\d-\d\d(?:[T ]\d\d:\d\d:\d\d(?:\.\d{1,6})?(?:\+00(?::00)?)?)?")
+
+
+def key_text(value: object) -> str:
+    """A ``date`` / ``timestamp`` / ``timestamptz`` key value as events carry it, whatever
+    it was read as: a :class:`~datetime.date`, a :class:`~datetime.datetime` (an aware one
+    in UTC), or Postgres's text output (``DateStyle=ISO``, ``TimeZone=UTC``). Text of
+    another form (``infinity``, a year BC) is returned as it is: :func:`sortable_sql`
+    keeps such keys out of every comparison."""
+    if isinstance(value, datetime):
+        if value.tzinfo is not None:
+            value = value.astimezone(UTC)
+        frac = f".{value.microsecond:06d}".rstrip("0").rstrip(".")
+        return (
+            f"{value.year:04d}-{value.month:02d}-{value.day:02d}T{value.hour:02d}:"
+            f"{value.minute:02d}:{value.second:02d}{frac}"
+            + ("+00:00" if value.tzinfo is not None else "")
+        )
+    if isinstance(value, date):
+        return f"{value.year:04d}-{value.month:02d}-{value.day:02d}"
+    text = str(value)
+    if _TIME_TEXT.fullmatch(text) is None:
+        return text
+    text = text.replace(" ", "T", 1)
+    return text + ":00" if text.endswith("+00") else text
+
+
+def sortable_sql(column: sql.Composable, pg_type: str) -> sql.Composable | None:
+    """A condition true of a key value whose order every side shares (None: all are):
+    a time in years 1 to 9999, a ``bpchar`` without a character below the blank."""
+    if pg_type in TIME_KEY_TYPES:
+        return sql.SQL("({c} >= '0001-01-01' AND {c} < '10000-01-01')").format(c=column)
+    if pg_type == "bpchar":
+        return sql.SQL(r"({c} !~ '[\x01-\x1f]')").format(c=column)
+    return None
+
 
 _BYTE_ORDER_LOCALES = frozenset({"C", "POSIX", "C.UTF-8", "C.utf8"})
 _C_COLLATIONS = frozenset({950, 951})  # pg_collation "C" and "POSIX"

@@ -15,8 +15,10 @@ Shape (the marker's ``snapshot.key_ranges``, the signal table's ``key_ranges``):
   first column, then the next among equals); a bound is ``null`` (unbounded) or an array
   of one value per key column;
 - a value is an integer (the key column is ``smallint``, ``integer`` or ``bigint``) or a
-  string: a UUID's canonical text (lower-case hex, ``8-4-4-4-12``: a ``uuid`` column) or
-  a ``text`` / ``varchar`` key's value. Strings are ordered by their code points — UTF-8's
+  string: a UUID's canonical text (lower-case hex, ``8-4-4-4-12``: a ``uuid`` column), a
+  ``text`` / ``varchar`` / ``char(n)`` key's value, or a ``date`` / ``timestamp`` /
+  ``timestamptz`` key's text as events write it (V023;
+  :func:`shared.contract.keyorder.key_text`). Strings are ordered by their code points — UTF-8's
   byte order, which a search engine's keyword and Spark's strings share, and Postgres
   with ``COLLATE "C"`` (:mod:`shared.contract.keyorder`): a range read by one order and
   swept by another would remove rows the snapshot never read, so no other order is used.

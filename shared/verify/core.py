@@ -20,7 +20,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from shared.contract.keyorder import INTEGER_KEY_TYPES
+from shared.contract.keyorder import INTEGER_KEY_TYPES, TIME_KEY_TYPES, key_text
 
 Key = tuple[object, ...]
 
@@ -171,19 +171,24 @@ def judge_rows(
 
 
 def key_value(pg_type: str, v: Any) -> object:
-    """A key value read from a sink, as Postgres's driver gives it: integers as ``int``,
-    a ``uuid`` as :class:`uuid.UUID`, text as ``str`` (the key types verify reads:
+    """A key value read from a sink, as Postgres's side reads it: integers as ``int``,
+    a ``uuid`` as :class:`uuid.UUID`, a date or timestamp as the text events carry
+    (:func:`~shared.contract.keyorder.key_text`, from a sink's text or its ``date`` /
+    ``datetime``), text as ``str`` (the key types verify reads:
     :data:`shared.contract.keyorder.ORDERED_KEY_TYPES`)."""
     if pg_type == "uuid":
         return uuid.UUID(str(v))
     if pg_type in INTEGER_KEY_TYPES:
         return int(v)
+    if pg_type in TIME_KEY_TYPES:
+        return key_text(v)
     return str(v)
 
 
 def key_order(key: Key) -> tuple[tuple[int, int, str], ...]:
     """The order of keys every side shares (:mod:`shared.contract.keyorder`): integers by
-    value, UUIDs by their bytes (as their canonical text sorts), text by code point."""
+    value, UUIDs by their bytes (as their canonical text sorts), text — dates and
+    timestamps as events write them too — by code point."""
     return tuple((0, v, "") if isinstance(v, int) else (1, 0, str(v)) for v in key)
 
 

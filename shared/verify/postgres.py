@@ -13,10 +13,13 @@ in a session with the same text-output settings as pg2kafka's
 
 Keys: the primary key, else the replica identity index — the key events carry. Ranges
 follow the one order of keys the sinks' range queries share (:mod:`shared.contract.keyorder`):
-integer, uuid, text and varchar columns (and tuples of them); a text column under a
-collation that is not byte order is compared ``COLLATE "C"``, and needs an index sorting it
-so (the error says which to create). Other key types are refused with what to do
-(docs/design.md#verification).
+integer, uuid, text, varchar, bpchar, date, timestamp and timestamptz columns (and tuples of
+them); a text column under a collation that is not byte order is compared ``COLLATE "C"``,
+and needs an index sorting it so (the error says which to create). Dates and timestamps are
+read as the text events carry (:func:`~shared.contract.keyorder.key_text`); a range holding
+a key whose order the sinks do not share (``infinity``, a year BC, a control character in a
+``bpchar``) stops the table's verification, saying so. Other key types are refused with what
+to do (docs/design.md#verification).
 """
 
 from __future__ import annotations
@@ -31,14 +34,18 @@ from typing import Any
 
 import psycopg
 from psycopg import sql
+from psycopg.adapt import Loader
 from psycopg.types.json import Jsonb
 
 from shared.contract.keyorder import (
     ORDERED_KEY_TYPES,
+    TIME_KEY_TYPES,
     c_index_statement,
     has_c_index,
     key_columns,
     key_expr,
+    key_text,
+    sortable_sql,
 )
 from shared.contract.rowhash import TEXT_OUTPUT_OPTIONS, row_hash_sql
 from shared.errors import PermanentError, UnverifiableError, WaitExpiredError
@@ -57,6 +64,15 @@ class TableShape:
     key_types: tuple[str, ...]  # pg_type.typname of each key column
     partitioned: bool
     collate_c: tuple[bool, ...] = ()  # per key column: compared COLLATE "C"
+
+
+class _KeyTextLoader(Loader):
+    """A date or timestamp as the text events carry (:func:`key_text`): keys compare,
+    bound ranges and go back into queries as that text, never as Python's types (which
+    hold no ``infinity`` and no year BC)."""
+
+    def load(self, data: Any) -> str:
+        return key_text(bytes(data).decode())
 
 
 class PostgresSource:
@@ -82,7 +98,10 @@ class PostgresSource:
         self._started = time.monotonic()
 
     def _connect(self) -> psycopg.Connection[Any]:
-        return psycopg.connect(self.conninfo, autocommit=True, options=self.options)
+        conn = psycopg.connect(self.conninfo, autocommit=True, options=self.options)
+        for name in TIME_KEY_TYPES:
+            conn.adapters.register_loader(name, _KeyTextLoader)
+        return conn
 
     def shape(self, table: tuple[str, str]) -> TableShape:
         """The table's columns and key (read once); PermanentError when it has no key
@@ -124,7 +143,8 @@ class PostgresSource:
                 raise UnverifiableError(
                     f"verify: {name}'s key column {', '.join(odd)} is of a type whose order"
                     " the sinks do not share",
-                    hint="verify compares tables keyed by integer, uuid, text or varchar columns",
+                    hint="verify compares tables keyed by integer, uuid, text, varchar,"
+                    " char(n), date, timestamp or timestamptz columns",
                 )
             if any(c.collate_c for c in key) and not has_c_index(conn, int(oid), key):
                 raise UnverifiableError(
@@ -207,14 +227,14 @@ class PostgresSource:
         query = sql.SQL(
             "WITH r AS MATERIALIZED (SELECT {as_named}, {h} AS h FROM {src} WHERE {after}"
             " ORDER BY {keys} LIMIT {n})"
-            " SELECT c.n, c.s, l.* FROM (SELECT count(*) AS n, coalesce(sum(h), 0)::text AS s"
-            " FROM r) c LEFT JOIN LATERAL (SELECT {named} FROM r ORDER BY {desc} LIMIT 1) l"
-            " ON true"
+            " SELECT c.n, c.s, c.ok, l.* FROM (SELECT count(*) AS n,"
+            " coalesce(sum(h), 0)::text AS s, {ok} AS ok FROM r) c"
+            " LEFT JOIN LATERAL (SELECT {named} FROM r ORDER BY {desc} LIMIT 1) l ON true"
         )
         params = {
             "as_named": as_named, "h": row_hash_sql(shape.columns, "s"), "src": source,
             "keys": keys, "n": sql.Literal(max_rows), "named": sql.SQL(", ").join(named),
-            "desc": desc,
+            "desc": desc, "ok": _sortable(named, shape.key_types),
         }  # fmt: skip
         lower: tuple[object, ...] | None = None
         with self._connect() as conn:
@@ -225,7 +245,8 @@ class PostgresSource:
                     snap = _snapshot(conn)
                     row = conn.execute(query.format(after=after, **params)).fetchone()
                 assert row is not None
-                count, total, last = int(row[0]), int(row[1]), tuple(row[2:])
+                count, total, last = int(row[0]), int(row[1]), tuple(row[3:])
+                _check_sortable(table, row[2], KeyRange(lower, last if count else None))
                 # fewer than max_rows: the last range, open above (rows added later beyond
                 # the last key belong to it)
                 upper = last if count == max_rows else None
@@ -245,7 +266,10 @@ class PostgresSource:
         keys = self._keys(shape)
         bound_q = sql.SQL("SELECT {keys} FROM {src} WHERE {after} ORDER BY {keys}"
                           " OFFSET {skip} LIMIT 1")  # fmt: skip
-        summary_q = sql.SQL("SELECT count(*), coalesce(sum({h}), 0)::text FROM {src} WHERE {where}")
+        summary_q = sql.SQL(
+            "SELECT count(*), coalesce(sum({h}), 0)::text, {ok} FROM {src} WHERE {where}"
+        )
+        ok = _sortable([sql.Identifier("s", k) for k in shape.key], shape.key_types)
         h = row_hash_sql(shape.columns, "s")
         local = threading.local()
         opened: list[psycopg.Connection[Any]] = []
@@ -259,9 +283,10 @@ class PostgresSource:
                 conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
                 snap = _snapshot(conn)
                 row = conn.execute(
-                    summary_q.format(h=h, src=source, where=self._where(key, rng))
+                    summary_q.format(h=h, src=source, where=self._where(key, rng), ok=ok)
                 ).fetchone()
             assert row is not None
+            _check_sortable(table, row[2], rng)
             self._pace(int(row[0]))
             return SourceRange(rng, Summary(int(row[0]), int(row[1])), snap)
 
@@ -421,6 +446,28 @@ class PostgresSource:
                         f" {lsn} within {timeout_s:.0f}s"
                     )
                 time.sleep(0.2)
+
+
+def _sortable(columns: Sequence[sql.Composable], types: Sequence[str]) -> sql.Composable:
+    """An aggregate, true when every key of the rows aggregated is in the order every side
+    shares (:func:`~shared.contract.keyorder.sortable_sql`); NULL over no rows."""
+    conds = [
+        c for c in (sortable_sql(col, t) for col, t in zip(columns, types, strict=True))
+        if c is not None
+    ]  # fmt: skip
+    if not conds:
+        return sql.SQL("true")
+    return sql.SQL("bool_and({})").format(sql.SQL(" AND ").join(conds))
+
+
+def _check_sortable(table: tuple[str, str], ok: object, rng: KeyRange) -> None:
+    if ok is False:
+        raise UnverifiableError(
+            f"verify: {'.'.join(table)} holds a key in {rng} whose order the sinks do not"
+            " share: a date or timestamp outside the years 1 to 9999 (infinity, a year BC),"
+            " or a char(n) value with a control character",
+            hint="such a table is compared by a plain read of both sides, not by verify",
+        )
 
 
 def _bound_json(bound: tuple[object, ...] | None) -> list[object] | None:

@@ -4,11 +4,21 @@ search index compares a text key (its keyword, long enough for any key)."""
 
 from __future__ import annotations
 
+import random
+from datetime import UTC, date, datetime, timedelta
+
 import pytest
 from psycopg import sql
 
-from services.kafka2search.mapping import KEY_KEYWORD_CHARS, key_field, properties
-from shared.contract.keyorder import KeyColumn, byte_ordered, c_index_statement, key_expr
+from services.kafka2search.mapping import KEY_KEYWORD_CHARS, has_key_fields, key_field, properties
+from shared.contract.keyorder import (
+    KeyColumn,
+    byte_ordered,
+    c_index_statement,
+    key_expr,
+    key_text,
+    sortable_sql,
+)
 
 
 @pytest.mark.parametrize(
@@ -48,3 +58,59 @@ def test_a_text_key_is_compared_by_its_keyword_which_holds_any_key() -> None:
     assert props["k"]["fields"]["keyword"]["ignore_above"] == KEY_KEYWORD_CHARS
     assert props["v"]["fields"]["keyword"]["ignore_above"] == 256  # not a key: as before
     assert props["n"] == properties({"n": "int4"})["n"]
+
+
+def _random_times(n: int, seed: int) -> list[datetime]:
+    rnd = random.Random(seed)
+    base = datetime(1, 1, 1)
+    span = int((datetime(9999, 12, 31, 23, 59, 59, 999999) - base).total_seconds())
+    out = []
+    for _ in range(n):
+        t = base + timedelta(seconds=rnd.randrange(span))
+        # fractions of every length, and many times within one millisecond
+        t = t.replace(microsecond=rnd.choice([0, 500000, 510000, 500001, 999999,
+                                              rnd.randrange(10**6)]))  # fmt: skip
+        out.append(t)
+    return out
+
+
+def test_dates_and_timestamps_sort_by_their_event_text_as_by_their_value() -> None:
+    """The order a search engine's keyword and every string comparison give a time key's
+    text is its time order — dates, timestamps, and aware ones in UTC (``+00:00``) —
+    within years 1 to 9999, and the text is the same whether read as a value or as
+    Postgres's text output."""
+    times = _random_times(3000, 7)
+    assert sorted(times) == sorted(times, key=key_text)
+    aware = [t.replace(tzinfo=UTC) for t in times]
+    assert sorted(aware) == sorted(aware, key=key_text)
+    days = [t.date() for t in times]
+    assert sorted(days) == sorted(days, key=key_text)
+    for t in aware[:300]:
+        pg_text = t.isoformat(sep=" ").replace("+00:00", "+00")
+        if t.microsecond:
+            pg_text = pg_text.replace(f".{t.microsecond:06d}", f".{t.microsecond:06d}".rstrip("0"))
+        assert key_text(pg_text) == key_text(t), pg_text
+        assert datetime.fromisoformat(key_text(t)) == t
+    assert key_text(datetime(2026, 1, 2, 3, 4, 5, 500000, tzinfo=UTC)) == (
+        "2026-01-02T03:04:05.5+00:00"
+    )
+    assert key_text(date(5, 1, 2)) == "0005-01-02"
+    # other forms stay as they are: sortable_sql keeps them out of every comparison
+    assert key_text("infinity") == "infinity"
+    assert key_text("0044-03-15 BC") == "0044-03-15 BC"
+
+
+def test_a_time_key_is_compared_by_its_text_beside_its_date_field() -> None:
+    """A ``date`` field keeps milliseconds: a date or timestamp key column is mapped with
+    a keyword of its text, which verify and key ranges compare (an index without it is
+    named by ``has_key_fields``)."""
+    props = properties({"at": "timestamptz", "n": "int4", "d": "date"}, keys=["at", "d"])
+    assert props["at"]["type"] == "date"
+    assert props["at"]["fields"]["key"] == {"type": "keyword"}
+    assert "fields" not in props["n"]
+    assert key_field("at", "timestamptz") == "at.key"
+    assert key_field("d", "date") == "d.key"
+    old = {"at": {"type": "date"}, "d": props["d"]}
+    assert has_key_fields(old, {"at": "timestamptz", "d": "date", "n": "int4"}) == ["at"]
+    assert sortable_sql(sql.Identifier("at"), "timestamptz") is not None
+    assert sortable_sql(sql.Identifier("n"), "int4") is None

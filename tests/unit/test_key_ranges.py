@@ -15,6 +15,7 @@ from typing import Any
 
 import jsonschema
 import pytest
+from pyspark.sql import types as T  # noqa: N812 - as the services write it
 
 from services.kafka2search.key_ranges import ranges_query
 from services.kafka2spark.tables import key_ranges_sql
@@ -188,3 +189,23 @@ def test_text_key_ranges_select_by_code_point_in_both_sinks() -> None:
     expr = expr.replace("`", "").replace(" OR ", " or ").replace(" AND ", " and ")
     chosen = {w for w in WORDS if eval(expr, {}, {"t": w})}  # noqa: S307 - test
     assert chosen == want
+
+
+def test_a_time_key_bound_is_cast_to_the_mirror_columns_type() -> None:
+    """A date or timestamp key's bound is its text (shared/contract/keyorder.py): Spark
+    compares it as the mirror column's type, a cast per column (strings stay strings)."""
+    ranges = keyranges.parse(
+        {"columns": ["d", "at", "k"],
+         "ranges": [[["2026-01-01", "2026-01-01T10:00:00.5", "x"], None]]}
+    )  # fmt: skip
+    where = key_ranges_sql(
+        ["d", "at", "k"], ranges, [T.DateType(), T.TimestampNTZType(), T.StringType()]
+    )
+    hexed = {v: v.encode().hex() for v in ("2026-01-01", "2026-01-01T10:00:00.5", "x")}
+    assert f"`d` > CAST(CAST(X'{hexed['2026-01-01']}' AS STRING) AS DATE)" in where
+    assert f"CAST(CAST(X'{hexed['2026-01-01T10:00:00.5']}' AS STRING) AS TIMESTAMP_NTZ)" in where
+    assert f"`k` > CAST(X'{hexed['x']}' AS STRING)" in where
+    aware = key_ranges_sql(["at"], keyranges.parse(
+        {"columns": ["at"], "ranges": [[None, ["2026-01-01T10:00:00+00:00"]]]}), [T.TimestampType()]
+    )  # fmt: skip
+    assert aware.endswith(" AS STRING) AS TIMESTAMP))")

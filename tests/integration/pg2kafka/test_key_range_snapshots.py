@@ -110,8 +110,58 @@ def test_composite_and_uuid_keys_are_read_by_their_order(
     assert reads(h.seen, "u") == [str(k) for k in keys[3:7]]
 
 
+def test_time_and_char_keys_are_read_by_their_order_and_named_as_events_write_them(
+    make_harness: HarnessFactory, unique_name: str
+) -> None:
+    """A date, timestamp or char(n) key's bounds: cast to the column's type whatever the
+    session's time zone, read in Postgres's order (to the microsecond), and carried by
+    the end marker as the events' text (what every sink compares)."""
+    schema = f"kt_{unique_name}"
+    h = pipeline(make_harness, schema, chunk_rows=2)
+    q = f'"{schema}"'
+    h.sql(f"CREATE TABLE {q}.ev (id int, at timestamptz, PRIMARY KEY (id, at))")
+    h.sql(
+        f"INSERT INTO {q}.ev SELECT i, '2026-11-28 15:00:00+00'::timestamptz + u * interval"
+        " '1 microsecond' FROM generate_series(1, 2) i, unnest(ARRAY[0, 1, 999, 1000,"
+        " 500000, 500001, 510000]) u"
+    )
+    h.sql(f"CREATE TABLE {q}.d (day date PRIMARY KEY)")
+    h.sql(f"INSERT INTO {q}.d SELECT '2026-01-01'::date + g FROM generate_series(0, 9) g")
+    h.sql(f"CREATE TABLE {q}.c (code char(3) PRIMARY KEY)")
+    h.sql(f"INSERT INTO {q}.c VALUES ('a'), ('ab'), ('abc'), ('a b'), ('b')")
+    admin.init(h.settings)
+    h.start()
+    ev_ranges = [[[1, "2026-11-28 16:00:00.000001+01"], [2, "2026-11-28T15:00:00.0005+00:00"]]]
+    h.sql(f"SELECT _walcast.request_repair('{q}.ev', %s::jsonb)", [json.dumps(ev_ranges)])
+    h.sql(f"SELECT _walcast.request_repair('{q}.d', %s::jsonb)",
+          [json.dumps([[["2026-01-03"], ["2026-01-06"]]])])  # fmt: skip
+    h.sql(f"SELECT _walcast.request_repair('{q}.c', %s::jsonb)",
+          [json.dumps([[["a"], ["ab"]], [["abc"], None]])])  # fmt: skip
+    partitions = h.settings.producer.topic_partitions
+    h.events(
+        lambda evs: all(len(range_ends(evs, t)) == partitions for t in ("ev", "d", "c")),
+        timeout=90,
+    )
+    assert reads(h.seen, "ev") == [
+        (1, "2026-11-28T15:00:00.000999+00:00"), (1, "2026-11-28T15:00:00.001+00:00"),
+        (1, "2026-11-28T15:00:00.5+00:00"), (1, "2026-11-28T15:00:00.500001+00:00"),
+        (1, "2026-11-28T15:00:00.51+00:00"), (2, "2026-11-28T15:00:00+00:00"),
+        (2, "2026-11-28T15:00:00.000001+00:00"),
+    ]  # fmt: skip
+    assert range_ends(h.seen, "ev")[0]["snapshot"]["key_ranges"]["ranges"] == [
+        [[1, "2026-11-28T15:00:00.000001+00:00"], [2, "2026-11-28T15:00:00.0005+00:00"]]
+    ]
+    assert reads(h.seen, "d") == ["2026-01-04", "2026-01-05", "2026-01-06"]
+    assert reads(h.seen, "c") == ["a b", "ab ", "b  "]  # "a" < "a b" < "ab" < "abc" < "b"
+
+
 BAD = [
-    ("chr", [[None, ["m"]]], "not made of smallint, integer, bigint, uuid, text or varchar"),
+    ("num", [[None, [1]]], "not made of smallint, integer, bigint, uuid, text, varchar, char(n),"),
+    ("chr", [[None, ["m"]]], None),  # accepted: compared blank-padded, by code point
+    ("tm", [[None, ["infinity"]]], "outside the years 1 to 9999"),
+    ("tm", [[["0044-03-15 BC"], None]], "outside the years 1 to 9999"),
+    ("tm", [[None, ["soon"]]], "invalid input syntax"),
+    ("tm", [[["2026-01-01 10:00:00.5+02"], None]], None),  # accepted: written in UTC
     ("txt", [[None, [5]]], "is not a string of at most 8191"),
     ("txt", [[None, ["x" * 8192]]], "is not a string of at most 8191"),
     ("txt", [[["a"], ["m\u00e9"]]], None),  # accepted: compared by code point
@@ -137,6 +187,8 @@ def test_a_request_the_stream_cannot_serve_is_refused_with_what_is_wrong(
         h.sql(f"CREATE TABLE {q}.t (id int PRIMARY KEY)")
         h.sql(f"CREATE TABLE {q}.txt (id text PRIMARY KEY)")
         h.sql(f"CREATE TABLE {q}.chr (id char(4) PRIMARY KEY)")
+        h.sql(f"CREATE TABLE {q}.num (id numeric PRIMARY KEY)")
+        h.sql(f"CREATE TABLE {q}.tm (at timestamptz PRIMARY KEY)")
         h.sql(f"CREATE TABLE {q}.nokey (id int)")
         h.sql(f"CREATE TABLE {q}.ident (id int PRIMARY KEY, u int NOT NULL UNIQUE)")
         h.sql(f"ALTER TABLE {q}.ident REPLICA IDENTITY USING INDEX ident_u_key")
@@ -184,6 +236,11 @@ def test_only_walcast_repairer_may_ask_and_the_functions_run_as_their_owner(
         "SELECT has_function_privilege('walcast_repairer',"
         " '_walcast.checked_key_ranges(regclass, jsonb)', 'EXECUTE'),"
         " has_function_privilege('walcast_verifier', '_walcast.request_repair(regclass, jsonb)',"
-        " 'EXECUTE')"
+        " 'EXECUTE'),"
+        " has_function_privilege('walcast_repairer', '_walcast.key_time_text(text, oid, text)',"
+        " 'EXECUTE'),"
+        " EXISTS (SELECT 1 FROM pg_proc p, aclexplode(p.proacl) a"
+        "  WHERE p.oid = '_walcast.key_time_text(text, oid, text)'::regprocedure"
+        "  AND a.grantee = 0)"
     )
-    assert rows == [(False, False)]
+    assert rows == [(False, False, False, False)]
