@@ -181,7 +181,7 @@ def read_topic(
     return records
 
 
-WALCAST_SOURCE_FIELDS = ("walcast_hash", "walcast_mark")
+WALCAST_SOURCE_FIELDS = ("walcast_hash", "walcast_mark", "walcast_snapshot")
 """What pg2kafka's Debezium records add to the connector's ``source`` block (optional
 fields, shared/formats/debezium.py): left out before comparing with the connector's."""
 

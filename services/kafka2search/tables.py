@@ -12,7 +12,7 @@ from functools import partial
 from services.kafka2search.engines import SearchEngine
 from services.kafka2search.indices import EngineRetry, Indices, forget
 from services.kafka2search.key_ranges import ranges_query
-from services.kafka2search.mapping import key_field
+from services.kafka2search.mapping import has_key_fields, key_field
 from services.kafka2search.metrics import Metrics
 from services.kafka2search.moves import record as record_moves
 from services.kafka2search.settings import Kafka2SearchSettings
@@ -120,7 +120,21 @@ class TableEvents:
         st = self.indices.held_state(alias, ev)
         if st is None or version - 1 <= st.truncated_lsn:
             return  # no index yet (nothing to remove), or truncated after the run's start
-        fields = [key_field(c, st.columns.get(c, "")) for c in ranges.columns]
+        types = {c: st.columns.get(c, "") for c in ranges.columns}
+        fields = [key_field(c, t) for c, t in types.items()]
+        if any(f != c for f, c in zip(fields, ranges.columns, strict=True)):
+            props, _meta = self.retry(lambda: self.engine.mapping(st.index), f"map {alias}")
+            lacking = has_key_fields(props, types)
+            if lacking:
+                # an index made before its key's text was indexed: a range query on it
+                # would match nothing, and the rows the run did not find would stay
+                log.error(
+                    "snapshot %s of key ranges of %s: the index has no field of key"
+                    " column(s) %s to find rows in the ranges by (made by an earlier"
+                    " version); nothing removed: reindex the table into a new index",
+                    info["id"], alias, lacking,
+                )  # fmt: skip
+                return
         deleted = self.retry(
             lambda: self.engine.delete_older(
                 st.index, version, reopen=True, within=ranges_query(ranges, fields)

@@ -27,7 +27,6 @@ from services.pg2kafka.inserts_publication import (
     sync_inserts_publication,
 )
 from services.pg2kafka.migrations import migrate
-from services.pg2kafka.output import output_format
 from services.pg2kafka.settings import Pg2KafkaSettings, inserts_publication
 from shared.errors import PermanentError
 from shared.kafka import ensure_topic
@@ -520,13 +519,6 @@ def snapshot_request(settings: Pg2KafkaSettings, tables: list[str]) -> list[int]
     """Ask for incremental snapshots of ``tables`` (``schema.table``; ``table`` means
     ``public.table``): rows in the signal table ``_walcast.snapshot_requests``, taken by
     the running pg2kafka within seconds. Each table must be in the publication."""
-    if not output_format(settings).incremental_snapshots:
-        raise PermanentError(
-            "incremental snapshots are not built for producer.format=debezium (initial"
-            " snapshots are)",
-            hint="to read every table again in this format: pg2kafka tear-down, then run"
-            " with snapshot.mode=initial (a new slot, a new initial snapshot)",
-        )
     pub = settings.replication.publication
     ids = []
     with _connect(settings) as conn:

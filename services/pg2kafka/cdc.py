@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from abc import ABC, abstractmethod
 from dataclasses import replace
 
@@ -20,7 +21,7 @@ import psycopg
 
 from services.pg2kafka import pgoutput as pg
 from services.pg2kafka.changes import set_epoch
-from services.pg2kafka.debezium_format import DebeziumRecords
+from services.pg2kafka.debezium_format import DebeziumRecords, Record, SnapshotRead
 from services.pg2kafka.filters import TableFilter
 from services.pg2kafka.messages import MessageKey
 from services.pg2kafka.metrics import Metrics
@@ -29,7 +30,7 @@ from services.pg2kafka.replication import identify_system
 from services.pg2kafka.routing import Routing
 from services.pg2kafka.session import HandlerContext, SlotStream
 from services.pg2kafka.settings import Pg2KafkaSettings
-from services.pg2kafka.snapshots.incremental import WATERMARK, Incremental
+from services.pg2kafka.snapshots.incremental import WATERMARK, Incremental, TextRow
 from services.pg2kafka.source import SourceLedger
 from services.pg2kafka.topics import StreamTarget
 from services.pg2kafka.transforms import check_database, from_settings
@@ -131,7 +132,10 @@ class CdcHandler(ABC):
         self._keyless_warned = set(tables)
 
     def housekeeping(self, session: HandlerContext) -> bool:
-        """Between messages: the source's ledger follows the confirmed position."""
+        """Between messages: incremental snapshots' chunks recorded and taken, the
+        source's ledger follows the confirmed position."""
+        if self.incremental is not None:
+            self.incremental.housekeeping(session, self)
         if self.ledger is not None:
             self.ledger.advance(session.confirmed_lsn)
         return False
@@ -141,8 +145,61 @@ class CdcHandler(ABC):
         return None
 
     def close(self) -> None:
-        """Nothing of the session's to let go of."""
-        return None
+        if self.incremental is not None:
+            self.incremental.session_ended()
+
+    @abstractmethod
+    def send_read(
+        self, session: HandlerContext, rel: pg.Relation, values: TextRow, ev: ChangeEvent
+    ) -> None:
+        """An incremental snapshot's read row in the format's records (its ``Sender``)."""
+
+    @abstractmethod
+    def send_table_wide(self, session: HandlerContext, ev: ChangeEvent) -> None:
+        """A table-wide event (a truncate, a schema change, a snapshot's end marker) on
+        every partition the table's rows can be in."""
+
+    def snapshot_hooks(self, session: HandlerContext, lsn: int, msg: pg.Decoded) -> None:
+        """What moves incremental snapshots, whatever the format: a change's key into its
+        chunk's window, a truncate as the table's floor, a watermark."""
+        inc = self.incremental
+        if inc is None:
+            return
+        b = session.builder
+        if isinstance(msg, (pg.Insert, pg.Update, pg.Delete)):
+            if inc.window_tables:
+                for ev in b.change(msg, lsn):
+                    if self.filter.matches(ev["schema"], ev["table"]):
+                        inc.changed(ev)
+        elif isinstance(msg, pg.Truncate):
+            for ev in b.truncate(msg, lsn):
+                if self.filter.matches(ev["schema"], ev["table"]):
+                    inc.floor(ev["schema"], ev["table"], lsn)
+        elif (
+            isinstance(msg, pg.Message) and msg.prefix == WATERMARK
+            and msg.transactional and b.txn is not None
+        ):  # fmt: skip
+            inc.watermark(session, self, lsn, msg)
+
+    @staticmethod
+    def table_level(ev: ChangeEvent, joined: frozenset[tuple[str, str]]) -> bool:
+        """Whether a DDL event is a table-level position sinks order rows against (its
+        floor, shared.contract.event.read_row_version): the table created (again), or a
+        table that joined the publication in this statement (gained a key, as an
+        insert-only table does: the rows it appended all lie below, and the snapshot that
+        follows — its rows and end marker above — replaces them). The trigger says which
+        tables joined (V018), so a restart in between changes nothing."""
+        tag = str((ev.get("ddl") or {}).get("tag", "")).upper()
+        return tag == "CREATE TABLE" or (ev["schema"], ev["table"]) in joined
+
+    def everywhere(self, session: HandlerContext, topic: str, value: bytes, op: str) -> None:
+        """One record on every partition of ``topic`` (made if it is new)."""
+        if topic not in self._limits:
+            session.ensure_topic(topic)
+        partitions = session.refresh_partitions(topic)
+        for partition in range(partitions):
+            session.write(Outgoing(topic, None, value, partition=partition))
+        session.count(op, len(value) * partitions)
 
 
 class WalcastCdc(CdcHandler):
@@ -189,8 +246,7 @@ class WalcastCdc(CdcHandler):
             if opened is None:
                 return
             if opened.prefix == WATERMARK:
-                if inc is not None and opened.transactional and b.txn is not None:
-                    inc.watermark(session, self, lsn, opened)
+                self.snapshot_hooks(session, lsn, opened)
             elif opened.prefix == DDL_PREFIX:
                 self.ddl(session, lsn, opened)
             elif opened.prefix == VERIFY_PREFIX and opened.transactional and b.txn is not None:
@@ -214,26 +270,6 @@ class WalcastCdc(CdcHandler):
                 if inc is not None and self.table_level(ev, joined):
                     inc.floor(ev["schema"], ev["table"], lsn)
         self.check_keyless(session)  # a table may have gained or lost its identity
-
-    @staticmethod
-    def table_level(ev: ChangeEvent, joined: frozenset[tuple[str, str]]) -> bool:
-        """Whether a DDL event is a table-level position sinks order rows against (its
-        floor, shared.contract.event.read_row_version): the table created (again), or a
-        table that joined the publication in this statement (gained a key, as an
-        insert-only table does: the rows it appended all lie below, and the snapshot that
-        follows — its rows and end marker above — replaces them). The trigger says which
-        tables joined (V018), so a restart in between changes nothing."""
-        tag = str((ev.get("ddl") or {}).get("tag", "")).upper()
-        return tag == "CREATE TABLE" or (ev["schema"], ev["table"]) in joined
-
-    def housekeeping(self, session: HandlerContext) -> bool:
-        if self.incremental is not None:
-            self.incremental.housekeeping(session, self)
-        return super().housekeeping(session)
-
-    def close(self) -> None:
-        if self.incremental is not None:
-            self.incremental.session_ended()
 
     def _ensure_topic(self, topic: str) -> int:
         assert self._session is not None
@@ -259,6 +295,11 @@ class WalcastCdc(CdcHandler):
             value = oversized.event(topic, ev, len(value))
         session.send(Outgoing(topic, key, value), ev["op"])
 
+    def send_read(
+        self, session: HandlerContext, rel: pg.Relation, values: TextRow, ev: ChangeEvent
+    ) -> None:
+        self.send(session, ev)
+
     def send_table_wide(self, session: HandlerContext, ev: ChangeEvent) -> None:
         """A truncate or a schema change: where :meth:`Routing.table_wide` says."""
         topic = self.topic_for(session, ev)
@@ -278,8 +319,10 @@ class WalcastCdc(CdcHandler):
 
 class DebeziumCdc(CdcHandler):
     """The Debezium connector's records (services/pg2kafka/debezium_format.py): row
-    changes only (its connector's defaults write neither truncates nor schema changes); a
-    schema change still re-checks which tables are left out for want of an identity."""
+    changes (its connector's defaults write neither truncates nor schema changes; a
+    schema change still re-checks which tables are left out for want of an identity),
+    verification markers, and incremental snapshots — their rows as ``r`` records, a
+    table's end as an ``m`` record (docs/events.md)."""
 
     # Made with the session's type registry and catalog, on the first change.
     records: DebeziumRecords | None = None
@@ -297,23 +340,76 @@ class DebeziumCdc(CdcHandler):
             if not self.filter.matches(rel.schema, rel.table) or b.txn is None:
                 return
             for r in self._records(session).change(rel, msg, b.txn, lsn):
-                if r.topic not in self._limits:
-                    session.ensure_topic(r.topic)
-                size = len(r.value or b"") + len(r.key or b"")
-                limit = self.limit(session, r.topic)
-                if size > limit:
-                    where = f"a change of {rel.schema}.{rel.table} at LSN {pg.format_lsn(lsn)}"
-                    raise Oversized.record(where, r.topic, size, limit)
-                session.send(Outgoing(r.topic, r.key, r.value), r.op)
+                self._send(session, r, f"a change of {rel.schema}.{rel.table} at LSN"
+                           f" {pg.format_lsn(lsn)}")  # fmt: skip
+            self.snapshot_hooks(session, lsn, msg)
+        elif isinstance(msg, pg.Truncate):
+            self.snapshot_hooks(session, lsn, msg)  # not written (the connector's default)
         elif isinstance(msg, pg.Commit):
             if self.records is not None:
                 self.records.last_commit_lsn = msg.commit_lsn
         elif isinstance(msg, pg.Message):
             opened = self.opened(session, lsn, msg)
             if opened is not None and opened.prefix == DDL_PREFIX:
+                self.ddl_floors(session, lsn, opened)  # no DDL records in this format
                 self.check_keyless(session)
             elif opened is not None and opened.prefix == VERIFY_PREFIX:
                 self.verify_marks(session, lsn, opened)
+            elif opened is not None and opened.prefix == WATERMARK:
+                self.snapshot_hooks(session, lsn, opened)
+
+    def ddl_floors(self, session: HandlerContext, lsn: int, msg: pg.Message) -> None:
+        """The floors a DDL message sets for incremental snapshots (the tables it created,
+        or that joined the publication: :meth:`table_level`), read from the message alone
+        — this format writes no DDL records, and builds none (nor checks them against
+        transform rules, which its records apply per relation)."""
+        if self.incremental is None or not msg.transactional or session.builder.txn is None:
+            return
+        try:
+            payload = orjson.loads(msg.content)
+            tag = str(payload.get("tag", "")).upper()
+            tables = [t for t in payload.get("tables", []) if isinstance(t, dict)]
+        except (orjson.JSONDecodeError, AttributeError, TypeError):
+            return  # malformed: the walcast format's builder would skip it too
+        for t in tables:
+            schema, table = t.get("schema"), t.get("table")
+            if not (isinstance(schema, str) and isinstance(table, str)):
+                continue
+            if (tag == "CREATE TABLE" or t.get("joined") is True) and self.filter.matches(
+                schema, table
+            ):
+                self.incremental.floor(schema, table, lsn)
+
+    def _send(self, session: HandlerContext, r: Record, where: str) -> None:
+        if r.topic not in self._limits:
+            session.ensure_topic(r.topic)
+        size = len(r.value or b"") + len(r.key or b"")
+        limit = self.limit(session, r.topic)
+        if size > limit:
+            raise Oversized.record(where, r.topic, size, limit)
+        session.send(Outgoing(r.topic, r.key, r.value), r.op)
+
+    def send_read(
+        self, session: HandlerContext, rel: pg.Relation, values: TextRow, ev: ChangeEvent
+    ) -> None:
+        """An incremental snapshot's row as the connector's ``r`` record of an incremental
+        snapshot, at ``source.lsn`` one above the row's version (a sink reads an ``r``
+        record's version one below it), ``source.txId`` 0 (a read row, of no
+        transaction)."""
+        snap = SnapshotRead(int(ev["lsn"]) + 1, time.time_ns() // 1000, 0, "incremental")
+        r = self._records(session).read(rel, values, snap)
+        self._send(session, r, f"a row of {rel.schema}.{rel.table}'s incremental snapshot")
+
+    def send_table_wide(self, session: HandlerContext, ev: ChangeEvent) -> None:
+        """The end of a table's incremental snapshot, as an ``m`` record with walcast's
+        ``snapshot`` block (the only table-wide event incremental snapshots send)."""
+        if ev["op"] != "snapshot" or not ev.get("snapshot"):
+            return
+        r = self._records(session).snapshot_end(
+            ev["schema"], ev["table"], dict(ev["snapshot"]), int(ev["lsn"])
+        )
+        if r.value is not None:
+            self.everywhere(session, r.topic, r.value, r.op)
 
     def verify_marks(self, session: HandlerContext, lsn: int, msg: pg.Message) -> None:
         """A verification mark: a marker record (``op: m``) on every partition of each
@@ -335,13 +431,8 @@ class DebeziumCdc(CdcHandler):
             if not self.filter.matches(schema, table):
                 continue
             r = records.mark(schema, table, ev["verify"]["id"], b.txn, lsn)
-            if r.value is None:
-                continue
-            session.ensure_topic(r.topic)  # a table without a change yet: its topic made
-            partitions = session.refresh_partitions(r.topic)
-            for partition in range(partitions):
-                session.write(Outgoing(r.topic, None, r.value, partition=partition))
-            session.count(r.op, len(r.value) * partitions)
+            if r.value is not None:  # a table without a change yet: its topic made
+                self.everywhere(session, r.topic, r.value, r.op)
 
     def _records(self, session: HandlerContext) -> DebeziumRecords:
         if self.records is None:
@@ -380,13 +471,7 @@ class CdcStream(SlotStream):
         target: StreamTarget | None = None,
     ) -> None:
         super().__init__(settings, metrics, stop, target or StreamTarget.cdc(settings))
-        # Incremental snapshots write walcast events; the Debezium format has none yet
-        # (its settings refuse automatic ones, and `pg2kafka snapshot` refuses too).
-        self.incremental = (
-            Incremental(settings, stop, metrics)
-            if output_format(settings).incremental_snapshots
-            else None
-        )
+        self.incremental: Incremental | None = Incremental(settings, stop, metrics)
         self.transforms_checked = False
 
     def run_once(self) -> None:

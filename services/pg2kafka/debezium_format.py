@@ -75,13 +75,15 @@ class SnapshotRead:
     """What the ``source`` of a snapshot's records says: ``lsn`` below every change
     streamed after the snapshot (walcast: the slot's restart position; the connector
     writes its consistent point, see services/pg2kafka/snapshots/rows.py ``snapshot_read``),
-    ``started_us`` when the snapshot began (the same on every record of a run), ``xid``
+    ``started_us`` when the snapshot began (the same on every record of an initial
+    snapshot's run; an incremental snapshot's row gives the time it was sent), ``xid``
     the reading transaction (walcast: the first transaction id its snapshot does not
-    see)."""
+    see; 0 for an incremental snapshot's row)."""
 
     lsn: int
     started_us: int
     xid: int
+    kind: str = "true"  # source.snapshot: "true" (initial) or "incremental"
 
 
 class DebeziumRecords:
@@ -116,7 +118,7 @@ class DebeziumRecords:
 
     def table(self, rel: pg.Relation) -> _Table:
         found = self._tables.get(rel.oid)
-        if found is not None and found.relation is rel:
+        if found is not None and (found.relation is rel or found.relation == rel):
             return found
         required = self.not_null(rel.oid)
         plan = None
@@ -199,7 +201,7 @@ class DebeziumRecords:
     ) -> bytes:  # fmt: skip
         rel = t.relation
         if isinstance(txn, SnapshotRead):
-            when, snapshot, last_commit = txn.started_us, "true", None
+            when, snapshot, last_commit = txn.started_us, txn.kind, None
         else:
             when, snapshot, last_commit = txn.commit_us, "false", self.last_commit_lsn
         source = debezium.source(
@@ -267,12 +269,29 @@ class DebeziumRecords:
         of the table's topic, where it orders after every change the marker's transaction
         follows. Its schema is :func:`shared.formats.debezium.mark_schema`, whatever
         relation the stream last saw — a table that had no change this session has none."""
-        topic = debezium.record_name(self.settings.topic_prefix, schema, table)
         source = debezium.source(
             version=VERSION, prefix=self.settings.topic_prefix, db=self.database,
             schema=schema, table=table, commit_us=txn.commit_us, snapshot="false",
             txid=txn.xid, lsn=lsn, last_commit_lsn=self.last_commit_lsn, mark=mark_id,
         )  # fmt: skip
+        return self._marker(schema, table, source, "verify")
+
+    def snapshot_end(self, schema: str, table: str, info: dict[str, Any], lsn: int) -> Record:
+        """The end of an incremental snapshot of ``schema.table`` (``op: m``, no row images,
+        walcast's ``snapshot`` block ``info`` as JSON in ``source.walcast_snapshot``, at
+        ``lsn``: the snapshot's start version; docs/events.md): written to every partition
+        of the table's topic, after the snapshot's rows there, as walcast's end marker."""
+        now_us = self.clock() // 1000
+        source = debezium.source(
+            version=VERSION, prefix=self.settings.topic_prefix, db=self.database,
+            schema=schema, table=table, commit_us=now_us, snapshot="incremental",
+            txid=None, lsn=lsn, last_commit_lsn=None,
+            snapshot_end=orjson.dumps(info).decode(),
+        )  # fmt: skip
+        return self._marker(schema, table, source, "snapshot")
+
+    def _marker(self, schema: str, table: str, source: dict[str, Any], op: str) -> Record:
+        topic = debezium.record_name(self.settings.topic_prefix, schema, table)
         now_us = self.clock() // 1000
         payload = {"source": source, "op": debezium.MARK_OP, "ts_ms": now_us // 1000,
                    "ts_us": now_us, "ts_ns": now_us * 1000}  # fmt: skip
@@ -283,7 +302,7 @@ class DebeziumRecords:
             value = orjson.dumps(
                 debezium.with_schema(payload, connect if self.settings.schemas else None)
             )
-        return Record(topic, None, value, "verify")
+        return Record(topic, None, value, op)
 
     def _delete(
         self, t: _Table, before: dict[str, Any], txn: Transaction, lsn: int

@@ -9,8 +9,9 @@ Formats (``producer.format``):
 - ``walcast``: walcast's change events (docs/events.md), truncates, schema changes and
   snapshot markers in-stream, incremental snapshots, one topic or a template;
 - ``debezium``: the rows as the Debezium connector's records (Kafka Connect envelopes,
-  :mod:`services.pg2kafka.debezium_format`), a topic per table, no table-wide events,
-  initial snapshots only.
+  :mod:`services.pg2kafka.debezium_format`), a topic per table, no truncates or schema
+  changes; initial and incremental snapshots (``r`` records; an incremental snapshot's
+  end as an ``m`` record with ``source.walcast_snapshot``).
 
 Encodings (``producer.encoding``) of walcast's events: ``json`` (the bytes Postgres writes
 itself may be the value, on the initial snapshot's fast path) or ``avro`` (per-table
@@ -57,7 +58,9 @@ class OutputFormat:
     connect_records: bool
     # Truncates, schema changes and snapshot markers are written.
     table_wide_events: bool
-    incremental_snapshots: bool
+    # Records carry the source's epoch (services/pg2kafka/source.py): a sink orders a new
+    # source's rows above every row of an old one, whatever their positions.
+    source_epochs: bool
     # A topic per table whatever producer.topic says.
     per_table_topics: bool
     # librdkafka's partitioner that places a key where the format's readers expect it
@@ -70,13 +73,14 @@ class OutputFormat:
 
 FORMATS: dict[str, OutputFormat] = {
     "walcast": OutputFormat(
-        "walcast", "", connect_records=False, table_wide_events=True,
-        incremental_snapshots=True, per_table_topics=False, partitioner=None,
+        "walcast", "", connect_records=False, table_wide_events=True, source_epochs=True,
+        per_table_topics=False, partitioner=None,
         references_oversized=True,
     ),
     "debezium": OutputFormat(
         "debezium", DEBEZIUM_SESSION_OPTIONS, connect_records=True, table_wide_events=False,
-        incremental_snapshots=False, per_table_topics=True,
+        source_epochs=False,
+        per_table_topics=True,
         # Kafka Connect's (Java) partitioner: a key lands in the partition Debezium's
         # record of it would (librdkafka's default hashes differently).
         partitioner="murmur2_random", references_oversized=False,

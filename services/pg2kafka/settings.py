@@ -485,10 +485,4 @@ class Pg2KafkaSettings(ServiceSettings):
                 "producer.topic_template does not apply to producer.format=debezium: its"
                 " topics are <debezium.topic_prefix>.<schema>.<table>; unset the template"
             )
-        if self.snapshot.automatic:
-            raise ValueError(
-                "producer.format=debezium takes initial snapshots only (snapshot.mode): set"
-                " snapshot.automatic=false (incremental snapshots, which automatic ones are,"
-                " are not built in the Debezium format)"
-            )
         return self

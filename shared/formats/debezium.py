@@ -463,6 +463,12 @@ TOAST value) and on the real connector's records."""
 WALCAST_MARK = "walcast_mark"
 """``source.walcast_mark``: on a marker record (``op: m``, no before, no after), the id of
 the verification whose point of the stream it is (docs/design.md#verification)."""
+WALCAST_SNAPSHOT = "walcast_snapshot"
+"""``source.walcast_snapshot``: on a marker record (``op: m``, no before, no after), the end
+of a table's incremental snapshot — walcast's ``snapshot`` block as JSON text (``phase``
+``end`` or ``range_end``, its ``id``, ``rows``, a range end's ``key_ranges``:
+docs/events.md): a sink removes the rows it holds (in those ranges) older than the
+record's ``source.lsn``, as it does for walcast's own end marker."""
 MARK_OP = "m"
 
 SOURCE_SCHEMA: dict[str, Any] = {
@@ -496,6 +502,7 @@ SOURCE_SCHEMA: dict[str, Any] = {
         # (shared/contract/rowhash.py) and, on a marker record, the verification's id
         {"type": "int64", "optional": True, "field": WALCAST_HASH},
         {"type": "string", "optional": True, "field": WALCAST_MARK},
+        {"type": "string", "optional": True, "field": WALCAST_SNAPSHOT},
     ],
     "optional": False,
     "name": "io.debezium.connector.postgresql.Source",
@@ -503,7 +510,8 @@ SOURCE_SCHEMA: dict[str, Any] = {
     "field": "source",
 }
 """The connector's ``source`` block schema (io.debezium.connector.postgresql.Source), and
-walcast's two optional fields (:data:`WALCAST_HASH`, :data:`WALCAST_MARK`)."""
+walcast's optional fields (:data:`WALCAST_HASH`, :data:`WALCAST_MARK`,
+:data:`WALCAST_SNAPSHOT`)."""
 
 TRANSACTION_SCHEMA: dict[str, Any] = {
     "type": "struct",
@@ -577,10 +585,12 @@ def source(
     last_commit_lsn: int | None,
     row_hash: int | None = None,
     mark: str | None = None,
+    snapshot_end: str | None = None,
 ) -> dict[str, Any]:
     """The ``source`` block: where and when the change was made (``commit_us``: the
     transaction's commit time in microseconds since the epoch); ``row_hash`` and ``mark``
-    as :data:`WALCAST_HASH` and :data:`WALCAST_MARK` say."""
+    as :data:`WALCAST_HASH` and :data:`WALCAST_MARK` say, ``snapshot_end`` as
+    :data:`WALCAST_SNAPSHOT` does."""
     sequence = (
         f'["{last_commit_lsn}","{lsn}"]' if last_commit_lsn is not None else f'[null,"{lsn}"]'
     )
@@ -603,6 +613,7 @@ def source(
         "origin_lsn": None,
         WALCAST_HASH: row_hash,
         WALCAST_MARK: mark,
+        WALCAST_SNAPSHOT: snapshot_end,
     }
 
 

@@ -12,7 +12,9 @@ The mapping (docs/events.md, "Reading Debezium topics"):
 - ``op`` ``c`` / ``r`` / ``u`` / ``d`` / ``t`` → ``insert`` / ``read`` / ``update`` /
   ``delete`` / ``truncate``; a logical-decoding message (``m``) and a tombstone (a record
   without a value) carry no row change: no event — except pg2kafka's verification
-  marker (an ``m`` record with ``source.walcast_mark``), which becomes ``verify``.
+  marker (an ``m`` record with ``source.walcast_mark``), which becomes ``verify``, and
+  the end of its incremental snapshot of a table (``source.walcast_snapshot``), which
+  becomes walcast's ``snapshot`` end marker.
 - ``source.walcast_hash`` (pg2kafka's records; not the connector's) is the event's row
   hash, which ``verify`` compares; a row without it is of unknown hash (read again).
 - Values go back to walcast's encoding through the Connect field schemas
@@ -49,6 +51,7 @@ from shared.formats.debezium import (
     UNAVAILABLE,
     WALCAST_HASH,
     WALCAST_MARK,
+    WALCAST_SNAPSHOT,
     pg_type,
     to_walcast,
 )
@@ -173,9 +176,19 @@ def _row_hash(payload: dict[str, Any]) -> int | None:
 
 def _mark(payload: dict[str, Any]) -> list[dict[str, Any]]:
     """An ``m`` record: pg2kafka's verification marker (``source.walcast_mark``) as
-    walcast's ``verify`` event; any other logical-decoding message carries nothing."""
+    walcast's ``verify`` event, the end of its incremental snapshot of a table
+    (``source.walcast_snapshot``) as walcast's ``snapshot`` marker (at ``source.lsn``, the
+    snapshot's start version: the event contract checks its block); any other
+    logical-decoding message carries nothing."""
     source = payload.get("source")
     mark = source.get(WALCAST_MARK) if isinstance(source, dict) else None
+    end = source.get(WALCAST_SNAPSHOT) if isinstance(source, dict) else None
+    if end is not None:
+        info = _json(str(end).encode(), f"source.{WALCAST_SNAPSHOT}")
+        if not isinstance(info, dict):
+            raise EventDecodeError(f"Debezium source.{WALCAST_SNAPSHOT} is not a JSON object")
+        return [{**_head(payload), "op": "snapshot", "key": {}, "new": None, "old": None,
+                 "snapshot": info}]  # fmt: skip
     if mark is None:
         return []
     head = _head(payload)

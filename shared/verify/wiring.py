@@ -10,7 +10,7 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
-from shared.errors import ConfigError, PermanentError, RetriableError, RetriesExhaustedError
+from shared.errors import PermanentError, RetriableError, RetriesExhaustedError
 from shared.formats import debezium
 from shared.settings import VerifySettings
 from shared.verify.continuous import Continuous, VerifyMetrics
@@ -49,24 +49,6 @@ def _source(v: VerifySettings, input_format: str) -> tuple[PostgresSource, KeySh
     return source, key_shape
 
 
-def require_repairable(input_format: str, service: str) -> None:
-    """``repair`` has pg2kafka read key ranges again as an incremental snapshot, which its
-    Debezium format does not write: a sink fed Debezium records is refused up front (never
-    a request no pg2kafka takes). ``verify`` works on both formats: pg2kafka's Debezium
-    records carry the row hash and its markers (``source.walcast_hash``,
-    ``source.walcast_mark``); the connector's own records have neither, and a verify of
-    them stops, saying the marker is in none of the topics."""
-    if input_format == "debezium":
-        raise ConfigError(
-            f"{service}: repair has pg2kafka read the differing key ranges again as an"
-            " incremental snapshot, and this service reads Debezium records"
-            " (input_format = debezium), a format pg2kafka writes no incremental snapshot in",
-            hint="verify reports the differing keys; to read every table again in this"
-            " format: pg2kafka tear-down, then run it with snapshot.mode=initial (a new"
-            " slot, a new initial snapshot); or feed the sink walcast's format",
-        )
-
-
 def _plan(v: VerifySettings) -> Plan:
     return Plan(v.range_rows, v.rounds, v.mark_timeout_s, v.slot, v.retry)
 
@@ -101,7 +83,6 @@ def repair_once(
 ) -> list[RepairReport]:
     """Each of ``tables`` verified and, where it differs, repaired (shared/verify/repair.py);
     failures as in :func:`verify_once`."""
-    require_repairable(input_format, service)
     source, key_shape = _source(v, input_format)
     target = make_target(source.database(), key_shape)
     try:

@@ -10,7 +10,8 @@
 -- _walcast.checked_key_ranges takes bpchar (1042), date (1082), timestamp (1114) and
 -- timestamptz (1184) key columns too: a time bound is cast to the column's type, refused
 -- outside the years 1 to 9999 (infinity included), and written in that text, whatever
--- the session's DateStyle or TimeZone; a char(n) bound is kept as given, as text's is.
+-- the session's DateStyle or TimeZone; a char(n) bound is padded to n (as the sinks hold
+-- such a key), and refused with a control character.
 -- Nothing else changes (request_repair calls it). Idempotent.
 
 -- A date, timestamp or timestamptz key value (`typ`: its type's oid) as every sink compares
@@ -41,7 +42,7 @@ BEGIN
     IF typ = 1082 THEN
         RETURN to_char(ts, 'YYYY-MM-DD');
     END IF;
-    out := regexp_replace(to_char(ts, 'YYYY-MM-DD"T"HH24:MI:SS.US'), '\.?0+$', '');
+    out := regexp_replace(to_char(ts, 'YYYY-MM-DD"T"HH24:MI:SS.US'), '[.]?0+$', '');
     RETURN out || CASE WHEN typ = 1184 THEN '+00:00' ELSE '' END;
 END
 $$;
@@ -58,6 +59,7 @@ AS $$
 DECLARE
     cols text[];
     types oid[];
+    typmods int[];
     identity "char";
     r jsonb;
     b jsonb;
@@ -67,8 +69,9 @@ DECLARE
     i int;
     v jsonb;
 BEGIN
-    SELECT array_agg(a.attname::text ORDER BY k.ord), array_agg(a.atttypid ORDER BY k.ord)
-      INTO cols, types
+    SELECT array_agg(a.attname::text ORDER BY k.ord), array_agg(a.atttypid ORDER BY k.ord),
+           array_agg(a.atttypmod ORDER BY k.ord)
+      INTO cols, types, typmods
       FROM pg_catalog.pg_index x
      CROSS JOIN LATERAL unnest(x.indkey::int2[]) WITH ORDINALITY AS k(attnum, ord)
       JOIN pg_catalog.pg_attribute a ON a.attrelid = x.indrelid AND a.attnum = k.attnum
@@ -117,7 +120,7 @@ BEGIN
                         USING ERRCODE = 'invalid_parameter_value';
                 END IF;
                 -- A value of the wrong type fails its cast here, with Postgres's message.
-                IF types[i] IN (25, 1042, 1043) THEN
+                IF types[i] IN (25, 1043) THEN
                     -- text is compared by code point (COLLATE "C") by whoever reads the
                     -- range: kept as given, a string, no longer than a keyword holds
                     IF jsonb_typeof(v) <> 'string' OR length(v #>> '{}') > 8191 THEN
@@ -125,6 +128,19 @@ BEGIN
                             USING ERRCODE = 'invalid_parameter_value';
                     END IF;
                     out_bound := out_bound || v;
+                ELSIF types[i] = 1042 THEN
+                    -- char(n): compared blank-padded by every sink, so padded to n here
+                    -- (Postgres compares it without its blanks: "abc" and "abc  " are one
+                    -- key); a control character would sort differently padded, refused
+                    IF jsonb_typeof(v) <> 'string' OR length(v #>> '{}') > 8191
+                            OR (v #>> '{}') ~ ('[' || chr(1) || '-' || chr(31) || ']') THEN
+                        RAISE EXCEPTION 'walcast: key value % of char(n) column % is not a string of at most 8191 characters without control characters', left(v::text, 100), cols[i]
+                            USING ERRCODE = 'invalid_parameter_value';
+                    END IF;
+                    out_bound := out_bound || to_jsonb(CASE WHEN typmods[i] > 4
+                        THEN rpad(rtrim(v #>> '{}', ' '),
+                                  greatest(typmods[i] - 4, length(rtrim(v #>> '{}', ' '))))
+                        ELSE v #>> '{}' END);
                 ELSIF types[i] IN (1082, 1114, 1184) THEN
                     out_bound := out_bound || to_jsonb(_walcast.key_time_text(v #>> '{}', types[i], cols[i]));
                 ELSIF types[i] = 2950 THEN

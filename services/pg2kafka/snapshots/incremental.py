@@ -54,6 +54,7 @@ from psycopg import sql
 from services.pg2kafka import pgoutput as pg
 from services.pg2kafka.changes import EventBuilder, iso_utc
 from services.pg2kafka.filters import TableFilter
+from services.pg2kafka.output import output_format
 from services.pg2kafka.postgres import Catalog
 from services.pg2kafka.replication import SESSION_OPTIONS, format_lsn, identify_system
 from services.pg2kafka.settings import Pg2KafkaSettings
@@ -88,6 +89,10 @@ REQUEST_POLL_S = 2.0
 ChunkId = tuple[int, str, str, int]  # (run, schema, table, chunk)
 
 
+TextRow = tuple[str | None, ...]
+"""A row's columns as Postgres's text output (None: NULL), as a chunk's COPY gives them."""
+
+
 def chunk_id(chunk: Chunk) -> ChunkId:
     return (chunk.snapshot_id, chunk.schema, chunk.table, chunk.chunk)
 
@@ -97,11 +102,16 @@ class Sender(Protocol):
     the stream's own path, so a row goes out in the stream's order, encoded and routed as
     every change)."""
 
-    def send(self, session: HandlerContext, ev: ChangeEvent) -> None:
-        """One event, to its partition (by the configured key)."""
+    def send_read(
+        self, session: HandlerContext, rel: pg.Relation, values: TextRow, ev: ChangeEvent
+    ) -> None:
+        """A read row, to its partition (by the configured key), in the format's records:
+        ``ev`` walcast's event of it (its version in ``lsn``), ``values`` the columns' text
+        it was built from (what a format that builds its own records reads)."""
 
     def send_table_wide(self, session: HandlerContext, ev: ChangeEvent) -> None:
-        """A whole table's event (a marker), to every partition its rows can be in."""
+        """A whole table's event (a snapshot's end marker), to every partition its rows
+        can be in."""
 
 
 @dataclass
@@ -125,6 +135,8 @@ class ChunkRead:
     chunk: Chunk
     version: int
     events: list[ChangeEvent]
+    rel: pg.Relation
+    texts: list[TextRow]  # each event's columns as read (text), in the same order
     taken: threading.Event = field(default_factory=threading.Event)
     outcome: str = ""  # "sent" or "again"
 
@@ -231,14 +243,14 @@ class Incremental:
         version = read_row_version(read.version, floor)
         rows = 0
         again: list[str] = []
-        for ev in read.events:
+        for ev, values in zip(read.events, read.texts, strict=True):
             key = event_key(ev)
             if key in window.changed:
                 if key in window.partial:
                     again.append(key.decode())
                 continue
             ev["lsn"] = ev["commit_lsn"] = version
-            handler.send(session, ev)
+            handler.send_read(session, read.rel, values, ev)
             rows += 1
         table = (cid[0], cid[1], cid[2])
         if table not in self.remaining:
@@ -484,7 +496,8 @@ class Incremental:
         )
         chunk: Chunk | None = None
         try:
-            with psycopg.connect(self.conninfo, autocommit=True, options=SESSION_OPTIONS,
+            options = f"{SESSION_OPTIONS} {output_format(s).session_options}".strip()
+            with psycopg.connect(self.conninfo, autocommit=True, options=options,
                                  application_name=f"pg2kafka-snapshot:{s.replication.slot}"
                                  ) as conn:  # fmt: skip
                 while not self.stop.is_set():
@@ -566,14 +579,17 @@ class Incremental:
         read_at = iso_utc(time.time_ns() // 1000)
         info: SnapshotInfo = {"id": chunk.snapshot_id, "chunk": chunk.chunk}
         events = []
+        texts: list[TextRow] = []
         with conn.transaction(), conn.cursor(binary=False) as cur:
             cur.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
             for n, values in enumerate(_text_rows(cur, query, len(rel.columns))):
                 events.append(builder.read(rel, values, version, n, read_at, info))
+                texts.append(tuple(values))
         if chunk.only_keys is not None:  # keys read again (V019): only those of the range
             wanted = {k.encode() for k in chunk.only_keys}
-            events = [ev for ev in events if event_key(ev) in wanted]
-        read = ChunkRead(chunk, version, events)
+            kept = [i for i, ev in enumerate(events) if event_key(ev) in wanted]
+            events, texts = [events[i] for i in kept], [texts[i] for i in kept]
+        read = ChunkRead(chunk, version, events, rel, texts)
         with self.lock:
             self.reads[cid] = read
         failpoint("incremental.chunk_read")  # read, its high watermark not yet written

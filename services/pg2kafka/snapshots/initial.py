@@ -214,11 +214,13 @@ def after_source_change(settings: Pg2KafkaSettings, reason: str) -> str:
                     )
                 if slot is None:
                     return "no slot on this server: the initial snapshot reads every table"
-                if not output_format(settings).incremental_snapshots:
+                if not output_format(settings).source_epochs:
                     return (
-                        "producer.format=debezium has no incremental snapshots: the sinks"
-                        " keep the old source's rows this one lacks; to read every table"
-                        " again, pg2kafka tear-down, then run (a new initial snapshot)"
+                        "producer.format=debezium carries no source epoch: the sinks order"
+                        " its records by position alone, and the old source's rows at"
+                        " higher positions would outrank what a snapshot reads now; to"
+                        " read every table again, empty the sinks, then pg2kafka"
+                        " tear-down and run (a new initial snapshot)"
                     )
                 tables = conn.execute(
                     "INSERT INTO _walcast.snapshot_requests (publication, schema_name,"

@@ -153,11 +153,18 @@ def test_time_and_char_keys_are_read_by_their_order_and_named_as_events_write_th
     ]
     assert reads(h.seen, "d") == ["2026-01-04", "2026-01-05", "2026-01-06"]
     assert reads(h.seen, "c") == ["a b", "ab ", "b  "]  # "a" < "a b" < "ab" < "abc" < "b"
+    # padded as the sinks hold char(3): "a" and "a  " are one key to Postgres, and a
+    # sink's sweep of ("a", ...] would take "a  " for a key in the range
+    assert range_ends(h.seen, "c")[0]["snapshot"]["key_ranges"]["ranges"] == [
+        [["a  "], ["ab "]],
+        [["abc"], None],
+    ]
 
 
 BAD = [
     ("num", [[None, [1]]], "not made of smallint, integer, bigint, uuid, text, varchar, char(n),"),
     ("chr", [[None, ["m"]]], None),  # accepted: compared blank-padded, by code point
+    ("chr", [[None, ["m\u0001"]]], "without control characters"),
     ("tm", [[None, ["infinity"]]], "outside the years 1 to 9999"),
     ("tm", [[["0044-03-15 BC"], None]], "outside the years 1 to 9999"),
     ("tm", [[None, ["soon"]]], "invalid input syntax"),

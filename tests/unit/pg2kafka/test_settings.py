@@ -49,7 +49,7 @@ def _debezium(**sections: object) -> Pg2KafkaSettings:
     return Pg2KafkaSettings.model_validate(base)
 
 
-def test_the_debezium_format_takes_initial_snapshots_but_not_incremental_ones() -> None:
+def test_the_debezium_format_takes_initial_and_incremental_snapshots() -> None:
     s = _debezium()
     assert (s.debezium.topic_prefix, s.debezium.schemas, s.debezium.tombstones) == (
         "walcast",
@@ -58,8 +58,8 @@ def test_the_debezium_format_takes_initial_snapshots_but_not_incremental_ones() 
     )
     for mode in ("initial", "initial_only"):
         assert _debezium(snapshot={"mode": mode, "automatic": False}).snapshot.mode == mode
-    with pytest.raises(ValidationError, match=r"set snapshot\.automatic=false \(incremental"):
-        _debezium(snapshot={"mode": "never", "automatic": True})
+    # incremental snapshots (automatic ones too) are written in this format as well
+    assert _debezium(snapshot={"mode": "never", "automatic": True}).snapshot.automatic
     with pytest.raises(ValidationError, match="topic_template does not apply"):
         _debezium(producer={"format": "debezium", "topic_template": "x.{table}"})
     with pytest.raises(ValidationError, match="topic prefix is letters"):
@@ -69,14 +69,6 @@ def test_the_debezium_format_takes_initial_snapshots_but_not_incremental_ones() 
 def test_the_debezium_format_partitions_as_kafka_connect() -> None:
     assert producer_config(_debezium())["partitioner"] == "murmur2_random"
     assert "partitioner" not in producer_config(Pg2KafkaSettings())
-
-
-def test_incremental_snapshot_requests_are_refused_in_the_debezium_format() -> None:
-    from services.pg2kafka.admin import snapshot_request
-    from shared.errors import PermanentError
-
-    with pytest.raises(PermanentError, match="incremental snapshots are not built"):
-        snapshot_request(_debezium(), ["public.t"])
 
 
 def test_the_avro_encoding_is_checked_at_start_up() -> None:
