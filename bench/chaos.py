@@ -84,6 +84,10 @@ class Config:
     name: str
     scale: int = 1
     clients: int = 4
+    # TPC-B transactions per second, all clients together (pgbench --rate); None: as fast
+    # as they go. The short form in tests caps it: the faults and their order are what it
+    # checks, and every event more is time the Delta mirror spends catching up.
+    rate: int | None = None
     duration_s: float = 600.0
     kills: int = 20  # per service
     kafka_restarts: int = 2
@@ -312,8 +316,17 @@ class Chaos:
         """TPC-B until ``stop``, in runs of at most :data:`LOAD_RUN_S`; restarted after a
         Postgres restart cut a run short."""
         while not stop.is_set():
+            rate = ["-R", str(self.cfg.rate)] if self.cfg.rate else []
             out = self.bench(
-                "-n", "-c", str(self.cfg.clients), "-j", "2", "-T", str(LOAD_RUN_S), check=False
+                "-n",
+                "-c",
+                str(self.cfg.clients),
+                "-j",
+                "2",
+                "-T",
+                str(LOAD_RUN_S),
+                *rate,
+                check=False,
             )
             for line in out.stdout.splitlines():
                 if line.startswith("number of transactions actually processed"):
@@ -745,7 +758,8 @@ def print_report(cfg: Config, r: Report) -> None:
             ),
         ]
     width = max(len(a) for a, _ in rows)
-    print(f"chaos: scale {cfg.scale}, {cfg.clients} clients, TPC-B for {r.load_s:.0f} s")
+    rate = f" at most {cfg.rate} tps," if cfg.rate else ""
+    print(f"chaos: scale {cfg.scale}, {cfg.clients} clients,{rate} TPC-B for {r.load_s:.0f} s")
     for a, b in rows:
         print(f"  {a:<{width}}  {b}")
     if r.verifications:
@@ -766,6 +780,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--scale", type=int, default=1)
     p.add_argument("--clients", type=int, default=4)
+    p.add_argument("--rate", type=int, default=None, help="TPC-B transactions/s (default: no cap)")
     p.add_argument("--duration", type=float, default=600)
     p.add_argument("--kills", type=int, default=20, help="kill -9 of each service")
     p.add_argument("--kafka-restarts", type=int, default=2)
@@ -782,6 +797,7 @@ def main(argv: list[str] | None = None) -> int:
         name=f"chaos_{os.getpid()}",
         scale=args.scale,
         clients=args.clients,
+        rate=args.rate,
         duration_s=args.duration,
         kills=args.kills,
         kafka_restarts=args.kafka_restarts,

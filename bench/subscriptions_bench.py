@@ -33,7 +33,7 @@ from psycopg.types.json import Jsonb
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.pg2kafka_bench import RESULTS, read_env
-from services.pg2kafka.migrations import migrate
+from shared.migrations import migrate
 
 
 def run_case(dsn: str, schema: str, stream: int, subs: int, rows: int, clients: int) -> float:

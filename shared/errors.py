@@ -37,6 +37,11 @@ class UnverifiableError(PermanentError):
     every side shares): said in that table's report; the other tables are verified."""
 
 
+class TableStoppedError(PermanentError):
+    """One table's change the target refused for good (kafka2postgres): that table stops,
+    the others go on; the message says what the operator must fix."""
+
+
 class RetriableError(WalcastError):
     """A transient failure: the operation may succeed if tried again later."""
 

@@ -571,3 +571,36 @@ def replay_range(
     finally:
         probe.close()
     return start, until
+
+
+def oldest_timestamp_s(
+    client_config: dict[str, Any],
+    start: list[TopicPartition],
+    until: dict[tuple[str, int], int],
+) -> float | None:
+    """The Kafka timestamp (seconds) of the oldest of the first records a replay from
+    ``start`` up to ``until`` reads; None when there is none (or none carries a time).
+    A sink's replay compares its age with how long the sink remembers deleted rows."""
+    probe = Consumer({**client_config, "group.id": "walcast-replay-probe",
+                      "enable.auto.commit": False})  # fmt: skip
+    oldest: float | None = None
+    try:
+        todo = [tp for tp in start if tp.offset < until[(tp.topic, tp.partition)]]
+        if not todo:
+            return None
+        probe.assign(todo)
+        pending = {(tp.topic, tp.partition) for tp in todo}
+        deadline = time.monotonic() + 30
+        while pending and time.monotonic() < deadline:
+            msg = probe.poll(1.0)
+            if msg is None or msg.error():
+                continue
+            key = (msg.topic() or "", msg.partition() or 0)
+            if key in pending:
+                pending.discard(key)
+                _kind, ms = msg.timestamp()
+                if ms > 0:
+                    oldest = ms / 1000 if oldest is None else min(oldest, ms / 1000)
+    finally:
+        probe.close()
+    return oldest

@@ -17,7 +17,7 @@ from services.kafka2search.engines import SearchEngine, engine_for
 from services.kafka2search.settings import Kafka2SearchSettings
 from services.kafka2search.verify import last_outcomes
 from shared.errors import ConfigError, PermanentError
-from shared.kafka import group_lag, replay_range, topic_records
+from shared.kafka import group_lag, oldest_timestamp_s, replay_range, topic_records
 from shared.retry import call_with_retry
 
 log = logging.getLogger(__name__)
@@ -150,28 +150,7 @@ def _check_delete_memory(
     (``index.gc_deletes``); a replay from records older than that would re-insert rows
     deleted since. Reads the timestamp of each partition's first record to replay."""
     memory = duration_s(settings.index.gc_deletes)
-    probe = Consumer({**settings.kafka.client_config(), "group.id": "walcast-replay-probe",
-                      "enable.auto.commit": False})  # fmt: skip
-    oldest: float | None = None
-    try:
-        todo = [tp for tp in start if tp.offset < until[(tp.topic, tp.partition)]]
-        if not todo:
-            return
-        probe.assign(todo)
-        pending = {(tp.topic, tp.partition) for tp in todo}
-        deadline = time.monotonic() + 30
-        while pending and time.monotonic() < deadline:
-            msg = probe.poll(1.0)
-            if msg is None or msg.error():
-                continue
-            key = (msg.topic() or "", msg.partition() or 0)
-            if key in pending:
-                pending.discard(key)
-                _kind, ms = msg.timestamp()
-                if ms > 0:
-                    oldest = ms / 1000 if oldest is None else min(oldest, ms / 1000)
-    finally:
-        probe.close()
+    oldest = oldest_timestamp_s(settings.kafka.client_config(), start, until)
     if oldest is None:
         return
     age = time.time() - oldest

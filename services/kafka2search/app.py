@@ -6,8 +6,8 @@ offsets committed only after the bulk write that covers them, partitions paused 
 the engine refuses writes, a flush on revocation, dead letters, lag). The sink it feeds
 is :class:`~services.kafka2search.indexer.Indexer`; its parts: :mod:`.indices` (each
 table's index), :mod:`.tables` (truncates, snapshot markers, schema changes),
-:mod:`.documents` (the bulk batch), :mod:`.partial` (TOAST fills), :mod:`.moves` (rows
-older than a rename or drop).
+:mod:`.documents` (the bulk batch), :mod:`.partial` (TOAST fills),
+:mod:`shared.contract.moves` (rows older than a rename or drop).
 """
 
 from __future__ import annotations

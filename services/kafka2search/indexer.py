@@ -6,7 +6,7 @@ filled and partial rows completed (:mod:`services.kafka2search.partial`).
   after its table's index exists and maps the event's columns (:mod:`.indices`: index
   creation and new fields happen on the loop's thread, before the write carrying their
   data); a row older than a rename or drop the index applied gets it first
-  (:mod:`.moves`);
+  (:mod:`shared.contract.moves`);
 * ``write`` (on a writer thread) fills unchanged TOAST columns from stored documents and
   sends one bulk request, retrying 429 / 5xx / connection failures with the configured
   backoff; up to ``batch.concurrency`` writes overlap and the engine settles them by
@@ -34,11 +34,11 @@ from services.kafka2search.engines import SearchEngine, Stored
 from services.kafka2search.indices import EngineRetry, IndexState, Indices
 from services.kafka2search.mapping import APPEND_ONLY
 from services.kafka2search.metrics import Metrics
-from services.kafka2search.moves import translate
 from services.kafka2search.partial import Read, fill_from_stored, fills
 from services.kafka2search.settings import Kafka2SearchSettings
 from services.kafka2search.tables import TableEvents
 from shared.contract.event import EventView
+from shared.contract.moves import translate
 from shared.errors import RetriableError, Verdict, http_status_verdict
 from shared.interfaces import BatchSink, Origin, Rejection, Wait
 

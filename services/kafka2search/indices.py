@@ -17,9 +17,9 @@ from prometheus_client import Counter
 from services.kafka2search.engines import SearchEngine
 from services.kafka2search.mapping import VERIFY_FIELDS, alias_name, index_name, properties
 from services.kafka2search.metrics import Metrics
-from services.kafka2search.moves import Moves
 from services.kafka2search.settings import Kafka2SearchSettings
 from shared.contract.event import EventView
+from shared.contract.moves import Moves
 from shared.errors import PermanentError
 from shared.interfaces import Wait
 from shared.retry import BackoffPolicy, call_with_retry

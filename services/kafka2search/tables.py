@@ -14,12 +14,12 @@ from services.kafka2search.indices import EngineRetry, Indices, forget
 from services.kafka2search.key_ranges import ranges_query
 from services.kafka2search.mapping import has_key_fields, key_field
 from services.kafka2search.metrics import Metrics
-from services.kafka2search.moves import record as record_moves
 from services.kafka2search.settings import Kafka2SearchSettings
 from shared.contract import keyranges
 from shared.contract.ddl import column_numbers
 from shared.contract.ddl import renames as ddl_renames
 from shared.contract.event import EventView
+from shared.contract.moves import record as record_moves
 
 log = logging.getLogger(__name__)
 

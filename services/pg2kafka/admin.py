@@ -26,10 +26,10 @@ from services.pg2kafka.inserts_publication import (
     report_appended,
     sync_inserts_publication,
 )
-from services.pg2kafka.migrations import migrate
 from services.pg2kafka.settings import Pg2KafkaSettings, inserts_publication
 from shared.errors import PermanentError
 from shared.kafka import ensure_topic
+from shared.migrations import migrate
 from shared.retry import call_with_retry
 
 log = logging.getLogger(__name__)

@@ -1,6 +1,7 @@
 """The chaos suite's short form (the long form, with 20 kills of each service, is
 ``bench/chaos.py``; its figures are in docs/benchmarks.md): pgbench's tables created
-after pg2kafka started, TPC-B with 4 clients, and during it a kill -9 of every service,
+after pg2kafka started, TPC-B with 4 clients (at most 100 transactions/s: the long form
+runs them uncapped), and during it a kill -9 of every service,
 a Kafka restart, the search engine stopped, a Postgres restart. Afterwards every sink —
 both search engines and the Delta mirror — equals Postgres row by row, compared without
 walcast's code, and per key the topic's LSNs never go down. Each sink's ``verify`` runs
@@ -14,7 +15,7 @@ from bench.chaos import Chaos, Config, print_report
 
 def test_the_pipeline_survives_every_fault_on_a_real_workload(unique_name: str) -> None:
     cfg = Config(
-        name=unique_name[:40], duration_s=50, kills=1, kafka_restarts=1, engine_stops=1,
+        name=unique_name[:40], rate=100, duration_s=50, kills=1, kafka_restarts=1, engine_stops=1,
         engine_stop_s=12, postgres_restarts=1, converge_timeout_s=300, seed=7, verify=True,
         baseline=False,
     )  # fmt: skip

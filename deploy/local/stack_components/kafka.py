@@ -159,4 +159,5 @@ def kafka_env(bootstrap: str) -> dict[str, str]:
         "KAFKA2SEARCH_KAFKA__BOOTSTRAP_SERVERS": bootstrap,
         "KAFKA2SPARK_KAFKA__BOOTSTRAP_SERVERS": bootstrap,
         "KAFKA2WEBHOOK_KAFKA__BOOTSTRAP_SERVERS": bootstrap,
+        "KAFKA2POSTGRES_KAFKA__BOOTSTRAP_SERVERS": bootstrap,
     }

@@ -272,6 +272,14 @@ class Postgres(Component):
             != "1"
         ):
             self.psql(f'CREATE DATABASE "{PG_DATABASE}" OWNER walcast', step="create database")
+        target = target_database(PG_DATABASE)
+        if (
+            self.psql(
+                f"SELECT 1 FROM pg_database WHERE datname = '{target}'", step="find target database"
+            ).stdout.strip()
+            != "1"
+        ):
+            self.psql(f'CREATE DATABASE "{target}" OWNER walcast', step="create target database")
 
     def pid(self) -> int | None:
         try:
@@ -368,7 +376,18 @@ def postgres_env(host: str, port: int, user: str, password: str, database: str) 
         "PG2KAFKA_POSTGRES__USER": user,
         "PG2KAFKA_POSTGRES__PASSWORD": password,
         "PG2KAFKA_POSTGRES__DATABASE": database,
+        # kafka2postgres's target: a second database on the same server
+        "KAFKA2POSTGRES_TARGET__POSTGRES__HOST": host,
+        "KAFKA2POSTGRES_TARGET__POSTGRES__PORT": str(port),
+        "KAFKA2POSTGRES_TARGET__POSTGRES__USER": user,
+        "KAFKA2POSTGRES_TARGET__POSTGRES__PASSWORD": password,
+        "KAFKA2POSTGRES_TARGET__POSTGRES__DATABASE": target_database(database),
     }
+
+
+def target_database(database: str) -> str:
+    """The stack's target database for kafka2postgres, beside the source database."""
+    return f"{database}_target"
 
 
 def pg_hba() -> str:

@@ -12,7 +12,7 @@ import psycopg
 import pytest
 
 from services.pg2kafka import admin
-from services.pg2kafka.migrations import available
+from shared.migrations import available
 from tests.integration.conftest import Harness, HarnessFactory, data
 
 SCHEMA = json.loads(

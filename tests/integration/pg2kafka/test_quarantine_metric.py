@@ -12,7 +12,7 @@ from prometheus_client import CollectorRegistry
 
 from services.pg2kafka import admin
 from services.pg2kafka.app import Maintenance, Metrics
-from services.pg2kafka.migrations import migrate
+from shared.migrations import migrate
 from tests.integration.conftest import make_settings
 
 

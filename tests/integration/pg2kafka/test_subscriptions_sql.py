@@ -14,7 +14,7 @@ import psycopg.sql
 import pytest
 from psycopg.types.json import Jsonb
 
-from services.pg2kafka.migrations import migrate
+from shared.migrations import migrate
 
 
 class Db:

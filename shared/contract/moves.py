@@ -1,4 +1,5 @@
-"""Rows older than a column's rename or drop, met after the index applied it.
+"""Rows older than a column's rename or drop, met after the sink applied it (kafka2search's
+indices, kafka2postgres's tables; the text below speaks of an index).
 
 Under primary-key partitioning each partition carries its own copy of a schema change,
 and the index applies the first copy it meets (``Indexer.ddl``). A row changed *before*

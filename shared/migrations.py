@@ -1,4 +1,5 @@
-"""Applies the versioned SQL in ``sql/pg2kafka/`` (package data), each file once.
+"""Applies the versioned SQL in ``sql/<component>/`` (package data: ``sql/pg2kafka/`` in the
+source database, ``sql/kafka2postgres/`` in a target), each file once.
 
 Files are named ``V<nnn>__<name>.sql`` and are idempotent on their own; the ledger
 ``_walcast.schema_migrations`` records what ran, with a checksum, so a file edited after it

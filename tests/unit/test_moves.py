@@ -7,8 +7,8 @@ from typing import Any
 import msgspec
 import orjson
 
-from services.kafka2search.moves import Moves, record, translate
 from shared.contract.event import EventView, decode
+from shared.contract.moves import Moves, record, translate
 
 
 def _row(lsn: int, new: dict[str, Any] | None, types: dict[str, str], op: str = "update",

@@ -1,0 +1,116 @@
+"""kafka2postgres's batch reduction (the newest change per key, unchanged TOAST values
+taken from the other change of the key) and the schema it builds tables from (a type
+name from a record is checked before it reaches any statement)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+import pytest
+
+from services.kafka2postgres.batch import Batch
+from services.kafka2postgres.schema import SchemaError, TableSchema, check_sql_type, sql_type_of
+from shared.contract.event import decode
+from shared.interfaces import Origin
+
+SOURCE = ("db", "public", "t")
+
+
+def event(op: str, lsn: int, key: int, new: Any = None, **extra: Any) -> Any:
+    ev: dict[str, Any] = {
+        "v": 1, "op": op, "db": "db", "schema": "public", "table": "t", "lsn": lsn, "seq": 0,
+        "commit_lsn": lsn, "xid": 7, "commit_ts": "2024-01-01T00:00:00+00:00",
+        "key": {"id": key}, "types": {"id": "int4", "v": "text", "big": "text"}, **extra,
+    }  # fmt: skip
+    if new is not None:
+        ev["new"] = new
+    raw = orjson.dumps(ev)
+    return decode(raw), Origin("t", 0, lsn, None, raw)
+
+
+def fold(*events: Any) -> Batch:
+    b = Batch()
+    for ev, origin in events:
+        b.add(SOURCE, ev, origin)
+    return b
+
+
+def rows(b: Batch) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = orjson.loads(b.tables[SOURCE].elements())
+    return out
+
+
+def test_the_newest_change_per_key_wins_whatever_the_arrival_order() -> None:
+    b = fold(
+        event("insert", 10, 1, {"id": 1, "v": "a", "big": "B"}),
+        event("update", 30, 1, {"id": 1, "v": "c", "big": "B"}),
+        event("read", 20, 1, {"id": 1, "v": "b", "big": "B"}),  # a snapshot row, later
+        event("delete", 40, 2),
+        event("insert", 35, 2, {"id": 2, "v": "x", "big": None}),
+    )
+    got = {r["r"]["id"]: r for r in rows(b)}
+    assert got[1]["v"] == 30 and got[1]["r"]["v"] == "c" and got[1]["d"] is False
+    assert got[2]["v"] == 40 and got[2]["d"] is True and got[2]["r"] == {"id": 2}
+    assert b.records == 5 and len(b) == 2
+    assert len(b.tables[SOURCE].origins) == 5  # every record, for its dead letter
+
+
+def test_an_unchanged_toast_value_comes_from_the_other_change_of_the_key() -> None:
+    b = fold(
+        event("insert", 10, 1, {"id": 1, "v": "a", "big": {"exact" : "json text"}}),
+        event("update", 20, 1, {"id": 1, "v": "b"}, unchanged_toast=["big"]),
+    )
+    (r,) = rows(b)
+    assert r["u"] is None and r["r"] == {"id": 1, "v": "b", "big": {"exact": "json text"}}
+    # the value's own text is kept byte for byte (a json column's exact text)
+    assert b'"big":{"exact":"json text"}' in b.tables[SOURCE].changes[b'{"id":1}'].row
+
+
+def test_an_older_row_arriving_later_fills_what_the_newer_lacks_not_the_rest() -> None:
+    b = fold(
+        event("update", 20, 1, {"id": 1, "v": "new"}, unchanged_toast=["big"]),
+        event("read", 10, 1, {"id": 1, "v": "old", "big": "kept"}),
+    )
+    (r,) = rows(b)
+    assert r["v"] == 20 and r["r"] == {"id": 1, "v": "new", "big": "kept"} and r["u"] is None
+
+
+def test_a_partial_row_with_nothing_to_fill_it_says_which_columns_it_lacks() -> None:
+    b = fold(event("update", 20, 1, {"id": 1, "v": "new"}, unchanged_toast=["big"]))
+    (r,) = rows(b)
+    assert r["u"] == ["big"] and "big" not in r["r"]
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["integer", "numeric(8,2)", "character varying(10)", "timestamp(3) with time zone",
+     "double precision", "integer[]", "text[][]", 'public."Mood"', "interval day to second(3)",
+     '"char"', "bit varying(5)", 'my_schema."odd ""name"""[]'],
+)  # fmt: skip
+def test_type_names_as_format_type_writes_them_pass(text: str) -> None:
+    assert check_sql_type(text, "c") == text
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["int; DROP TABLE x", "text DEFAULT 'x'", "int -- comment", "numeric(8,2) NOT NULL",
+     "int)", "text COLLATE \"C\"", "", "a.b.c", "int[1]", "varchar(10) /* x */"],
+)  # fmt: skip
+def test_anything_else_in_a_type_name_is_refused(text: str) -> None:
+    with pytest.raises(SchemaError, match="not a Postgres type name"):
+        check_sql_type(text, "c")
+
+
+def test_a_schema_from_row_types_and_from_a_ddl_event() -> None:
+    s = TableSchema.from_types({"id": "int4", "tags": "_text", "Odd": "MyEnum"}, ["id"])
+    assert [c.sql_type for c in s.columns] == ["int4", "text[]", '"MyEnum"']
+    assert not s.exact
+    ddl = {"columns": [{"name": "id", "type": "int4", "sql_type": "integer", "num": 1},
+                       {"name": "p", "type": "numeric", "sql_type": "numeric(8,2)", "num": 3}],
+           "primary_key": ["id"]}  # fmt: skip
+    d = TableSchema.from_ddl(ddl)
+    assert d.exact and d.numbers() == {"id": 1, "p": 3} and d.key == ("id",)
+    with pytest.raises(SchemaError, match="key column"):
+        TableSchema.from_ddl({**ddl, "primary_key": ["nope"]})
+    assert sql_type_of("_int4") == "int4[]"
