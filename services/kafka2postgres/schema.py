@@ -47,10 +47,20 @@ def quote_ident(name: str) -> str:
     return '"' + name.replace('"', '""') + '"'
 
 
+_WIDEST = {"bit": "varbit", "char": '"char"'}
+"""Type names whose bare form is narrower than any of its values: ``bit`` alone is
+``bit(1)``; a ``bit(3)`` value needs ``bit varying``. ``char`` unquoted is SQL's
+``character(1)``, not the one-byte ``"char"``. (``bpchar``, ``varchar``,
+``numeric`` and the times alone take any value of theirs.)"""
+
+
 def sql_type_of(typname: str) -> str:
     """The SQL type of a column known only by its ``pg_type.typname`` (``_int4`` →
-    ``int4[]``); quoted when it is no plain lower-case name."""
+    ``int4[]``), wide enough for every value of it; quoted when it is no plain lower-case
+    name."""
     base, array = (typname[1:], "[]") if typname.startswith("_") else (typname, "")
+    if base in _WIDEST:
+        return _WIDEST[base] + array
     return (base if _PLAIN.match(base) else quote_ident(base)) + array
 
 

@@ -328,11 +328,11 @@ class Tables:
             removed.remove(o)
             added.remove(n)
         renamed = dict(renames)
+        held_types = self._column_types(conn, t)
         changed_types = [
             c for c in new.columns
             if new.exact and c.name not in added
-            and old.column(next((o for o, n in renames if n == c.name), c.name)).sql_type
-            != c.sql_type
+            and held_types.get(next((o for o, n in renames if n == c.name), c.name)) != c.sql_type
         ]  # fmt: skip
         new_key = new.key != tuple(renamed.get(k, k) for k in old.key)
         if not (removed or added or renames or changed_types or new_key):
@@ -383,6 +383,17 @@ class Tables:
             t.moves = Moves.of(meta)
         t.set_schema(new)
         return f"{t.shown}: " + "; ".join(steps)
+
+    @staticmethod
+    def _column_types(conn: psycopg.Connection[Any], t: TargetTable) -> dict[str, str]:
+        """The target table's columns and their types as ``format_type`` writes them —
+        as a DDL event's ``sql_type`` does: a type only changes where they differ."""
+        rows = conn.execute(
+            "SELECT attname, format_type(atttypid, atttypmod) FROM pg_attribute"
+            " WHERE attrelid = %s::regclass AND attnum > 0 AND NOT attisdropped",
+            [f"{quote_ident(t.schema_name)}.{quote_ident(t.name)}"],
+        ).fetchall()
+        return {str(n): str(ty) for n, ty in rows}
 
     def _rekey(
         self,

@@ -115,7 +115,7 @@ def test_pgbench_default_order_under_tpcb_every_sink_equals_postgres(
     pgbench = shutil.which("pgbench") or "/usr/lib/postgresql/15/bin/pgbench"
     subprocess.run([pgbench, "-i", "-q", "-s", "1", dsn], env=env, check=True,
                    capture_output=True, timeout=300)  # fmt: skip
-    load = subprocess.Popen([pgbench, "-n", "-c", "2", "-j", "2", "-T", "20", dsn], env=env,
+    load = subprocess.Popen([pgbench, "-n", "-c", "2", "-j", "2", "-T", "10", dsn], env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)  # fmt: skip
     tables = {"pgbench_accounts": "aid", "pgbench_branches": "bid", "pgbench_tellers": "tid"}
     try:

@@ -70,7 +70,18 @@ class Replica:
             if predicate():
                 return
             time.sleep(0.2)
-        pytest.fail(f"timed out after {timeout}s waiting for {what}")
+        pytest.fail(f"timed out after {timeout}s waiting for {what}; {self.diagnosis()}")
+
+    def diagnosis(self) -> str:
+        """What the target's bookkeeping and the dead-letter topic say."""
+        try:
+            book = self.sql(
+                'SELECT source_table, floor, schema_at, stopped FROM "_walcast_target"."tables"'
+            )
+        except psycopg.Error as exc:
+            book = [(f"no bookkeeping: {exc}",)]
+        dead = [d["headers"] for d in self.dead_letters(3, timeout=3)]
+        return f"tables {book}; dead letters {dead}"
 
     def wait_equal(self, source_dsn: str, qualified: str, key: str, timeout: float = 120) -> None:
         """Until the target's table equals the source's, row by row (:func:`table_rows`);
@@ -85,13 +96,9 @@ class Replica:
             time.sleep(0.3)
         from tests.integration.conftest import difference
 
-        book = self.sql(
-            'SELECT source_table, floor, schema_at, stopped FROM "_walcast_target"."tables"'
-        )
-        dead = [d["headers"] for d in self.dead_letters(3, timeout=3)]
         pytest.fail(
             f"{qualified} not equal after {timeout}s ({len(got)} of {len(want)} rows):"
-            f" {difference(want, got)}; tables {book}; dead letters {dead}"
+            f" {difference(want, got)}; {self.diagnosis()}"
         )
 
     def dead_letters(self, want: int, timeout: float = 30) -> list[dict[str, Any]]:
