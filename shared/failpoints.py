@@ -29,6 +29,8 @@ docs/development.md ("Failpoints"); they are:
   written yet;
 - ``kafka2spark.batch_written``: a micro-batch written to Delta, neither its offsets
   committed to the group nor Spark's checkpoint written;
+- ``kafka2postgres.applied``: a table's rows of a batch applied inside the target
+  transaction, not yet committed (nor any offset);
 - ``verify.marked``: a verification's marker committed in Postgres, the sink not yet
   waited for (``verify``, ``repair`` and the continuous mode);
 - ``repair.requested``: a repair's snapshot of key ranges filed, not yet waited for.

@@ -49,6 +49,7 @@ from shared.errors import (
     classify,
     operator_hint,
 )
+from shared.failpoints import failpoint
 from shared.interfaces import BatchSink, Origin, Rejection, Wait
 from shared.migrations import migrate
 
@@ -156,6 +157,7 @@ class Applier(BatchSink[Batch]):
                 with conn.transaction():
                     for source, tb in batch.tables.items():
                         rejected += self._table(conn, source, tb)
+                        failpoint("kafka2postgres.applied")  # in the transaction, uncommitted
             except BaseException:
                 self._reload()
                 raise

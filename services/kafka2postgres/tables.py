@@ -291,11 +291,18 @@ class Tables:
             with self.lock:
                 del self.by_source[source]
             held = None
+        if held is None and not new.key:
+            return "no primary key (yet): the table is made when it gains one"
         if held is None:
             t = self.ensure(conn, source, new, version if tag == "CREATE TABLE" else -1)
             t.schema_at = version
             self.save(conn, t)
             return f"{t.shown} made"
+        if not new.key:
+            raise TableStoppedError(
+                f"{source[1]}.{source[2]} lost its primary key: kafka2postgres writes tables"
+                " by their key; give it one again, then run `kafka2postgres resume`"
+            )
         done = self._alter(conn, held, new, str(d.get("statement") or ""), version)
         held.schema_at = version
         self.save(conn, held)
