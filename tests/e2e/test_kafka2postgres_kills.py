@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
-import sys
 import threading
 from pathlib import Path
 from typing import Any
@@ -69,9 +67,10 @@ def converged(source: str, target: str, schema: str, procs: list[Proc]) -> None:
 
     wait_until(equal, "the target to equal the source", 300, interval=1)
     for t in TABLES:
-        (got, got_key), (want, want_key) = (
-            table_schema(target, f"{schema}.{t}"), table_schema(source, f"{schema}.{t}"))  # fmt: skip
-        assert got_key == want_key and [c for c, _ in got] == [c for c, _ in want], t
+        got, got_key = table_schema(target, f"{schema}.{t}")
+        want, want_key = table_schema(source, f"{schema}.{t}")
+        assert got_key == want_key, t
+        assert [c for c, _ in got] == [c for c, _ in want], t
         # A table that reaches the target by a snapshot, with no schema change since, is
         # known by its rows' type names only: character(84) arrives as bpchar (any
         # length), every value intact. Exact types for it need the schema in pg2kafka's
@@ -95,8 +94,10 @@ def test_pgbench_with_a_snapshot_and_kills_ends_equal(
     pgbench = Pgbench(pgbench_binary(), dsn, schema)
     snapshot = {"mode": "initial", "automatic": True, "chunk_rows": 5000, "workers": 2}
     pg = pg2kafka_settings(env_file, unique_name, topic, 3, snapshot=snapshot)
-    pg_env = {**pg2kafka_env(unique_name, topic, "primary_key"),
-              **{f"PG2KAFKA_SNAPSHOT__{k.upper()}": str(v).lower() for k, v in snapshot.items()}}
+    pg_env = {
+        **pg2kafka_env(unique_name, topic, "primary_key"),
+        **{f"PG2KAFKA_SNAPSHOT__{k.upper()}": str(v).lower() for k, v in snapshot.items()},
+    }
     try:
         if order == "keys_first":
             pgbench.run("-i", "-I", "dtpg", "-s", "1")  # before the slot: its initial snapshot
@@ -105,7 +106,9 @@ def test_pgbench_with_a_snapshot_and_kills_ends_equal(
         source = Proc("pg2kafka", run, pg_env, tmp_path / "pg2kafka-0.log")
         procs.append(source)
         if order == "default":
-            pgbench.run("-i", "-q", "-s", "1")  # tables, data, then keys: snapshotted as they gain one
+            pgbench.run(
+                "-i", "-q", "-s", "1"
+            )  # tables, data, then keys: snapshotted as they gain one
         k2p = k2p_env(unique_name, topic, database)
         first = Proc("kafka2postgres", run, {**k2p, ENV: "kafka2postgres.applied=exit@3"},
                      tmp_path / "kafka2postgres-0.log")  # fmt: skip

@@ -51,10 +51,11 @@ def _make(h: Harness, dsn_target: str, r: Any) -> tuple[str, list[str]]:
         r.sql(sql)  # the target has the source's own types (kafka2postgres does not make them)
     cols = []
     for name, (sql_type, literal) in {**CASES, **OTHERS}.items():
-        cols += [(f"c_{name}", sql_type, literal),
-                 (f"a_{name}", f"{sql_type}[]", f"ARRAY[{literal}, NULL]::{sql_type}[]")]  # fmt: skip
+        array = f"ARRAY[{literal}, NULL]::{sql_type}[]"
+        cols += [(f"c_{name}", sql_type, literal), (f"a_{name}", f"{sql_type}[]", array)]
     cols += [(c, t, v) for c, (t, v) in EXTRA.items()]
-    h.sql(f"CREATE TABLE {table} (id int PRIMARY KEY, {', '.join(f'{c} {t}' for c, t, _ in cols)})")
+    columns = ", ".join(f"{c} {t}" for c, t, _ in cols)
+    h.sql(f"CREATE TABLE {table} (id int PRIMARY KEY, {columns})")
     names = ", ".join(c for c, _, _ in cols)
     h.sql(f"INSERT INTO {table} (id, {names}) VALUES (1, {', '.join(v for _, _, v in cols)})")
     h.sql(f"INSERT INTO {table} (id) VALUES (2)")  # every column NULL
@@ -102,7 +103,8 @@ def test_every_type_and_its_array_arrive_exactly(
     (got_cols, got_key), (want_cols, want_key) = (
         table_schema(r.dsn, f"public.{table}"), table_schema(h.dsn, f"public.{table}"))  # fmt: skip
     assert [c for c in got_cols if c not in want_cols] == [], "columns the source lacks"
-    assert got_cols == want_cols and got_key == want_key
+    assert got_cols == want_cols
+    assert got_key == want_key
     assert got[1]["x_json_spacing"] == """{"b" : 1,  "a": [1, 2.50, null], "b": 2}"""
 
 

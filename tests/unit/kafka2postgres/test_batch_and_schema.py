@@ -50,19 +50,25 @@ def test_the_newest_change_per_key_wins_whatever_the_arrival_order() -> None:
         event("insert", 35, 2, {"id": 2, "v": "x", "big": None}),
     )
     got = {r["r"]["id"]: r for r in rows(b)}
-    assert got[1]["v"] == 30 and got[1]["r"]["v"] == "c" and got[1]["d"] is False
-    assert got[2]["v"] == 40 and got[2]["d"] is True and got[2]["r"] == {"id": 2}
-    assert b.records == 5 and len(b) == 2
+    assert got[1]["v"] == 30
+    assert got[1]["r"]["v"] == "c"
+    assert got[1]["d"] is False
+    assert got[2]["v"] == 40
+    assert got[2]["d"] is True
+    assert got[2]["r"] == {"id": 2}
+    assert b.records == 5
+    assert len(b) == 2
     assert len(b.tables[SOURCE].origins) == 5  # every record, for its dead letter
 
 
 def test_an_unchanged_toast_value_comes_from_the_other_change_of_the_key() -> None:
     b = fold(
-        event("insert", 10, 1, {"id": 1, "v": "a", "big": {"exact" : "json text"}}),
+        event("insert", 10, 1, {"id": 1, "v": "a", "big": {"exact": "json text"}}),
         event("update", 20, 1, {"id": 1, "v": "b"}, unchanged_toast=["big"]),
     )
     (r,) = rows(b)
-    assert r["u"] is None and r["r"] == {"id": 1, "v": "b", "big": {"exact": "json text"}}
+    assert r["u"] is None
+    assert r["r"] == {"id": 1, "v": "b", "big": {"exact": "json text"}}
     # the value's own text is kept byte for byte (a json column's exact text)
     assert b'"big":{"exact":"json text"}' in b.tables[SOURCE].changes[b'{"id":1}'].row
 
@@ -73,13 +79,16 @@ def test_an_older_row_arriving_later_fills_what_the_newer_lacks_not_the_rest() -
         event("read", 10, 1, {"id": 1, "v": "old", "big": "kept"}),
     )
     (r,) = rows(b)
-    assert r["v"] == 20 and r["r"] == {"id": 1, "v": "new", "big": "kept"} and r["u"] is None
+    assert r["v"] == 20
+    assert r["r"] == {"id": 1, "v": "new", "big": "kept"}
+    assert r["u"] is None
 
 
 def test_a_partial_row_with_nothing_to_fill_it_says_which_columns_it_lacks() -> None:
     b = fold(event("update", 20, 1, {"id": 1, "v": "new"}, unchanged_toast=["big"]))
     (r,) = rows(b)
-    assert r["u"] == ["big"] and "big" not in r["r"]
+    assert r["u"] == ["big"]
+    assert "big" not in r["r"]
 
 
 @pytest.mark.parametrize(
@@ -110,7 +119,9 @@ def test_a_schema_from_row_types_and_from_a_ddl_event() -> None:
                        {"name": "p", "type": "numeric", "sql_type": "numeric(8,2)", "num": 3}],
            "primary_key": ["id"]}  # fmt: skip
     d = TableSchema.from_ddl(ddl)
-    assert d.exact and d.numbers() == {"id": 1, "p": 3} and d.key == ("id",)
+    assert d.exact
+    assert d.numbers() == {"id": 1, "p": 3}
+    assert d.key == ("id",)
     with pytest.raises(SchemaError, match="key column"):
         TableSchema.from_ddl({**ddl, "primary_key": ["nope"]})
     assert sql_type_of("_int4") == "int4[]"
