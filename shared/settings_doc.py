@@ -42,6 +42,10 @@ SERVICES: dict[str, tuple[str, str, str]] = {
         "docs/kafka2webhook.md", "services.kafka2webhook.settings:Kafka2WebhookSettings",
         "KAFKA2WEBHOOK_",
     ),
+    "kafka2postgres": (
+        "docs/kafka2postgres.md", "services.kafka2postgres.settings:Kafka2PostgresSettings",
+        "KAFKA2POSTGRES_",
+    ),
 }  # fmt: skip
 
 

@@ -37,7 +37,7 @@ from services.kafka2postgres.batch import Batch, TableBatch
 from services.kafka2postgres.metrics import Metrics
 from services.kafka2postgres.schema import SchemaError, TableSchema
 from services.kafka2postgres.settings import Kafka2PostgresSettings
-from services.kafka2postgres.statements import TABLES, remove_older_sql
+from services.kafka2postgres.statements import ROWS, TABLES, remove_older_sql
 from services.kafka2postgres.tables import Source, Tables, TargetTable, source_of
 from shared.contract.event import EventView
 from shared.contract.moves import Moves, translate
@@ -86,6 +86,7 @@ class Applier(BatchSink[Batch]):
         self.tables = Tables(settings.target)
         self.lock = threading.Lock()  # one statement at a time on the connection
         self.conn: psycopg.Connection[Any] | None = None
+        self.pruned_at = 0.0  # monotonic time of the last pruning of deleted rows' versions
 
     # -- the connection ------------------------------------------------------------------
 
@@ -158,6 +159,7 @@ class Applier(BatchSink[Batch]):
                     for source, tb in batch.tables.items():
                         rejected += self._table(conn, source, tb)
                         failpoint("kafka2postgres.applied")  # in the transaction, uncommitted
+                self._prune(conn)
             except BaseException:
                 self._reload()
                 raise
@@ -321,6 +323,26 @@ class Applier(BatchSink[Batch]):
         gone = row[0] if row else 0
         self.metrics.rows.labels("delete").inc(gone)
         log.info("%s %s at version %d: %d rows older than it removed", what, t.shown, version, gone)
+
+    def _prune(self, conn: psycopg.Connection[Any]) -> None:
+        """Forget deleted rows' versions older than ``target.tombstone_retention_s`` (at
+        most every tenth of it, and every hour): past it, an older change of such a row —
+        only a replay from further back brings one — could bring the row back."""
+        retention = self.s.target.tombstone_retention_s
+        now = time.monotonic()
+        if now - self.pruned_at < min(retention / 10, 3600.0):
+            return
+        row = conn.execute(
+            sql.SQL(
+                "WITH gone AS (DELETE FROM {} WHERE deleted"
+                " AND at < now() - make_interval(secs => %s) RETURNING 1)"
+                " SELECT count(*) FROM gone"
+            ).format(ROWS),
+            [retention],
+        ).fetchone()
+        self.pruned_at = now
+        if row and row[0]:
+            log.info("forgot %d deleted rows' versions older than %g s", row[0], retention)
 
     # -- after a rollback ------------------------------------------------------------------
 

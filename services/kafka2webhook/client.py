@@ -271,6 +271,9 @@ def _read_body(resp: Any) -> tuple[bytes, str]:
 
 
 def _no_answer(attempt: Attempt, timeout_s: float, exc: BaseException) -> str:
-    if attempt.expired:
+    # Past the deadline, whichever noticed first: the watchdog cutting the sockets, or a
+    # socket's own timeout (the same number of seconds, counted from a later start) when
+    # a loaded machine ran the watchdog late (seen in CI: "no answer: ... timed out").
+    if attempt.expired or time.monotonic() >= attempt.deadline:
         return f"no complete answer within {timeout_s:g} s (delivery.timeout_s)"
     return clean(f"no answer: {type(exc).__name__}: {exc}", EXCERPT)

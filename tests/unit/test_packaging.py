@@ -20,7 +20,7 @@ from packaging.utils import canonicalize_name
 
 REPO = Path(__file__).resolve().parents[2]
 # Every service with an image; each has services/<name>/Dockerfile and an extra <name>.
-SERVICES = ["pg2kafka", "kafka2search", "kafka2spark", "kafka2webhook"]
+SERVICES = ["pg2kafka", "kafka2search", "kafka2spark", "kafka2webhook", "kafka2postgres"]
 LOCAL_PACKAGES = {"services", "shared", "sql"}
 
 

@@ -185,7 +185,10 @@ def make_replica(
             "retry": {"give_up_after_s": 60},
         }  # fmt: skip
         for key, value in sections.items():
-            overrides[key] = {**overrides.get(key, {}), **value}
+            merged = {**overrides.get(key, {}), **value}
+            if key == "target" and "postgres" in value:  # one level deeper: the connection
+                merged["postgres"] = {**overrides["target"]["postgres"], **value["postgres"]}
+            overrides[key] = merged
         r = Replica(
             load_settings(Kafka2PostgresSettings, env_file=env_file, **overrides), target_dsn
         )
