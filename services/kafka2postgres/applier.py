@@ -156,7 +156,8 @@ class Applier(BatchSink[Batch]):
             conn = self.session()
             try:
                 with conn.transaction():
-                    for source, tb in batch.tables.items():
+                    # tables claimed in one order: two writers never wait on each other
+                    for source, tb in sorted(batch.tables.items()):
                         rejected += self._table(conn, source, tb)
                         failpoint("kafka2postgres.applied")  # in the transaction, uncommitted
                 self._prune(conn)
@@ -190,15 +191,15 @@ class Applier(BatchSink[Batch]):
     def _table(
         self, conn: psycopg.Connection[Any], source: Source, tb: TableBatch
     ) -> list[Rejection]:
-        t = self.tables.get(source)
-        if t is not None and t.stopped:  # stopped after these records were added
-            return [(o, f"table {t.shown} is stopped: {t.stopped}") for o in tb.origins]
         try:
             with conn.transaction():  # a savepoint: a refusal undoes this table only
+                t = self.tables.claim(conn, source)
+                if t is not None and t.stopped:  # stopped meanwhile, or still
+                    reason = f"table {t.shown} is stopped: {t.stopped}"
+                    return [(o, reason) for o in tb.origins]
                 if t is None:
-                    t = self.tables.ensure(
-                        conn, source, TableSchema.from_types(tb.types, tb.key), -1
-                    )
+                    schema = TableSchema.from_types(tb.types, tb.key)
+                    t = self.tables.ensure(conn, source, schema, -1)
                 self.tables.widen(conn, t, tb.types)
                 counts = conn.execute(
                     t.apply_statement(),
@@ -281,6 +282,7 @@ class Applier(BatchSink[Batch]):
     def _control(self, conn: psycopg.Connection[Any], source: Source, ev: EventView) -> None:
         if ev.op == "verify":
             return
+        self.tables.claim(conn, source)
         if ev.op == "ddl":
             done = self.tables.ddl(conn, ev)
             self.metrics.schema_changes.inc()

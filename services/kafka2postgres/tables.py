@@ -40,6 +40,7 @@ from shared.errors import TableStoppedError
 log = logging.getLogger(__name__)
 
 Source = tuple[str, str, str]  # db, schema, table
+_LOCK_NS = 0x6B327067  # "k2pg": the advisory lock namespace of target tables
 
 
 @dataclass
@@ -79,9 +80,10 @@ def source_of(ev: EventView) -> Source:
 
 
 class Tables:
-    """The target tables, cached from ``_walcast_target.tables`` (loaded at start; kept
-    in step by this object only — one writer per target table: the consumer group gives
-    each partition one member, and a table's changes follow one another)."""
+    """The target tables, cached from ``_walcast_target.tables``. Several writers may
+    write one table (members of the group reading its partitions, a ``replay``): each
+    write and table-wide event first :meth:`claim` s the table — an advisory lock held to
+    the end of its transaction — and reads its bookkeeping again."""
 
     def __init__(self, settings: TargetSettings) -> None:
         self.s = settings
@@ -90,24 +92,56 @@ class Tables:
 
     # -- reading ---------------------------------------------------------------------------
 
+    _SELECT = (
+        "SELECT id, source_db, source_schema, source_table, target_schema, target_table,"
+        " created_by_walcast, floor, schema_at, columns, key, exact, moves, stopped FROM {}"
+    )
+
+    @staticmethod
+    def _entry(r: Any) -> TargetTable:
+        schema = TableSchema.from_json(r[9], list(r[10]), bool(r[11]))
+        return TargetTable(
+            id=r[0], source=(r[1], r[2], r[3]), schema_name=r[4], name=r[5],
+            created=r[6], floor=r[7], schema_at=r[8], schema=schema,
+            moves=Moves.of({"moves": r[12]}), stopped=r[13],
+        )  # fmt: skip
+
     def load(self, conn: psycopg.Connection[Any]) -> None:
-        rows = conn.execute(
-            sql.SQL(
-                "SELECT id, source_db, source_schema, source_table, target_schema, target_table,"
-                " created_by_walcast, floor, schema_at, columns, key, exact, moves, stopped"
-                " FROM {}"
-            ).format(TABLES)
-        ).fetchall()
+        rows = conn.execute(sql.SQL(self._SELECT).format(TABLES)).fetchall()
+        loaded = {t.source: t for t in map(self._entry, rows)}
         with self.lock:
-            self.by_source = {}
-            for r in rows:
-                schema = TableSchema.from_json(r[9], list(r[10]), bool(r[11]))
-                t = TargetTable(
-                    id=r[0], source=(r[1], r[2], r[3]), schema_name=r[4], name=r[5],
-                    created=r[6], floor=r[7], schema_at=r[8], schema=schema,
-                    moves=Moves.of({"moves": r[12]}), stopped=r[13],
-                )  # fmt: skip
-                self.by_source[t.source] = t
+            self.by_source = loaded  # one assignment: a reader sees the old or the new
+
+    def claim(self, conn: psycopg.Connection[Any], source: Source) -> TargetTable | None:
+        """Serialise writers of ``source``'s table until the caller's transaction ends
+        (members of one consumer group write one table from several partitions, and
+        ``replay`` beside ``run``), then read its bookkeeping as the last of them left
+        it: its schema, floor and whether it was stopped or resumed."""
+        conn.execute(
+            "SELECT pg_advisory_xact_lock(%s, hashtext(%s))", [_LOCK_NS, "\x1f".join(source)]
+        )
+        row = conn.execute(
+            sql.SQL(self._SELECT + " WHERE source_db = %s AND source_schema = %s"
+                    " AND source_table = %s").format(TABLES),
+            list(source),
+        ).fetchone()  # fmt: skip
+        held = self.by_source.get(source)
+        if row is None:
+            if held is not None:
+                with self.lock:
+                    self.by_source.pop(source, None)
+            return None
+        fresh = self._entry(row)
+        if held is not None and (held.schema_at, held.floor, held.stopped, held.id) == (
+            fresh.schema_at,
+            fresh.floor,
+            fresh.stopped,
+            fresh.id,
+        ):
+            return held  # unchanged: keep the cached statement
+        with self.lock:
+            self.by_source[source] = fresh
+        return fresh
 
     def get(self, source: Source) -> TargetTable | None:
         return self.by_source.get(source)
@@ -223,11 +257,11 @@ class Tables:
 
     @staticmethod
     def _type_exists(conn: psycopg.Connection[Any], name: str) -> bool:
-        with conn.transaction():  # a savepoint: to_regtype raises on some malformed names
-            try:
+        try:
+            with conn.transaction():  # a savepoint: to_regtype raises on some malformed names
                 row = conn.execute("SELECT to_regtype(%s) IS NOT NULL", [name]).fetchone()
-            except psycopg.errors.DataError:
-                return False
+        except psycopg.errors.DataError:
+            return False
         return bool(row and row[0])
 
     def widen(self, conn: psycopg.Connection[Any], t: TargetTable, types: dict[str, str]) -> None:
