@@ -1,4 +1,8 @@
-"""The Kafka producer every walcast service writes with: idempotent, acks=all,
+"""(Just over 600 lines: the producer and the consumer-side helpers every service shares —
+topics, offsets, lag, replay ranges — kept together because they share one client
+configuration and one error mapping.)
+
+The Kafka producer every walcast service writes with: idempotent, acks=all,
 memory-guarded (pg2kafka's change and event topics, the consumers' dead-letter topics).
 
 :class:`KafkaSink` implements :class:`shared.interfaces.Sink` with item = an outgoing

@@ -17,6 +17,7 @@ from shared.avro import RegistryDecoder
 from shared.contract.event import EventView, decode
 from shared.errors import PermanentError
 from shared.formats.debezium_input import InputFormat, is_debezium, translate
+from shared.settings import SchemaRegistrySettings
 
 
 class RecordDecoder(Protocol):
@@ -71,3 +72,12 @@ def change_events(input_format: InputFormat, avro: RegistryDecoder | None) -> Re
         return debezium(msg, value)
 
     return walcast if input_format == "walcast" else any_format
+
+
+def configured_change_events(
+    input_format: InputFormat, registry: SchemaRegistrySettings
+) -> RecordDecoder:
+    """:func:`change_events` as a sink's settings ask for it: Avro records through the
+    configured registry (none configured: such a record is a permanent error)."""
+    avro = RegistryDecoder(registry.client()) if registry.url is not None else None
+    return change_events(input_format, avro)

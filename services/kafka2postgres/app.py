@@ -23,10 +23,9 @@ from services.kafka2postgres.applier import Applier
 from services.kafka2postgres.batch import Batch
 from services.kafka2postgres.metrics import PREFIX, Metrics
 from services.kafka2postgres.settings import Kafka2PostgresSettings
-from shared.avro import RegistryDecoder
 from shared.cli import tune_gc_for_records
 from shared.consumer import ConsumerLoop, ConsumerMetrics, LoopLink
-from shared.records import change_events
+from shared.records import configured_change_events
 from shared.service import Runner
 
 
@@ -78,12 +77,7 @@ def consumer_loop(
         group_id=group_id,
         start=start,
         until=until,
-        decoder=change_events(
-            settings.consumer.input_format,
-            RegistryDecoder(settings.schema_registry.client())
-            if settings.schema_registry.url is not None
-            else None,
-        ),
+        decoder=configured_change_events(settings.consumer.input_format, settings.schema_registry),
     )
     return loop, applier
 

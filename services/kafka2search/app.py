@@ -25,10 +25,9 @@ from services.kafka2search.indexer import Indexer
 from services.kafka2search.metrics import PREFIX, Metrics
 from services.kafka2search.settings import Kafka2SearchSettings
 from services.kafka2search.verify import continuous
-from shared.avro import RegistryDecoder
 from shared.cli import tune_gc_for_records
 from shared.consumer import ConsumerLoop, ConsumerMetrics, LoopLink
-from shared.records import change_events
+from shared.records import configured_change_events
 from shared.service import Runner
 from shared.verify.continuous import Continuous, VerifyMetrics
 
@@ -86,12 +85,7 @@ def consumer_loop(
         group_id=group_id,
         start=start,
         until=until,
-        decoder=change_events(
-            settings.consumer.input_format,
-            RegistryDecoder(settings.schema_registry.client())
-            if settings.schema_registry.url is not None
-            else None,
-        ),
+        decoder=configured_change_events(settings.consumer.input_format, settings.schema_registry),
     )
     return loop, indexer
 
