@@ -9,16 +9,11 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import subprocess
 import tempfile
 from pathlib import Path
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+from tests.ports import free_port
 
 
 class PgCluster:
@@ -34,7 +29,7 @@ class PgCluster:
             shutil.chown(self.root, "postgres", "postgres")
             self.root.chmod(0o755)
             self.as_owner = ["runuser", "-u", "postgres", "--"]
-        self.port = _free_port()
+        self.port = free_port()
         self.settings: dict[str, str] = {}
         self._run("initdb", "-D", str(self.data), "-U", "postgres", "--auth=trust")
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -76,12 +75,6 @@ def wait_until(predicate, what: str, timeout: float = 60.0, interval: float = 0.
             return
         time.sleep(interval)
     pytest.fail(f"timed out after {timeout}s waiting for {what}")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def confirmed(dsn: str, slot: str) -> int:

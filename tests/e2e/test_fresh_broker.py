@@ -26,8 +26,9 @@ from services.pg2kafka import admin
 from services.pg2kafka.settings import Pg2KafkaSettings
 from shared.settings import load_settings
 from tests.conftest import own_tables
-from tests.e2e.conftest import REPO, Proc, free_port
+from tests.e2e.conftest import REPO, Proc
 from tests.integration.conftest import crafted_event
+from tests.ports import free_port
 
 
 def stack_module(monkeypatch: pytest.MonkeyPatch) -> ModuleType:

@@ -18,14 +18,8 @@ from services.kafka2spark import admin as spark_admin
 from services.kafka2spark.settings import Kafka2SparkSettings
 from services.pg2kafka import admin
 from shared.settings import load_settings
-from tests.e2e.conftest import (
-    Proc,
-    free_port,
-    pg2kafka_env,
-    pg2kafka_settings,
-    wait_until,
-    write_rows,
-)
+from tests.e2e.conftest import Proc, pg2kafka_env, pg2kafka_settings, wait_until, write_rows
+from tests.ports import free_port
 
 
 @pytest.fixture

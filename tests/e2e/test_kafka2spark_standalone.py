@@ -18,7 +18,8 @@ from confluent_kafka.admin import AdminClient
 from deltalake import DeltaTable
 
 from services.pg2kafka import admin
-from tests.e2e.conftest import Proc, free_port, pg2kafka_env, pg2kafka_settings, wait_until
+from tests.e2e.conftest import Proc, pg2kafka_env, pg2kafka_settings, wait_until
+from tests.ports import free_port
 
 SPARK_HOME = Path(pyspark.__file__).parent
 

@@ -19,7 +19,8 @@ import psycopg
 import pytest
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from tests.e2e.conftest import REPO, free_port, wait_until
+from tests.e2e.conftest import REPO, wait_until
+from tests.ports import free_port
 
 WALCAST = str(REPO / "deploy/local/walcast")
 

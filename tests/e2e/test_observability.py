@@ -21,7 +21,8 @@ from confluent_kafka.admin import AdminClient
 from prometheus_client.parser import text_string_to_metric_families
 
 from services.pg2kafka import admin
-from tests.e2e.conftest import Proc, free_port, pg2kafka_env, pg2kafka_settings, wait_until
+from tests.e2e.conftest import Proc, pg2kafka_env, pg2kafka_settings, wait_until
+from tests.ports import free_port
 from tests.webhook_receiver import Receiver
 
 REPO = Path(__file__).resolve().parents[2]

@@ -18,7 +18,8 @@ from confluent_kafka.admin import AdminClient
 
 from services.pg2kafka import admin
 from services.pg2kafka.settings import Pg2KafkaSettings
-from tests.e2e.conftest import REPO, Proc, confirmed, free_port, pg2kafka_settings, wait_until
+from tests.e2e.conftest import REPO, Proc, confirmed, pg2kafka_settings, wait_until
+from tests.ports import free_port
 
 
 @pytest.fixture

@@ -32,14 +32,8 @@ from services.pg2kafka import admin
 from services.pg2kafka.transforms import WITHHELD
 from shared.secrets import MASK
 from shared.settings import load_settings
-from tests.e2e.conftest import (
-    Proc,
-    confirmed,
-    free_port,
-    pg2kafka_env,
-    pg2kafka_settings,
-    wait_until,
-)
+from tests.e2e.conftest import Proc, confirmed, pg2kafka_env, pg2kafka_settings, wait_until
+from tests.ports import free_port
 
 ROWS = 20
 

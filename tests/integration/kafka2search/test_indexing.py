@@ -18,10 +18,10 @@ from services.kafka2search import admin
 from services.kafka2search.indices import forget
 from shared.errors import PermanentError
 from shared.kafka import ensure_topic
-from tests.e2e.conftest import free_port
 from tests.integration.conftest import HarnessFactory
 from tests.integration.conftest import crafted_event as change
 from tests.integration.kafka2search.conftest import IndexerFactory
+from tests.ports import free_port
 
 
 def expected(h: Any, table: str) -> dict[str, dict[str, Any]]:
