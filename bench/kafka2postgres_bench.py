@@ -74,11 +74,15 @@ class Events:
         self.lsn = 1_000_000
         self.n = 0
 
-    def send(self, op: str, table: str, row: dict[str, Any] | None, **extra: Any) -> None:
-        self.lsn += 8
+    def send(self, op: str, table: str, row: dict[str, Any] | None, lsn: int | None = None,
+             **extra: Any) -> None:  # fmt: skip
+        """One event at the next LSN (``lsn``: a snapshot's, as pg2kafka versions them)."""
+        if lsn is None:
+            self.lsn += 8
+            lsn = self.lsn
         ev: dict[str, Any] = {
             "v": 1, "op": op, "db": "bench", "schema": self.schema, "table": table,
-            "lsn": self.lsn, "seq": 0, "commit_lsn": self.lsn, "xid": self.lsn // 8,
+            "lsn": lsn, "seq": 0, "commit_lsn": lsn, "xid": lsn // 8,
             "commit_ts": "2026-11-28T00:00:00+00:00",
         }  # fmt: skip
         if row is not None:
@@ -98,8 +102,12 @@ class Events:
             self.p.poll(0)
 
 
-def fill_topic(bootstrap: str, topic: str, schema: str, rows: int, events: int) -> int:
-    """The records; returns how many."""
+def fill_topic(
+    bootstrap: str, topic: str, schema: str, rows: int, events: int,
+    expected: dict[str, tuple[int, int]],
+) -> int:  # fmt: skip
+    """The records; returns how many the snapshot took, and fills ``expected``: each
+    table's rows and balance total once every record is applied."""
     p = Producer({"bootstrap.servers": bootstrap, "linger.ms": 50, "compression.type": "lz4",
                   "queue.buffering.max.messages": 1_000_000})  # fmt: skip
     e = Events(p, schema=schema, topic=topic)
@@ -110,20 +118,26 @@ def fill_topic(bootstrap: str, topic: str, schema: str, rows: int, events: int) 
                                         "columns": cols, "primary_key": [KEYS[table]]})  # fmt: skip
     branches = max(1, rows // 100_000)
     tellers = branches * 10
+    # pg2kafka's versions: a read row carries its chunk's (one per chunk, rising), the
+    # markers the snapshot's start S, the lowest; the changes come after every chunk
     snap = e.lsn + 8
+    chunk_rows = 5000
     for b in range(1, branches + 1):
         e.send("read", "pgbench_branches", {"bid": b, "bbalance": 0, "filler": FILLER},
-               snapshot={"id": snap, "chunk": 0})  # fmt: skip
+               lsn=snap, snapshot={"id": snap, "chunk": 0})  # fmt: skip
     for t in range(1, tellers + 1):
         e.send("read", "pgbench_tellers",
                {"tid": t, "bid": (t - 1) // 10 + 1, "tbalance": 0, "filler": FILLER},
-               snapshot={"id": snap, "chunk": 0})  # fmt: skip
+               lsn=snap, snapshot={"id": snap, "chunk": 0})  # fmt: skip
     for a in range(1, rows + 1):
+        chunk = a // chunk_rows
         e.send("read", "pgbench_accounts",
                {"aid": a, "bid": (a - 1) // 100_000 + 1, "abalance": 0, "filler": FILLER},
-               snapshot={"id": snap, "chunk": a // 5000})  # fmt: skip
+               lsn=snap + 8 * chunk, snapshot={"id": snap, "chunk": chunk})  # fmt: skip
+    e.lsn = snap + 8 * (rows // chunk_rows + 1)
     for table in TYPES:
-        e.send("snapshot", table, None, snapshot={"id": snap, "phase": "end", "rows": rows})
+        e.send("snapshot", table, None, lsn=snap,
+               snapshot={"id": snap, "phase": "end", "rows": rows})  # fmt: skip
     snapshot_records = e.n
     rng = random.Random(7)  # noqa: S311 - a workload, not a secret
     balances: dict[tuple[str, int], int] = {}
@@ -140,7 +154,25 @@ def fill_topic(bootstrap: str, topic: str, schema: str, rows: int, events: int) 
                    "pgbench_branches": "bbalance"}[table]  # fmt: skip
             e.send("update", table, {**row, col: balances[(table, key)], "filler": FILLER})
     p.flush(120)
+    expected.update(
+        {t: (n, sum(v for (tt, _), v in balances.items() if tt == t)) for t, n in
+         (("pgbench_accounts", rows), ("pgbench_tellers", tellers),
+          ("pgbench_branches", branches))}
+    )  # fmt: skip
     return snapshot_records
+
+
+def target_state(dsn: str) -> dict[str, tuple[int, int]]:
+    """Each table's rows and balance total in a target (what the topic must leave)."""
+    out = {}
+    with psycopg.connect(dsn) as c:
+        for table, col in (("pgbench_accounts", "abalance"), ("pgbench_tellers", "tbalance"),
+                           ("pgbench_branches", "bbalance")):  # fmt: skip
+            n, total = c.execute(
+                f"SELECT count(*), coalesce(sum({col}), 0) FROM {table}"
+            ).fetchone()  # type: ignore[misc]
+            out[table] = (int(n), int(total))
+    return out
 
 
 class Target:
@@ -297,7 +329,10 @@ def main(argv: list[str] | None = None) -> int:
     out: dict[str, Any] = {"snapshot_rows": args.snapshot_rows, "events": args.events}
     try:
         print(f"filling {topic}: {args.snapshot_rows:,} snapshot rows, {args.events:,} changes")
-        snapshot_end = fill_topic(bootstrap, topic, "public", args.snapshot_rows, args.events)
+        expected: dict[str, tuple[int, int]] = {}
+        snapshot_end = fill_topic(
+            bootstrap, topic, "public", args.snapshot_rows, args.events, expected
+        )
         c = Consumer({"bootstrap.servers": bootstrap, "group.id": "k2p-bench-end"})
         end = c.get_watermark_offsets(TopicPartition(topic, 0), timeout=10)[1]
         c.close()
@@ -312,6 +347,12 @@ def main(argv: list[str] | None = None) -> int:
             try:
                 print(f"running {label}...", flush=True)
                 out[label] = fn(t)
+                if label != "copy":
+                    # an applier that lost or misplaced rows measured nothing
+                    got = target_state(t.dsn)
+                    if got != expected:
+                        raise SystemExit(f"{label}: the target is not what the topic says:"
+                                         f" {got} != {expected} (rows, balance total)")  # fmt: skip
             finally:
                 t.drop()
         for label in ("kafka2postgres", "minimal"):

@@ -34,6 +34,7 @@ import psycopg
 from psycopg import sql
 
 from services.kafka2postgres.batch import Batch, TableBatch
+from services.kafka2postgres.copying import MIN_ROWS, NotPlain, copy_in
 from services.kafka2postgres.metrics import Metrics
 from services.kafka2postgres.schema import SchemaError, TableSchema
 from services.kafka2postgres.settings import Kafka2PostgresSettings
@@ -54,6 +55,11 @@ from shared.interfaces import BatchSink, Origin, Rejection, Wait
 from shared.migrations import migrate
 
 log = logging.getLogger(__name__)
+
+COPY_PAUSE = 32
+"""Batches of a table that go the guarded way without trying the bulk path after one
+met a key the target holds (a re-snapshot of a full table would otherwise COPY each batch
+twice)."""
 
 SESSION = "-c TimeZone=UTC -c DateStyle=ISO,YMD -c IntervalStyle=iso_8601"
 """The target session's settings the values are read under (the same as pg2kafka's
@@ -87,6 +93,7 @@ class Applier(BatchSink[Batch]):
         self.lock = threading.Lock()  # one statement at a time on the connection
         self.conn: psycopg.Connection[Any] | None = None
         self.pruned_at = 0.0  # monotonic time of the last pruning of deleted rows' versions
+        self.copy_paused: dict[int, int] = {}  # table id: batches left without the bulk path
 
     # -- the connection ------------------------------------------------------------------
 
@@ -201,6 +208,8 @@ class Applier(BatchSink[Batch]):
                     schema = TableSchema.from_types(tb.types, tb.key)
                     t = self.tables.ensure(conn, source, schema, -1)
                 self.tables.widen(conn, t, tb.types)
+                if self._copied(conn, t, tb):
+                    return []
                 counts = conn.execute(
                     t.apply_statement(),
                     {"rows": tb.elements().decode(), "floor": t.floor, "tbl": t.id},
@@ -230,6 +239,40 @@ class Applier(BatchSink[Batch]):
         self.metrics.stale.inc(given - newer)
         self.metrics.below_floor.inc(len(tb.changes) - given)
         return []
+
+    def _copied(self, conn: psycopg.Connection[Any], t: TargetTable, tb: TableBatch) -> bool:
+        """Whether the batch's rows of ``t`` went the bulk path (:mod:`.copying`): all new
+        rows, none of whose keys the target holds. After a batch that met a held key, the
+        table's next :data:`COPY_PAUSE` batches go the guarded way without trying."""
+        changes = tb.changes.values()
+        if len(changes) < MIN_ROWS or not all(c.new and c.unchanged is None for c in changes):
+            return False
+        paused = self.copy_paused.get(t.id, 0)
+        if paused:
+            self.copy_paused[t.id] = paused - 1
+            return False
+        p = t.copy_plan()
+        if p is None:
+            return False
+        new = [c for c in changes if c.version > t.floor]
+        try:
+            with conn.transaction():  # a savepoint: a held key undoes only this attempt
+                n = copy_in(conn, p, new, t.id) if new else 0
+        except NotPlain:
+            self.metrics.copy_batches.labels("converted").inc()
+            return False
+        except (psycopg.errors.IntegrityError, psycopg.errors.DataError) as exc:
+            # a held key; or a value or constraint the guarded way converts, or refuses
+            # with the table's own error handling
+            self.copy_paused[t.id] = COPY_PAUSE
+            held = isinstance(exc, psycopg.errors.UniqueViolation)
+            self.metrics.copy_batches.labels("held_key" if held else "refused").inc()
+            log.debug("%s: the bulk path gave way to the guarded one: %s", t.shown, _shown(exc))
+            return False
+        self.metrics.copy_batches.labels("copied").inc()
+        self.metrics.rows.labels("insert").inc(n)
+        self.metrics.below_floor.inc(len(changes) - len(new))
+        return True
 
     def _reason(self, exc: psycopg.Error, what: str) -> str:
         hint = operator_hint(exc)

@@ -39,6 +39,7 @@ class Change(msgspec.Struct, gc=False):
     unchanged: list[str] | None
     hash: int | None
     xid: int
+    new: bool = False  # a read row or an insert: the bulk path may take it (.copying)
 
     def element(self) -> bytes:
         """This change as one element of the apply statement's JSON array."""
@@ -101,6 +102,7 @@ class Batch:
             unchanged=list(unchanged) if unchanged else None,
             hash=None if delete else ev.hash,
             xid=ev.xid if type(ev.xid) is int else 0,
+            new=ev.op == "read" or ev.op == "insert",
         )
         ident = orjson.dumps(key, option=orjson.OPT_SORT_KEYS)
         held = tb.changes.get(ident)

@@ -31,6 +31,15 @@ class Metrics:
             " snapshot end): skipped",
             registry=registry,
         )
+        self.copy_batches = Counter(
+            f"{prefix}_copy_batches",
+            "batches of one table's new rows tried on the bulk path (COPY), by outcome:"
+            " copied; held_key (the target held one of the keys), converted (a value that"
+            " needs converting: a date BC) or refused (a value or a constraint the target"
+            " refused): applied the guarded way",
+            ["outcome"],
+            registry=registry,
+        )
         self.write_seconds = Histogram(
             f"{prefix}_write_seconds",
             "one batch's target transaction, from its first statement to its commit",

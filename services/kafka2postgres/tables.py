@@ -29,9 +29,10 @@ import orjson
 import psycopg
 from psycopg import sql
 
+from services.kafka2postgres.copying import CopyPlan, plan
 from services.kafka2postgres.schema import Column, SchemaError, TableSchema, quote_ident
 from services.kafka2postgres.settings import TargetSettings
-from services.kafka2postgres.statements import TABLES, apply_sql, key_text, target_name
+from services.kafka2postgres.statements import ROWS, TABLES, apply_sql, key_text, target_name
 from shared.contract.ddl import renames as ddl_renames
 from shared.contract.event import EventView
 from shared.contract.moves import Moves, record
@@ -56,6 +57,7 @@ class TargetTable:
     moves: Moves
     stopped: str | None
     _apply: sql.Composed | None = field(default=None, repr=False)
+    _copy: tuple[CopyPlan | None] | None = field(default=None, repr=False)
 
     @property
     def shown(self) -> str:
@@ -70,9 +72,16 @@ class TargetTable:
             self._apply = apply_sql(self.schema_name, self.name, self.schema)
         return self._apply
 
+    def copy_plan(self) -> CopyPlan | None:
+        """The bulk path for new rows (:mod:`.copying`), None where it does not apply."""
+        if self._copy is None:
+            self._copy = (plan(self.schema_name, self.name, self.schema),)
+        return self._copy[0]
+
     def set_schema(self, schema: TableSchema) -> None:
         self.schema = schema
         self._apply = None
+        self._copy = None
 
 
 def source_of(ev: EventView) -> Source:
@@ -321,7 +330,7 @@ class Tables:
                     " run `kafka2postgres resume`"
                 )
             conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(held.qualified))
-            conn.execute(sql.SQL("DELETE FROM {} WHERE id = %s").format(TABLES), [held.id])
+            self._forget(conn, held)
             with self.lock:
                 del self.by_source[source]
             held = None
@@ -342,12 +351,17 @@ class Tables:
         self.save(conn, held)
         return done
 
+    def _forget(self, conn: psycopg.Connection[Any], held: TargetTable) -> None:
+        """Remove a dropped table's bookkeeping: its row versions, then its entry."""
+        conn.execute(sql.SQL("DELETE FROM {} WHERE tbl = %s").format(ROWS), [held.id])
+        conn.execute(sql.SQL("DELETE FROM {} WHERE id = %s").format(TABLES), [held.id])
+
     def _drop(self, conn: psycopg.Connection[Any], held: TargetTable | None, version: int) -> str:
         if held is None:
             return "a table walcast never wrote: nothing to drop"
         if self.s.on_drop_table == "apply" and held.created:
             conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(held.qualified))
-            conn.execute(sql.SQL("DELETE FROM {} WHERE id = %s").format(TABLES), [held.id])
+            self._forget(conn, held)
             with self.lock:
                 self.by_source.pop(held.source, None)
             return f"{held.shown} dropped"

@@ -39,8 +39,11 @@ CREATE TABLE IF NOT EXISTS "_walcast_target"."tables" (
 -- One row per key a target table holds or held: its version (epoch << 48 | LSN), whether
 -- it was deleted, the columns a partial row still lacks, its row hash and transaction.
 -- "key" is the key's values as Postgres prints a row of them (ROW(k1, k2)::text).
+-- "tbl" is a "tables" id without a foreign key: its check, a trigger per inserted row,
+-- doubled the cost of recording a bulk load's versions; kafka2postgres deletes a table's
+-- versions with its entry.
 CREATE TABLE IF NOT EXISTS "_walcast_target"."rows" (
-    "tbl" integer NOT NULL REFERENCES "_walcast_target"."tables" ("id") ON DELETE CASCADE,
+    "tbl" integer NOT NULL,
     "key" text NOT NULL,
     "version" bigint NOT NULL,
     "deleted" boolean NOT NULL,
