@@ -58,6 +58,7 @@ class TableBatch:
     origins: list[Origin] = field(default_factory=list)  # every record folded in
     types: dict[str, str] = field(default_factory=dict)  # every column seen, in order
     key: list[str] = field(default_factory=list)  # the key's columns, from the events
+    last_types: Mapping[str, str] | None = None  # the last event's types, already merged
 
     def elements(self) -> bytes:
         return b"[" + b",".join(c.element() for c in self.changes.values()) + b"]"
@@ -91,8 +92,10 @@ class Batch:
         if not tb.key:
             tb.key = list(key)
         types: Mapping[str, str] = ev.column_types()
-        if types.keys() - tb.types.keys():
-            tb.types.update((c, t) for c, t in types.items() if c not in tb.types)
+        if types is not tb.last_types:  # the same mapping, event after event, mostly
+            tb.last_types = types
+            if types.keys() - tb.types.keys():
+                tb.types.update((c, t) for c, t in types.items() if c not in tb.types)
         delete = ev.op == "delete"
         unchanged = None if delete else ev.unchanged_toast or None
         change = Change(

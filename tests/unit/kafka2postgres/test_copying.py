@@ -64,3 +64,16 @@ def test_tables_the_bulk_path_does_not_take() -> None:
     assert plan("s", "t", schema(("a", "_int4"))) is None  # an array column
     assert plan("s", "t", schema(("j", "jsonb"), key=("j",))) is None  # a jsonb key
     assert plan("s", "t", schema(key=())) is None  # no key
+
+
+@pytest.mark.parametrize("value", [["a", "b"], {"a": 1}])
+def test_a_list_or_object_in_a_plain_table_is_never_written_as_an_array(value: object) -> None:
+    """Plain tables pick their values without a call per value; a row whose JSON holds a
+    list or an object is looked at value by value (psycopg would write a list as an
+    array literal)."""
+    p = plan("s", "t", schema(("s", "text"), ("n", "int4")))
+    assert p is not None
+    rows, _ = p.rows([change({"id": 1, "s": "[x] {y}", "n": 2}), change({"n": 3, "id": 2})])
+    assert rows == [(1, "[x] {y}", 2), (2, None, 3)]
+    with pytest.raises(NotPlain):
+        p.rows([change({"id": 3, "s": value, "n": 1})])
