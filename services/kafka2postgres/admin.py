@@ -8,7 +8,6 @@ import time
 from datetime import datetime
 from typing import Any
 
-from confluent_kafka import Consumer
 from prometheus_client import CollectorRegistry
 from psycopg import sql
 
@@ -17,9 +16,10 @@ from services.kafka2postgres.applier import connect
 from services.kafka2postgres.settings import Kafka2PostgresSettings
 from services.kafka2postgres.statements import ROWS, TABLES
 from shared.errors import ConfigError, PermanentError
-from shared.kafka import group_lag, oldest_timestamp_s, replay_range, topic_records
+from shared.kafka import oldest_timestamp_s, replay_range
 from shared.migrations import migrate
 from shared.retry import call_with_retry
+from shared.sink_status import group_status
 
 log = logging.getLogger(__name__)
 
@@ -27,20 +27,7 @@ log = logging.getLogger(__name__)
 def status(settings: Kafka2PostgresSettings) -> dict[str, Any]:
     """Consumer lag per partition, the target tables (rows, floor, stopped and why), dead
     letters."""
-    consumer = Consumer({**settings.kafka.client_config(), "group.id": settings.consumer.group_id})
-    try:
-        lag = call_with_retry(
-            lambda: group_lag(consumer, list(settings.consumer.topics)),
-            policy=settings.retry,
-            what="read the group's offsets",
-        )
-        dlq = call_with_retry(
-            lambda: topic_records(consumer, settings.consumer.dlq_topic),
-            policy=settings.retry,
-            what="read the dead-letter topic's size",
-        )
-    finally:
-        consumer.close()
+    head = group_status(settings.kafka, settings.consumer, settings.retry)
     with connect(settings) as conn:
         migrate(conn, "kafka2postgres")
         rows = conn.execute(
@@ -58,13 +45,7 @@ def status(settings: Kafka2PostgresSettings) -> dict[str, Any]:
          "rows": r[8], "deleted_rows_remembered": r[9]}
         for r in rows
     ]  # fmt: skip
-    return {
-        "group": settings.consumer.group_id,
-        "lag": lag,
-        "total_lag": sum(p["lag"] for p in lag),
-        "tables": tables,
-        "dead_letters": dlq,
-    }
+    return {**head, "tables": tables}
 
 
 def resume(settings: Kafka2PostgresSettings, schema: str, table: str) -> bool:

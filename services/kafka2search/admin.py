@@ -9,7 +9,7 @@ import time
 from datetime import datetime
 from typing import Any
 
-from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka import TopicPartition
 from prometheus_client import CollectorRegistry
 
 from services.kafka2search.app import consumer_loop
@@ -17,8 +17,9 @@ from services.kafka2search.engines import SearchEngine, engine_for
 from services.kafka2search.settings import Kafka2SearchSettings
 from services.kafka2search.verify import last_outcomes
 from shared.errors import ConfigError, PermanentError
-from shared.kafka import group_lag, oldest_timestamp_s, replay_range, topic_records
+from shared.kafka import oldest_timestamp_s, replay_range
 from shared.retry import call_with_retry
+from shared.sink_status import group_status
 
 log = logging.getLogger(__name__)
 
@@ -40,21 +41,7 @@ def _count(engine: SearchEngine, alias: str) -> int | None:
 
 def status(settings: Kafka2SearchSettings) -> dict[str, Any]:
     """Consumer lag per partition, documents per index, dead letters."""
-    consumer = Consumer({**settings.kafka.client_config(), "group.id": settings.consumer.group_id})
-    try:
-        # A brand-new broker answers NOT_COORDINATOR until its group coordinator loaded.
-        lag = call_with_retry(
-            lambda: group_lag(consumer, list(settings.consumer.topics)),
-            policy=settings.retry,
-            what="read the group's offsets",
-        )
-        dlq = call_with_retry(
-            lambda: topic_records(consumer, settings.consumer.dlq_topic),
-            policy=settings.retry,
-            what="read the dead-letter topic's size",
-        )
-    finally:
-        consumer.close()
+    head = group_status(settings.kafka, settings.consumer, settings.retry)
     engine = engine_for(settings.engine)
     try:
         aliases = engine.aliases(alias_pattern(settings.index.name_template))
@@ -66,12 +53,9 @@ def status(settings: Kafka2SearchSettings) -> dict[str, Any]:
     finally:
         engine.close()
     return {
-        "group": settings.consumer.group_id,
+        **head,
         "engine": settings.engine.kind,
-        "lag": lag,
-        "total_lag": sum(p["lag"] for p in lag),
         "indices": indices,
-        "dead_letters": dlq,
         # each table's last verification by the continuous mode (verify.interval_s)
         "verify": verified,
     }
