@@ -1,11 +1,12 @@
 """The dashboard and the alert rules against what running services export.
 
-pg2kafka (a leader and its standby), kafka2search, kafka2spark and kafka2webhook (to a
-receiver in the test process) run as processes on a real workload; their ``/metrics``
-are scraped over HTTP and parsed with Prometheus' text parser. Every metric the Grafana
-dashboard and the alert rules use must be exported by one of them, metric names follow
-one convention, and the values that the alerts rely on say what they should (one leader,
-one ready standby, the slot's retained WAL, Kafka → sink ages observed)."""
+pg2kafka (a leader and its standby), kafka2search, kafka2spark, kafka2webhook (to a
+receiver in the test process) and kafka2postgres (into a database of its own) run as
+processes on a real workload; their ``/metrics`` are scraped over HTTP and parsed with
+Prometheus' text parser. Every metric the Grafana dashboard and the alert rules use must
+be exported by one of them, metric names follow one convention, and the values that the
+alerts rely on say what they should (one leader, one ready standby, the slot's retained
+WAL, Kafka → sink ages observed, no target table stopped)."""
 
 from __future__ import annotations
 
@@ -67,12 +68,14 @@ def test_dashboard_and_rules_use_only_exported_metrics(
     search_url = stack_env["WALCAST_OPENSEARCH_URL"]
     topic = f"{unique_name}.cdc"
     table = f"{unique_name}_rows"
+    target_db = f"k2p_{unique_name[-8:]}"  # kafka2postgres's target: a database of its own
     pg = pg2kafka_settings(env_file, unique_name, topic, 2)
     with psycopg.connect(dsn, autocommit=True) as c:
         c.execute(f"CREATE TABLE {table} (id int PRIMARY KEY, v int NOT NULL)")
+        c.execute(f'CREATE DATABASE "{target_db}"')
     admin.init(pg)
     ports = {"leader": free_port(), "standby": free_port(), "search": free_port(),
-             "spark": free_port(), "webhook": free_port()}  # fmt: skip
+             "spark": free_port(), "webhook": free_port(), "target": free_port()}  # fmt: skip
     receiver = Receiver(SECRET.encode()).start()
     procs: list[Proc] = []
     args = ["--env-file", str(env_file), "run"]
@@ -125,6 +128,14 @@ def test_dashboard_and_rules_use_only_exported_metrics(
             "KAFKA2WEBHOOK_HTTP__PORT": str(ports["webhook"]),
             "KAFKA2WEBHOOK_LOG__FORMAT": "text",
         }, tmp_path / "kafka2webhook.log"))  # fmt: skip
+        procs.append(Proc("kafka2postgres", args, {
+            "KAFKA2POSTGRES_CONSUMER__TOPICS": json.dumps([topic]),
+            "KAFKA2POSTGRES_CONSUMER__GROUP_ID": f"{unique_name}-target",
+            "KAFKA2POSTGRES_CONSUMER__DLQ_TOPIC": f"{unique_name}.target-dlq",
+            "KAFKA2POSTGRES_TARGET__POSTGRES__DATABASE": target_db,
+            "KAFKA2POSTGRES_HTTP__PORT": str(ports["target"]),
+            "KAFKA2POSTGRES_LOG__FORMAT": "text",
+        }, tmp_path / "kafka2postgres.log"))  # fmt: skip
         with psycopg.connect(dsn, autocommit=True) as c:
             c.execute(f"INSERT INTO {table} SELECT g, g FROM generate_series(1, 300) g")
             c.execute(f"UPDATE {table} SET v = v + 1 WHERE id % 2 = 0")
@@ -137,8 +148,14 @@ def test_dashboard_and_rules_use_only_exported_metrics(
              "the leader to read its slot's retained WAL", 120),
             (ports["webhook"], "walcast_kafka2webhook_record_age_seconds_count",
              "kafka2webhook to deliver a batch", 180),
+            (ports["target"], "walcast_kafka2postgres_record_age_seconds_count",
+             "kafka2postgres to commit a batch", 180),
         ]:  # fmt: skip
             wait_until(lambda p=port, m=metric: value(p, m) > 0, what, limit, interval=1)
+        # every row inserted (a row inserted and updated in one batch counts once, inserted)
+        wait_until(lambda: value(ports["target"], "walcast_kafka2postgres_rows_total",
+                                 action="insert") >= 300,
+                   "kafka2postgres to insert the 300 rows", 180, interval=1)  # fmt: skip
         wait_until(lambda: value(ports["standby"], "walcast_pg2kafka_role", role="standby") == 1,
                    "the second pg2kafka to stand by", 120)  # fmt: skip
         texts = {name: scraped(port) for name, port in ports.items()}
@@ -149,12 +166,10 @@ def test_dashboard_and_rules_use_only_exported_metrics(
         admin.tear_down(pg)
         with psycopg.connect(dsn, autocommit=True) as c:
             c.execute(f"DROP TABLE IF EXISTS {table}")
+            c.execute(f'DROP DATABASE IF EXISTS "{target_db}" WITH (FORCE)')
         client = AdminClient(pg.kafka.client_config())
-        gone = [
-            t
-            for t in (topic, f"{unique_name}.dlq", f"{unique_name}.webhook-dlq")
-            if t in client.list_topics(timeout=10).topics
-        ]
+        dlqs = (f"{unique_name}.dlq", f"{unique_name}.webhook-dlq", f"{unique_name}.target-dlq")
+        gone = [t for t in (topic, *dlqs) if t in client.list_topics(timeout=10).topics]
         for fut in client.delete_topics(gone).values() if gone else []:
             fut.result(30)
 
@@ -165,6 +180,8 @@ def test_dashboard_and_rules_use_only_exported_metrics(
     assert sample(texts["leader"], "walcast_pg2kafka_role", role="leader") == 1
     assert sample(texts["standby"], "walcast_pg2kafka_role", role="leader") == 0
     assert (sample(texts["leader"], "walcast_pg2kafka_inflight_limit_bytes") or 0) >= 2**20
+    assert sample(texts["target"], "walcast_kafka2postgres_tables_stopped") == 0
+    assert (sample(texts["target"], "walcast_kafka2postgres_write_seconds_count") or 0) > 0
 
     exported: set[str] = set()
     families: dict[str, str] = {}
@@ -183,7 +200,7 @@ def test_dashboard_and_rules_use_only_exported_metrics(
     # ops endpoint's, verify's: shared/verify/continuous.py) carry no service name, the
     # scrape's job tells them apart.
     for name, kind in families.items():
-        services = "pg2kafka|kafka2search|kafka2spark|kafka2webhook"
+        services = "pg2kafka|kafka2search|kafka2spark|kafka2webhook|kafka2postgres"
         shared = "ready|ready_check|healthy|verify_[a-z0-9_]+"
         assert re.fullmatch(rf"walcast_(({services})_[a-z0-9_]+|{shared})", name), name
         if kind == "histogram":

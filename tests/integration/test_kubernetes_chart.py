@@ -29,6 +29,7 @@ from typing import Any
 import pytest
 import yaml
 
+from services.kafka2postgres.settings import Kafka2PostgresSettings
 from services.kafka2search.settings import Kafka2SearchSettings
 from services.kafka2spark.settings import Kafka2SparkSettings
 from services.kafka2webhook.settings import Kafka2WebhookSettings
@@ -48,13 +49,22 @@ SETTINGS: dict[str, type[ServiceSettings]] = {
     "kafka2search": Kafka2SearchSettings,
     "kafka2spark": Kafka2SparkSettings,
     "kafka2webhook": Kafka2WebhookSettings,
+    "kafka2postgres": Kafka2PostgresSettings,
 }
 PARSERS = {
     "pg2kafka": "services.pg2kafka.__main__",
     "kafka2search": "services.kafka2search.__main__",
     "kafka2spark": "services.kafka2spark.__main__",
     "kafka2webhook": "services.kafka2webhook.__main__",
+    "kafka2postgres": "services.kafka2postgres.__main__",
 }
+# kafka2postgres is off by default; these turn it on with its required target
+# (overlays/postgres-target.yaml and production.yaml do too).
+KAFKA2POSTGRES = (
+    "kafka2postgres.enabled=true",
+    "kafka2postgres.config.target.postgres.host=replica-db",
+    "kafka2postgres.config.target.postgres.database=app_copy",
+)
 VARIANTS = [pytest.param(None, id="default")] + [pytest.param(p, id=p.stem) for p in OVERLAYS]
 
 
@@ -267,6 +277,7 @@ def test_memory_guard_follows_the_container_limit(bins: dict[str, Path]) -> None
         "pg2kafka.config.kafka.extra.sasl\\.password=hunter2",
         "kafka2spark.config.spark.conf.spark\\.hadoop\\.fs\\.s3a\\.secret\\.key=hunter2",
         "kafka2search.config.engine.urls[0]=https://walcast:hunter2@search:9200",
+        ",".join((*KAFKA2POSTGRES, "kafka2postgres.config.target.postgres.password=hunter2")),
     ],
 )
 def test_a_credential_in_a_configmap_is_refused(bins: dict[str, Path], setting: str) -> None:
@@ -321,6 +332,55 @@ def test_kafka2spark_grace_outlasts_the_batch_in_hand(bins: dict[str, Path]) -> 
 
     assert grace() == 90 + 30
     assert grace("kafka2spark.config.trigger.stop_grace_s=300") == 300 + 30
+
+
+def test_kafka2postgres_needs_its_target(bins: dict[str, Path]) -> None:
+    for missing in ("host", "database"):
+        sets = [s for s in KAFKA2POSTGRES if f".{missing}=" not in s]
+        args = [a for s in sets for a in ("--set", s)]
+        result = helm(bins, "template", "wc", str(CHART), "--kube-version", tools.KUBE_VERSION,
+                      *args)  # fmt: skip
+        assert result.returncode != 0, missing
+        assert f"kafka2postgres.config.target.postgres.{missing} is not set" in result.stderr
+    # off by default: nothing rendered for it, and nothing asked of it
+    assert not [o for o in objects(render(bins, None)) if "kafka2postgres" in o["metadata"]["name"]]
+
+
+def test_kafka2postgres_is_scraped_and_reaches_its_target(bins: dict[str, Path]) -> None:
+    objs = objects(render(bins, None, *KAFKA2POSTGRES,
+                          "kafka2postgres.config.target.postgres.port=6432"))  # fmt: skip
+    policy = next(o for o in objs if o["kind"] == "NetworkPolicy"
+                  and o["metadata"]["name"] == "wc-walcast-kafka2postgres")  # fmt: skip
+    ports = {p["port"] for rule in policy["spec"]["egress"] for p in rule["ports"]}
+    assert 6432 in ports
+    assert policy["spec"]["ingress"][0]["ports"] == [{"port": 9191, "protocol": "TCP"}]
+    monitor = next(o for o in objs if o["kind"] == "ServiceMonitor")
+    (components,) = monitor["spec"]["selector"]["matchExpressions"]
+    assert "kafka2postgres" in components["values"]
+    service = next(o for o in objs if o["kind"] == "Service"
+                   and o["metadata"]["name"] == "wc-walcast-kafka2postgres")  # fmt: skip
+    assert service["spec"]["ports"] == [{"name": "ops", "port": 9191, "targetPort": "ops"}]
+    deployment = next(o for o in objs if o["kind"] == "Deployment"
+                      and o["metadata"]["name"] == "wc-walcast-kafka2postgres")  # fmt: skip
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    assert {e["name"]: e["valueFrom"]["secretKeyRef"] for e in container["env"]} == {
+        "KAFKA2POSTGRES_TARGET__POSTGRES__PASSWORD": {
+            "name": "walcast", "key": "target-postgres-password"},
+    }  # fmt: skip
+
+
+def test_kafka2postgres_grace_outlasts_its_transactions_in_flight(bins: dict[str, Path]) -> None:
+    def grace(*sets: str) -> int:
+        objs = objects(render(bins, None, *KAFKA2POSTGRES, *sets))
+        d = next(o for o in objs if o["metadata"]["name"] == "wc-walcast-kafka2postgres"
+                 and o["kind"] == "Deployment")  # fmt: skip
+        return int(d["spec"]["template"]["spec"]["terminationGracePeriodSeconds"])
+
+    # batch.concurrency (2) transactions of transactionSeconds (30), batch.max_wait_s
+    # (0.25), the margin (30)
+    assert grace() == 61 + 30
+    assert grace("kafka2postgres.config.batch.concurrency=4") == 121 + 30
+    assert grace("kafka2postgres.transactionSeconds=120") == 241 + 30
 
 
 def test_alert_rules_load_in_promtool(bins: dict[str, Path]) -> None:

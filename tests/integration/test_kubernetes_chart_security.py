@@ -3,7 +3,7 @@ manifests like the rest of the chart (tests/integration/test_kubernetes_chart.py
 
 * pg2kafka verifies PostgreSQL's certificate by default (``sslmode=verify-full`` against a
   CA the chart mounts); a mode that does not verify renders only when acknowledged, and
-  the install notes then warn;
+  the install notes then warn; kafka2postgres the same for its target database;
 * Kafka without TLS is warned about in the install notes unless acknowledged; a Kafka CA
   in values reaches every pod that talks to Kafka (kafka2spark's executors too);
 * whoever controls kafka2spark's driver (the only pod with a service-account token) cannot
@@ -27,14 +27,16 @@ from typing import Any
 import pytest
 import yaml
 
+from services.kafka2postgres.settings import Kafka2PostgresSettings
 from services.pg2kafka.settings import Pg2KafkaSettings
 from shared.settings import load_settings
 from tests.integration import test_kubernetes_chart as chart
 
 RELEASE_NS = "data"  # chart.render's --namespace
-SERVICES = ("pg2kafka", "kafka2search", "kafka2spark", "kafka2webhook")
+SERVICES = ("pg2kafka", "kafka2search", "kafka2spark", "kafka2webhook", "kafka2postgres")
 WEAK_SSLMODES = ("disable", "allow", "prefer", "require")
 PG_CA = "/etc/walcast-tls/postgres/postgres-ca.crt"
+TARGET_CA = "/etc/walcast-tls/target-postgres/target-postgres-ca.crt"
 
 
 @pytest.fixture(scope="session")
@@ -109,10 +111,14 @@ def config_of(objs: list[dict[str, Any]], cm_name: str) -> dict[str, Any]:
     return config
 
 
-def pg2kafka_pods(objs: list[dict[str, Any]]) -> Iterator[tuple[str, dict[str, Any]]]:
+def pods_of(objs: list[dict[str, Any]], service: str) -> Iterator[tuple[str, dict[str, Any]]]:
     for where, spec in chart.pod_specs(objs):
-        if spec["containers"][0].get("command", [""])[0] == "pg2kafka":
+        if spec["containers"][0].get("command", [""])[0] == service:
             yield where, spec
+
+
+def pg2kafka_pods(objs: list[dict[str, Any]]) -> Iterator[tuple[str, dict[str, Any]]]:
+    return pods_of(objs, "pg2kafka")
 
 
 def mounted_file(spec: dict[str, Any], path: str) -> dict[str, Any]:
@@ -225,6 +231,82 @@ def test_no_variant_connects_to_postgres_unverified_without_saying_so(
         assert "WARNING: pg2kafka connects" not in text
 
 
+# -- kafka2postgres's target PostgreSQL: verified by default, as pg2kafka's source --------
+
+
+def test_the_target_postgres_defaults_to_verify_full_against_a_mounted_ca(
+    bins: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    objs = chart.objects(chart.render(bins, None, *chart.KAFKA2POSTGRES))
+    config = config_of(objs, "wc-walcast-kafka2postgres")
+    assert config["target"]["postgres"]["sslmode"] == "verify-full"
+    assert config["target"]["postgres"]["sslrootcert"] == TARGET_CA
+    file = tmp_path / "config.yaml"
+    file.write_text(yaml.safe_dump(config))
+    for name in [n for n in os.environ if n.startswith("KAFKA2POSTGRES_")]:
+        monkeypatch.delenv(name)
+    settings = load_settings(Kafka2PostgresSettings, config_file=file)
+    conninfo = settings.target.postgres.conninfo()
+    assert "sslmode='verify-full'" in conninfo
+    assert f"sslrootcert='{TARGET_CA}'" in conninfo
+    (deployment,) = (spec for _, spec in pods_of(objs, "kafka2postgres"))
+    default = {"secret": "walcast", "key": "target-postgres-ca.crt"}
+    assert mounted_file(deployment, TARGET_CA) == default
+    # a ConfigMap's CA, and the pods of pg2kafka keep their own
+    objs = chart.objects(chart.render(bins, None, *chart.KAFKA2POSTGRES,
+                                      "kafka2postgres.targetTLS.ca.configMapName=target-ca",
+                                      "kafka2postgres.targetTLS.ca.key=ca.crt"))  # fmt: skip
+    path = config_of(objs, "wc-walcast-kafka2postgres")["target"]["postgres"]["sslrootcert"]
+    assert path == "/etc/walcast-tls/target-postgres/ca.crt"
+    (deployment,) = (spec for _, spec in pods_of(objs, "kafka2postgres"))
+    assert mounted_file(deployment, path) == {"configMap": "target-ca", "key": "ca.crt"}
+    assert "postgres-ca" not in {v["name"] for v in deployment["volumes"]}
+    for where, spec in pg2kafka_pods(objs):
+        assert "target-postgres-ca" not in {v["name"] for v in spec["volumes"]}, where
+    report = chart.kubeconform(yaml.safe_dump_all(objs))
+    assert report["returncode"] == 0, report["resources"]
+
+
+@pytest.mark.parametrize("mode", WEAK_SSLMODES)
+def test_an_unverified_target_connection_needs_an_acknowledgement_and_is_warned_about(
+    bins: dict[str, Path], notes_chart: Path, mode: str
+) -> None:
+    weak = (*chart.KAFKA2POSTGRES, f"kafka2postgres.config.target.postgres.sslmode={mode}")
+    error = refused(bins, *weak)
+    assert "kafka2postgres.targetTLS.insecure" in error
+    assert "kafka2postgres.targetTLS.ca" in error
+    acknowledged = (*weak, "kafka2postgres.targetTLS.insecure=true")
+    objs = chart.objects(chart.render(bins, None, *acknowledged))
+    target = config_of(objs, "wc-walcast-kafka2postgres")["target"]["postgres"]
+    assert target["sslmode"] == mode
+    assert "sslrootcert" not in target
+    text = notes(bins, notes_chart, None, *acknowledged)
+    assert f"WARNING: kafka2postgres connects to the target PostgreSQL with sslmode={mode}" in text
+    assert "NOT verified" in text
+
+
+@pytest.mark.parametrize("overlay", chart.VARIANTS)
+def test_no_variant_connects_to_the_target_unverified_without_saying_so(
+    bins: dict[str, Path], notes_chart: Path, overlay: Path | None
+) -> None:
+    values = yaml.safe_load(overlay.read_text()) if overlay else {}
+    objs = chart.objects(chart.render(bins, overlay))
+    if not any(o["metadata"]["name"] == "wc-walcast-kafka2postgres" for o in objs):
+        return
+    pg = config_of(objs, "wc-walcast-kafka2postgres")["target"]["postgres"]
+    text = notes(bins, notes_chart, overlay)
+    if pg["sslmode"] in WEAK_SSLMODES:
+        acknowledged = values.get("kafka2postgres", {}).get("targetTLS", {}).get("insecure")
+        assert acknowledged is True, f"sslmode={pg['sslmode']} without targetTLS.insecure"
+        assert "WARNING: kafka2postgres connects to the target PostgreSQL" in text
+    else:
+        assert pg["sslmode"] == "verify-full"
+        for _, spec in pods_of(objs, "kafka2postgres"):
+            mounted_file(spec, pg["sslrootcert"])  # raises if absent
+        assert f"Target PostgreSQL (kafka2postgres): sslmode={pg['sslmode']}" in text
+        assert "WARNING: kafka2postgres connects" not in text
+
+
 # -- Kafka: TLS, or a warning --------------------------------------------------------------
 
 
@@ -236,6 +318,8 @@ def test_plaintext_kafka_is_warned_about_unless_acknowledged(
     assert warning.startswith("WARNING: ")
     for svc in ("pg2kafka", "kafka2search", "kafka2spark"):
         assert f"{svc} (PLAINTEXT to kafka:9092)" in warning
+    with_target = notes(bins, notes_chart, None, *chart.KAFKA2POSTGRES)
+    assert "kafka2postgres (PLAINTEXT to kafka:9092)" in with_target
     sasl = notes(
         bins,
         notes_chart,
@@ -444,6 +528,10 @@ def test_kafka2spark_shares_the_release_namespace_only_when_alone(bins: dict[str
         )
     )
     assert {ns_of(o) for o in alone} == {RELEASE_NS}
+    # kafka2postgres's target password lives in the release namespace too
+    error = refused(bins, f"kafka2spark.namespace.name={RELEASE_NS}", "pg2kafka.enabled=false",
+                    "kafka2search.enabled=false", *chart.KAFKA2POSTGRES)  # fmt: skip
+    assert "where kafka2postgres runs" in error
     assert not [o for o in alone if o["kind"] == "Namespace"]
     # an existing namespace: not created, still used
     existing = chart.objects(

@@ -14,6 +14,7 @@ from pathlib import Path
 import yaml
 from prometheus_client import CollectorRegistry
 
+from services.kafka2postgres.metrics import Metrics as PostgresMetrics
 from services.kafka2search.metrics import Metrics as SearchMetrics
 from services.kafka2spark.app import Metrics as SparkMetrics
 from services.kafka2webhook.delivery import DeliveryMetrics
@@ -49,6 +50,7 @@ def defined_labels() -> dict[str, set[str]]:
     pg = build_pg2kafka(Pg2KafkaSettings(http={"enabled": False}))  # connects to nothing
     add(pg.runner.registry)  # type: ignore[attr-defined]
     search, spark, webhook = CollectorRegistry(), CollectorRegistry(), CollectorRegistry()
+    target = CollectorRegistry()
     SearchMetrics(search)
     VerifyMetrics(search)
     VerifyMetrics(spark)
@@ -56,9 +58,12 @@ def defined_labels() -> dict[str, set[str]]:
     SparkMetrics(spark)
     ConsumerMetrics(webhook, "walcast_kafka2webhook", member_label="webhook")
     DeliveryMetrics(webhook)
+    PostgresMetrics(target)
+    ConsumerMetrics(target, "walcast_kafka2postgres")
     add(search)
     add(spark)
     add(webhook)
+    add(target)
     ops = CollectorRegistry()
     server = OpsServer(ops, port=0)  # bound, never served
     try:

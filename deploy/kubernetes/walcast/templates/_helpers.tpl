@@ -154,6 +154,10 @@ volume) and what it sets in a service's settings (docs/deploy.md, "Security").
 {{- printf "/etc/walcast-tls/postgres/%s" .Values.pg2kafka.postgresTLS.ca.key -}}
 {{- end -}}
 
+{{- define "walcast.targetCAPath" -}}
+{{- printf "/etc/walcast-tls/target-postgres/%s" .Values.kafka2postgres.targetTLS.ca.key -}}
+{{- end -}}
+
 {{/*
 Sets into .cfg (a service's merged config, changed in place):
 * with common.kafkaTLS.ca, kafka.ssl_ca_location = the mounted CA, unless config names one;
@@ -161,7 +165,8 @@ Sets into .cfg (a service's merged config, changed in place):
   (verify-ca, verify-full) gets postgres.sslrootcert = the mounted postgresTLS.ca unless
   config names its own; a mode that does not check the server's certificate (disable,
   allow, prefer, require) is refused unless pg2kafka.postgresTLS.insecure acknowledges it
-  (NOTES.txt then warns at every install and upgrade).
+  (NOTES.txt then warns at every install and upgrade);
+* kafka2postgres: the same for target.postgres, with kafka2postgres.targetTLS.
 */}}
 {{- define "walcast.tlsConfig" -}}
 {{- $kca := .root.Values.common.kafkaTLS.ca -}}
@@ -192,6 +197,25 @@ Sets into .cfg (a service's merged config, changed in place):
 {{- $_ := set $pg "sslmode" $mode -}}
 {{- $_ := set .cfg "postgres" $pg -}}
 {{- end -}}
+{{- if eq .name "kafka2postgres" -}}
+{{- $t := .root.Values.kafka2postgres.targetTLS -}}
+{{- if and $t.ca.secretName $t.ca.configMapName -}}
+{{- fail "kafka2postgres.targetTLS.ca: give secretName or configMapName, not both" -}}
+{{- end -}}
+{{- $target := get .cfg "target" | default dict -}}
+{{- $pg := get $target "postgres" | default dict -}}
+{{- $mode := get $pg "sslmode" | default "verify-full" -}}
+{{- if has $mode (list "disable" "allow" "prefer" "require") -}}
+{{- if not $t.insecure -}}
+{{- fail (printf "kafka2postgres.config.target.postgres.sslmode is %s: kafka2postgres would not verify the target PostgreSQL's certificate, so whoever sits on the path reads every row written and can impersonate the database. Give the server's CA (kafka2postgres.targetTLS.ca; sslmode then defaults to verify-full) or, knowingly, acknowledge with kafka2postgres.targetTLS.insecure: true" $mode) -}}
+{{- end -}}
+{{- else if not (get $pg "sslrootcert") -}}
+{{- $_ := set $pg "sslrootcert" (include "walcast.targetCAPath" .root) -}}
+{{- end -}}
+{{- $_ := set $pg "sslmode" $mode -}}
+{{- $_ := set $target "postgres" $pg -}}
+{{- $_ := set .cfg "target" $target -}}
+{{- end -}}
 {{- end -}}
 
 {{/* A CA volume's source: .ca (secretName | configMapName, key); .secretName: the default Secret. */}}
@@ -217,6 +241,10 @@ secret:
 - name: postgres-ca
   {{- include "walcast.caSource" (dict "ca" .root.Values.pg2kafka.postgresTLS.ca "secretName" (.root.Values.pg2kafka.secretName | default .root.Values.secrets.name)) | nindent 2 }}
 {{- end }}
+{{- if eq (toString (((.cfg.target).postgres).sslrootcert)) (include "walcast.targetCAPath" .root) }}
+- name: target-postgres-ca
+  {{- include "walcast.caSource" (dict "ca" .root.Values.kafka2postgres.targetTLS.ca "secretName" (.root.Values.kafka2postgres.secretName | default .root.Values.secrets.name)) | nindent 2 }}
+{{- end }}
 {{- end -}}
 
 {{- define "walcast.tlsMounts" -}}
@@ -225,6 +253,9 @@ secret:
 {{- end }}
 {{- if eq (toString ((.cfg.postgres).sslrootcert)) (include "walcast.postgresCAPath" .root) }}
 - {name: postgres-ca, mountPath: /etc/walcast-tls/postgres, readOnly: true}
+{{- end }}
+{{- if eq (toString (((.cfg.target).postgres).sslrootcert)) (include "walcast.targetCAPath" .root) }}
+- {name: target-postgres-ca, mountPath: /etc/walcast-tls/target-postgres, readOnly: true}
 {{- end }}
 {{- end -}}
 
@@ -241,7 +272,7 @@ Local mode (no pods created, no Role): the release namespace.
 {{- if hasPrefix "k8s://" $v.spark.master -}}
 {{- $ns := $v.namespace.name | default (printf "%s-spark" .Release.Namespace | trunc 63 | trimSuffix "-") -}}
 {{- if eq $ns .Release.Namespace -}}
-{{- range $s := list "pg2kafka" "kafka2search" "kafka2webhook" -}}
+{{- range $s := list "pg2kafka" "kafka2search" "kafka2webhook" "kafka2postgres" -}}
 {{- if (index $.Values $s).enabled -}}
 {{- fail (printf "kafka2spark.namespace.name is the release namespace (%s), where %s runs: kafka2spark's driver creates pods in its namespace, and a pod can mount any Secret there (%s's credentials too). Give kafka2spark a namespace of its own, or install it alone in a release of its own" $ns $s $s) -}}
 {{- end -}}
