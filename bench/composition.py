@@ -10,9 +10,11 @@ as a multiset; ``--no-keyless`` leaves it out), TOAST values, a SIGKILL of each 
 restart and a frozen search engine (SIGSTOP: the local stack's engines start empty, so a
 real restart would delete the index — which kafka2search refuses to write on, rightly).
 
-Then, with the load stopped, it waits until both search engines and the Delta mirror
-equal Postgres row by row — by code that uses no walcast module (plain SQL, plain HTTP,
-``deltalake``; null and absent alike) — and on timeout says which sink, table, how many
+Then, with the load stopped, it waits until both search engines, the Delta mirror and
+kafka2postgres's target database equal Postgres row by row — by code that uses no walcast
+module (plain SQL, plain HTTP, ``deltalake``; null and absent alike; the target database
+read like the source, but for the keyless table: kafka2postgres does not write insert-only
+tables yet) — and on timeout says which sink, table, how many
 rows and which keys and columns differ. A service exiting by itself is a defect too.
 
     python bench/composition.py --runs 50      # the long form: 50 random seeds
@@ -51,6 +53,8 @@ PARTITION_KEYS = ("schema", "table", "primary_key")
 TRIGGERS = ("initial", "signal", "cli", "automatic")
 DDLS = ("add_column", "rename_column", "drop_column", "type_change")
 KEYLESS = "events_log"  # the insert-only table
+K2P = "kafka2postgres"  # drawn apart from SERVICES: the seeds' scenarios stay as they were
+SINKS = ("opensearch", "elasticsearch", "delta", "postgres")
 INITIAL = "preloaded"  # filled before the slot: the initial snapshot's table
 FAILPOINT_EXIT = 86  # shared.failpoints.EXIT_CODE, restated (no walcast import here)
 Rows = dict[str, dict[str, Any]] | Counter[str]  # by key; a keyless table's as a multiset
@@ -119,6 +123,14 @@ class Scenario:
             engine_stop=rng.choice((None, "opensearch", "elasticsearch")),
         )  # fmt: skip
         s.timeline = s.plan(rng)
+        # kafka2postgres's kill from a generator of its own, after everything else: the
+        # other draws of a seed are what they were before it joined
+        k2p = random.Random(seed ^ 0x6B3270)  # noqa: S311 - scenarios, not secrets
+        if k2p.random() < 0.35:
+            s.kills[K2P] = "timed"
+            s.timeline = sorted([*s.timeline, (k2p.uniform(0.1, 0.9) * load_s, "kill", K2P)])
+        else:
+            s.kills[K2P] = f"kafka2postgres.applied=exit@{k2p.randint(1, 6)}"
         return s
 
     def plan(self, rng: random.Random) -> list[tuple[float, str, str]]:
@@ -228,7 +240,31 @@ class Composition(Chaos):
             "PG2KAFKA_SNAPSHOT__CHUNK_ROWS": str(max(50, self.sc.rows // 5)),  # 5+ chunks
             "PG2KAFKA_FILTERS__KEYLESS_TABLES": "inserts" if self.sc.keyless else "skip",
         })  # fmt: skip
+        name = self.cfg.name.replace("_", "-")
+        out[K2P] = {
+            "KAFKA2POSTGRES_HTTP__PORT": "0",
+            "KAFKA2POSTGRES_LOG__FORMAT": "text",
+            "KAFKA2POSTGRES_CONSUMER__TOPICS": json.dumps([self.topic]),
+            "KAFKA2POSTGRES_CONSUMER__GROUP_ID": f"{name}-postgres",
+            "KAFKA2POSTGRES_CONSUMER__DLQ_TOPIC": f"{name}.postgres.dlq",
+            "KAFKA2POSTGRES_CONSUMER__SESSION_TIMEOUT_MS": "6000",
+            "KAFKA2POSTGRES_TARGET__POSTGRES__DATABASE": self.target_db,
+        }
         return out
+
+    @property
+    def target_db(self) -> str:
+        return f"k2p_{self.cfg.name}"[:63]
+
+    def target_dsn(self) -> str:
+        return self.dsn.rsplit("/", 1)[0] + f"/{self.target_db}"
+
+    def cleanup(self) -> None:
+        try:
+            super().cleanup()
+        finally:
+            with psycopg.connect(self.dsn, autocommit=True) as c:
+                c.execute(f'DROP DATABASE IF EXISTS "{self.target_db}" WITH (FORCE)')  # type: ignore[arg-type]
 
     def setup(self) -> None:
         self.sql(f"CREATE SCHEMA {self.schema}")
@@ -236,7 +272,9 @@ class Composition(Chaos):
             self.create(INITIAL, "keys_first")  # rows before the slot: the initial snapshot
         envs = self.envs()
         self.cli(envs["pg2kafka"], "init")
-        for svc in SERVICES:
+        with psycopg.connect(self.dsn, autocommit=True) as c:
+            c.execute(f'CREATE DATABASE "{self.target_db}"')  # type: ignore[arg-type]
+        for svc in (*SERVICES, K2P):
             module = svc.split("-")[0]
             self.services[svc] = s = Service(svc, module, envs[svc], self.cfg)
             if self.sc.kills[svc] != "timed":
@@ -441,6 +479,13 @@ class Composition(Chaos):
         return Counter(json.dumps(self.clean(r), sort_keys=True) for r in rows)
 
     def got(self, sink: str, table: str) -> Rows:
+        if sink == "postgres":
+            with psycopg.connect(self.target_dsn(), autocommit=True) as c:
+                name = f'"{self.schema}"."{table}"'
+                if c.execute("SELECT to_regclass(%s)", [name]).fetchone() == (None,):
+                    return self.shape(table, [])
+                rows = c.execute(f"SELECT to_jsonb(x) FROM {name} x").fetchall()
+            return self.shape(table, [r[0] for r in rows])
         if sink == "delta":
             path = self.delta / f"{self.schema}.{table}"
             if not any((path / "_delta_log").glob("*.json")):
@@ -451,8 +496,10 @@ class Composition(Chaos):
     def compare(self) -> dict[str, dict[str, Any]]:
         out: dict[str, dict[str, Any]] = {}
         want = {t: self.want(t) for t in self.keys}
-        for sink in ("opensearch", "elasticsearch", "delta"):
+        for sink in SINKS:
             for t, w in want.items():
+                if sink == "postgres" and t == KEYLESS:
+                    continue  # insert-only tables: dead-lettered by kafka2postgres, for now
                 try:
                     g = self.got(sink, t)
                 except Exception as exc:  # noqa: BLE001 - a sink not readable yet: a difference
@@ -490,7 +537,7 @@ class Composition(Chaos):
             diff = self.compare()
             now = time.monotonic()
             at = round(now - stopped, 1)
-            for sink in ("opensearch", "elasticsearch", "delta"):  # when each was last behind
+            for sink in SINKS:  # when each was last behind
                 if any(k.startswith(sink + ":") for k in diff):
                     self.run_report.sink_converge_s[sink] = at
             if not diff:
