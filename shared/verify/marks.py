@@ -37,10 +37,15 @@ class MarkNotAppliedError(WaitExpiredError):
 
 
 def end_offsets(consumer: Consumer, topics: Iterable[str]) -> dict[Partition, int]:
-    """Each partition's end offset now."""
+    """Each partition's end offset now. A topic of no partitions — missing, or its
+    metadata not read (a broker busy or restarting) — is a :class:`RetriableError`: an
+    empty answer here would make every later look for the marker find nothing."""
     out: dict[Partition, int] = {}
     for topic in topics:
-        for tp in topic_partitions(consumer, topic):
+        parts = topic_partitions(consumer, topic)
+        if not parts:
+            raise RetriableError(f"verify: the partitions of topic {topic!r} could not be read")
+        for tp in parts:
             _low, high = consumer.get_watermark_offsets(tp, timeout=10)
             out[(tp.topic, tp.partition)] = high
     return out

@@ -3,11 +3,12 @@ looks again until the time allowed, then says the marker is in none of the topic
 
 from __future__ import annotations
 
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
-from shared.errors import PermanentError
+from shared.errors import PermanentError, RetriableError
 from shared.verify import marks
 
 
@@ -49,3 +50,19 @@ def test_a_marker_never_found_is_in_none_of_the_topics(
     with pytest.raises(PermanentError, match="in none of the topics"):
         group.wait_for_mark("sink", "m1", [("s", "t")], timeout_s=5)
     assert now[0] >= 5  # looked again until the time allowed
+
+
+def test_a_topic_whose_partitions_cannot_be_read_is_retried_not_empty() -> None:
+    """An empty answer from the topic's metadata (an error, a busy broker) would make
+    the marker's stretch empty, and every look find nothing: it is retriable."""
+
+    metadata = SimpleNamespace(
+        topics={"t": SimpleNamespace(error="LEADER_NOT_AVAILABLE", partitions={})}
+    )
+
+    class Consumer:
+        def list_topics(self, *_: Any, **__: Any) -> SimpleNamespace:
+            return metadata
+
+    with pytest.raises(RetriableError, match="partitions of topic 't'"):
+        marks.end_offsets(Consumer(), ["t"])  # type: ignore[arg-type]
