@@ -63,6 +63,7 @@ def test_a_repair_killed_at_every_chunk_boundary_ends_with_the_index_equal(
     tmp_path: Path,
 ) -> None:
     s = Stream(stack_env, unique_name, tmp_path, "primary_key", mode="initial", chunk_rows=15)
+    indexers: list[Any] = []
     t = f'"{s.schema}".items'
 
     def table() -> dict[str, dict[str, Any]]:
@@ -78,6 +79,7 @@ def test_a_repair_killed_at_every_chunk_boundary_ends_with_the_index_equal(
         wait_until(lambda: len(topic_events(bootstrap, s.topic)) >= ROWS,
                    f"the initial snapshot in Kafka\n{p.tail()}", 180)  # fmt: skip
         ix = make_indexer(s.topic).start()
+        indexers.append(ix)
         url, alias = ix.settings.engine.urls[0], ix.alias("items", s.schema)
 
         def docs() -> dict[str, dict[str, Any]]:
@@ -133,6 +135,7 @@ def test_a_repair_killed_at_every_chunk_boundary_ends_with_the_index_equal(
             if restarts == 2:  # the indexer stopped and started again mid-repair
                 ix.stop()
                 ix = make_indexer(s.topic).start()
+                indexers.append(ix)
             assert restarts < 60, "the repair's snapshot did not finish"
         assert kills >= 3, f"only {kills} kills: the repair had too few chunks to test"
 
@@ -143,4 +146,6 @@ def test_a_repair_killed_at_every_chunk_boundary_ends_with_the_index_equal(
         assert difference(want, got) == ([], [], []), (kills, restarts)
         no_unhandled_errors(s)
     finally:
+        for one in indexers:  # before their topic goes: a stop commits offsets there
+            one.stop()
         s.close()

@@ -6,8 +6,10 @@ from __future__ import annotations
 from types import SimpleNamespace
 from typing import Any
 
+import orjson
 import pytest
 
+from shared.contract.event import EventDecodeError
 from shared.errors import PermanentError, RetriableError
 from shared.verify import marks
 
@@ -26,9 +28,9 @@ def test_a_marker_found_on_a_later_look_is_waited_for(
 ) -> None:
     looks: list[int] = []
 
-    def find(*_: Any) -> dict[marks.Partition, int]:
+    def find(*_: Any) -> marks.Look:
         looks.append(1)
-        return {} if len(looks) < 3 else {("t", 0): 7}
+        return marks.Look() if len(looks) < 3 else marks.Look(found={("t", 0): 7})
 
     monkeypatch.setattr(marks, "find_marks", find)
     monkeypatch.setattr(marks.time, "sleep", lambda _s: None)
@@ -40,14 +42,14 @@ def test_a_marker_never_found_is_in_none_of_the_topics(
     group: marks.GroupMarks, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     now = [0.0]
-    monkeypatch.setattr(marks, "find_marks", lambda *_: {})
+    monkeypatch.setattr(marks, "find_marks", lambda *_: marks.Look(stretch={("t", 0): (3, 9)}))
     monkeypatch.setattr(marks.time, "monotonic", lambda: now[0])
 
     def sleep(s: float) -> None:
         now[0] += s
 
     monkeypatch.setattr(marks.time, "sleep", sleep)
-    with pytest.raises(PermanentError, match="in none of the topics"):
+    with pytest.raises(PermanentError, match=r"in none of the topics.*t\[0\] 3\.\.9"):
         group.wait_for_mark("sink", "m1", [("s", "t")], timeout_s=5)
     assert now[0] >= 5  # looked again until the time allowed
 
@@ -66,3 +68,98 @@ def test_a_topic_whose_partitions_cannot_be_read_is_retried_not_empty() -> None:
 
     with pytest.raises(RetriableError, match="partitions of topic 't'"):
         marks.end_offsets(Consumer(), ["t"])  # type: ignore[arg-type]
+
+
+def test_a_later_look_reads_from_the_sinks_committed_offset_where_lower(
+    group: marks.GroupMarks, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    group._since = {("t", 0): 50}
+    committed = iter([10, 20])  # then past the copy found
+    group.applied = lambda: {("t", 0): next(committed)}  # type: ignore[method-assign]
+    starts: list[dict[marks.Partition, int]] = []
+
+    def find(_c: Any, since: dict[marks.Partition, int], *_: Any) -> marks.Look:
+        starts.append(dict(since))
+        return marks.Look() if len(starts) < 2 else marks.Look(found={("t", 0): 12})
+
+    monkeypatch.setattr(marks, "find_marks", find)
+    monkeypatch.setattr(marks.time, "sleep", lambda _s: None)
+    group.wait_for_mark("sink", "m1", [("s", "t")], timeout_s=60)
+    assert starts == [{("t", 0): 50}, {("t", 0): 10}]
+
+
+class _Msg:
+    def __init__(self, offset: int, value: bytes) -> None:
+        self._offset, self._value = offset, value
+
+    def error(self) -> None:
+        return None
+
+    def topic(self) -> str:
+        return "t"
+
+    def partition(self) -> int:
+        return 0
+
+    def offset(self) -> int:
+        return self._offset
+
+    def value(self) -> bytes:
+        return self._value
+
+
+class _Partition:
+    """One partition of records 0..n-1, read from where assigned; ``position`` answers
+    ``stale`` until a record was handed out (a consumer's position from an earlier
+    assignment)."""
+
+    def __init__(self, values: list[bytes], stale: int) -> None:
+        self.values, self.stale, self.next, self.handed = values, stale, 0, False
+
+    def list_topics(self, *_: Any, **__: Any) -> SimpleNamespace:
+        return SimpleNamespace(topics={"t": SimpleNamespace(error=None, partitions={0: None})})
+
+    def get_watermark_offsets(self, *_: Any, **__: Any) -> tuple[int, int]:
+        return 0, len(self.values)
+
+    def assign(self, tps: list[Any]) -> None:
+        self.next = tps[0].offset
+
+    def unassign(self) -> None:
+        pass
+
+    def consume(self, n: int, _timeout: float) -> list[_Msg]:
+        out = [
+            _Msg(o, self.values[o]) for o in range(self.next, min(self.next + 2, len(self.values)))
+        ]
+        self.next += len(out)
+        self.handed = self.handed or bool(out)
+        return out
+
+    def position(self, tps: list[Any]) -> list[SimpleNamespace]:
+        return [SimpleNamespace(offset=self.next if self.handed else self.stale)]
+
+
+def _mark(mark_id: str) -> bytes:
+    return orjson.dumps({"op": "verify", "schema": "s", "table": "t", "verify": {"id": mark_id}})
+
+
+def test_a_position_left_from_an_earlier_assignment_does_not_end_the_read() -> None:
+    values = [b"{}"] * 5 + [_mark("m1")]
+    consumer = _Partition(values, stale=100)
+    look = marks.find_marks(consumer, {("t", 0): 1}, "m1", ("s", "t"))  # type: ignore[arg-type]
+    assert look.found == {("t", 0): 5}
+    assert look.read == {("t", 0): (5, 5)}
+
+
+def test_a_record_with_the_id_that_cannot_be_decoded_is_named() -> None:
+    values = [b"{}", b"\x00\x00\x00\x00\x03m1-avro"]
+    consumer = _Partition(values, stale=-1)
+
+    def undecodable(_raw: bytes) -> bytes:
+        raise EventDecodeError("schema 3 is not a record")
+
+    look = marks.find_marks(consumer, {("t", 0): 0}, "m1", ("s", "t"), undecodable)  # type: ignore[arg-type]
+    assert look.found == {}
+    assert look.unreadable == ["t[0]@1: schema 3 is not a record"]
+    assert "unreadable: t[0]@1" in look.describe()
