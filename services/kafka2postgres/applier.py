@@ -36,7 +36,7 @@ from psycopg import sql
 from services.kafka2postgres.batch import Batch, TableBatch
 from services.kafka2postgres.copying import MIN_ROWS, NotPlain, copy_in
 from services.kafka2postgres.metrics import Metrics
-from services.kafka2postgres.schema import SchemaError, TableSchema
+from services.kafka2postgres.schema import ROW_ID, SchemaError, TableSchema
 from services.kafka2postgres.settings import Kafka2PostgresSettings
 from services.kafka2postgres.statements import ROWS, TABLES, remove_older_sql
 from services.kafka2postgres.tables import Source, Tables, TargetTable, source_of
@@ -134,10 +134,10 @@ class Applier(BatchSink[Batch]):
         return Batch()
 
     def add(self, batch: Batch, event: EventView, origin: Origin) -> str | None:
-        if event.append_only is True:
+        if event.append_only is True and ROW_ID in event.column_types():
             return (
-                "a row of an insert-only table (no key): kafka2postgres does not write"
-                " insert-only tables yet"
+                f"a row of an insert-only table with a column named {ROW_ID}: the name"
+                " kafka2postgres gives the row id it keys such a table's target by"
             )
         source = source_of(event)
         t = self.tables.get(source)

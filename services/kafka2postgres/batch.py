@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 import msgspec
 import orjson
 
+from services.kafka2postgres.schema import ROW_ID
 from shared.contract.event import EventView
 from shared.interfaces import Origin
 
@@ -89,6 +90,9 @@ class Batch:
             tb = self.tables[source] = TableBatch()
         tb.origins.append(origin)
         key = ev.key
+        row_id = ev.row_id() if ev.append_only is True else None
+        if row_id is not None:  # an insert-only table's row: keyed by its row id
+            key = {ROW_ID: row_id}
         if not tb.key:
             tb.key = list(key)
         types: Mapping[str, str] = ev.column_types()
@@ -96,6 +100,9 @@ class Batch:
             tb.last_types = types
             if types.keys() - tb.types.keys():
                 tb.types.update((c, t) for c, t in types.items() if c not in tb.types)
+            if row_id is not None:
+                tb.types.pop(ROW_ID, None)
+                tb.types[ROW_ID] = "text"  # last, after every column the rows carried
         delete = ev.op == "delete"
         unchanged = None if delete else ev.unchanged_toast or None
         change = Change(
@@ -107,6 +114,8 @@ class Batch:
             xid=ev.xid if type(ev.xid) is int else 0,
             new=ev.op == "read" or ev.op == "insert",
         )
+        if row_id is not None and not delete:
+            change.row = with_row_id(change.row, row_id)
         ident = orjson.dumps(key, option=orjson.OPT_SORT_KEYS)
         held = tb.changes.get(ident)
         if held is None:
@@ -116,6 +125,14 @@ class Batch:
         if newer.unchanged and not older.delete:
             newer = _filled(newer, older)
         tb.changes[ident] = newer
+
+
+def with_row_id(row: bytes, row_id: str) -> bytes:
+    """A row's JSON object with :data:`ROW_ID` added last (``row_id`` is digits, dots and
+    an ``s``: nothing to escape)."""
+    tail = b'"%s":"%s"}' % (ROW_ID.encode(), row_id.encode())
+    body = row.rstrip()[:-1].rstrip()
+    return body + (tail if body.endswith(b"{") else b"," + tail)
 
 
 def _filled(partial: Change, other: Change) -> Change:

@@ -64,6 +64,13 @@ def sql_type_of(typname: str) -> str:
     return (base if _PLAIN.match(base) else quote_ident(base)) + array
 
 
+ROW_ID = "_walcast_row_id"
+"""The column kafka2postgres adds to the target of an insert-only (keyless) source table,
+last, as its primary key: each row's ``append_only_id`` (shared/contract/event.py), the
+same on every redelivery — so a row is held once, by the version guard every keyed row
+has (docs/kafka2postgres.md, "Insert-only tables")."""
+
+
 @dataclass(frozen=True)
 class Column:
     name: str
@@ -143,6 +150,20 @@ class TableSchema:
         column no DDL event announced: a source without DDL capture)."""
         extra = tuple(Column(n, t, sql_type_of(t)) for n, t in types.items() if n not in self.names)
         return TableSchema(self.columns + extra, self.key, self.exact) if extra else self
+
+    @property
+    def appended(self) -> bool:
+        """The target of an insert-only table: keyed by :data:`ROW_ID`."""
+        return self.key == (ROW_ID,)
+
+    def with_row_id(self) -> TableSchema:
+        """A keyless source table's schema as its target holds it: :data:`ROW_ID` last, as
+        the key."""
+        columns = tuple(c for c in self.columns if c.name != ROW_ID)
+        return TableSchema((*columns, Column(ROW_ID, "text", "text")), (ROW_ID,), self.exact)
+
+    def without_row_id(self) -> TableSchema:
+        return TableSchema(tuple(c for c in self.columns if c.name != ROW_ID), (), self.exact)
 
     def as_json(self) -> list[dict[str, Any]]:
         return [c.as_json() for c in self.columns]

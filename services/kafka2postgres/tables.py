@@ -30,7 +30,7 @@ import psycopg
 from psycopg import sql
 
 from services.kafka2postgres.copying import CopyPlan, plan
-from services.kafka2postgres.schema import Column, SchemaError, TableSchema, quote_ident
+from services.kafka2postgres.schema import ROW_ID, Column, SchemaError, TableSchema, quote_ident
 from services.kafka2postgres.settings import TargetSettings
 from services.kafka2postgres.statements import ROWS, TABLES, apply_sql, key_text, target_name
 from shared.contract.ddl import renames as ddl_renames
@@ -341,6 +341,11 @@ class Tables:
             t.schema_at = version
             self.save(conn, t)
             return f"{t.shown} made"
+        if held.schema.appended:
+            if not new.key:
+                new = new.with_row_id()  # still insert-only: the row id stays its key
+            else:
+                self._keyed_now(conn, held)
         if not new.key:
             raise TableStoppedError(
                 f"{source[1]}.{source[2]} lost its primary key: kafka2postgres writes tables"
@@ -350,6 +355,25 @@ class Tables:
         held.schema_at = version
         self.save(conn, held)
         return done
+
+    def _keyed_now(self, conn: psycopg.Connection[Any], held: TargetTable) -> None:
+        """An insert-only table that gained a key: its rows, held by row id, cannot be
+        matched with the keyed ones to come, so they go, with :data:`ROW_ID` and the
+        versions held. pg2kafka reads a table that gains a key again (an incremental
+        snapshot), which brings every row back under its key."""
+        if not held.created:
+            raise TableStoppedError(
+                f"{held.source[1]}.{held.source[2]} gained a primary key and walcast did not"
+                f" create {held.shown}: alter it to match, then run `kafka2postgres resume`"
+            )
+        conn.execute(sql.SQL("DELETE FROM {}").format(held.qualified))
+        conn.execute(sql.SQL("DELETE FROM {} WHERE tbl = %s").format(ROWS), [held.id])
+        conn.execute(
+            sql.SQL("ALTER TABLE {} DROP COLUMN {}").format(held.qualified, sql.Identifier(ROW_ID))
+        )
+        held.set_schema(held.schema.without_row_id())
+        log.info("%s gained a key: its insert-only rows removed until the snapshot of it"
+                 " brings them back keyed", held.shown)  # fmt: skip
 
     def _forget(self, conn: psycopg.Connection[Any], held: TargetTable) -> None:
         """Remove a dropped table's bookkeeping: its row versions, then its entry."""

@@ -10,7 +10,13 @@ import orjson
 import pytest
 
 from services.kafka2postgres.batch import Batch
-from services.kafka2postgres.schema import SchemaError, TableSchema, check_sql_type, sql_type_of
+from services.kafka2postgres.schema import (
+    ROW_ID,
+    SchemaError,
+    TableSchema,
+    check_sql_type,
+    sql_type_of,
+)
 from shared.contract.event import decode
 from shared.interfaces import Origin
 
@@ -125,3 +131,32 @@ def test_a_schema_from_row_types_and_from_a_ddl_event() -> None:
     with pytest.raises(SchemaError, match="key column"):
         TableSchema.from_ddl({**ddl, "primary_key": ["nope"]})
     assert sql_type_of("_int4") == "int4[]"
+
+
+def appended(lsn: int, seq: int, new: dict[str, Any]) -> Any:
+    """A row of an insert-only table: no key, ``append_only``."""
+    ev: dict[str, Any] = {
+        "v": 1, "op": "insert", "db": "db", "schema": "public", "table": "t", "lsn": lsn,
+        "seq": seq, "commit_lsn": lsn, "xid": 7, "commit_ts": "2024-01-01T00:00:00+00:00",
+        "key": {}, "append_only": True, "types": {"a": "int4", "b": "text"}, "new": new,
+    }  # fmt: skip
+    raw = orjson.dumps(ev)
+    return decode(raw), Origin("t", 0, lsn, None, raw)
+
+
+def test_rows_of_an_insert_only_table_are_keyed_by_their_row_id_held_last() -> None:
+    twin = {"a": 1, "b": "same"}
+    b = fold(appended(10, 0, twin), appended(10, 1, twin), appended(10, 1, twin),
+             appended(12, 0, {}))  # fmt: skip
+    tb = b.tables[SOURCE]
+    assert tb.key == [ROW_ID]
+    assert list(tb.types) == ["a", "b", ROW_ID]  # the row id last
+    got = [r["r"] for r in rows(b)]
+    # two equal rows stay two; the redelivered one is one
+    assert got == [{**twin, ROW_ID: "10.0"}, {**twin, ROW_ID: "10.1"}, {ROW_ID: "12.0"}]
+    schema = TableSchema.from_types(tb.types, tb.key)
+    assert schema.appended
+    assert (schema.names, schema.key) == (["a", "b", ROW_ID], (ROW_ID,))
+    plain = schema.without_row_id()
+    assert (plain.names, plain.key, plain.appended) == (["a", "b"], (), False)
+    assert plain.with_row_id() == schema
