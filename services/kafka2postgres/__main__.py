@@ -1,4 +1,5 @@
-"""kafka2postgres command line: ``run``, ``status``, ``replay``, ``resume``."""
+"""kafka2postgres command line: ``run``, ``status``, ``replay``, ``resume``, ``verify``,
+``repair``."""
 
 from __future__ import annotations
 
@@ -9,7 +10,17 @@ import sys
 from services.kafka2postgres import admin
 from services.kafka2postgres.app import build
 from services.kafka2postgres.settings import Kafka2PostgresSettings
-from shared.cli import add_replay_range, base_parser, run_command, split_table
+from services.kafka2postgres.verify import repair, verify
+from shared.cli import (
+    add_replay_range,
+    add_verify_commands,
+    base_parser,
+    print_repair,
+    print_verify,
+    run_command,
+    say,
+    split_table,
+)
 from shared.service import serve
 
 
@@ -29,6 +40,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     rs = sub.add_parser("resume", help="apply a stopped table's changes again")
     rs.add_argument("--table", required=True, help="the source table, schema.table")
+    # --values is accepted and changes nothing: the target's row hashes are always
+    # computed from the values it holds
+    add_verify_commands(sub, "the target's tables", "every table the target holds")
     return parser
 
 
@@ -58,6 +72,12 @@ def main(argv: list[str] | None = None) -> int:
                 allow_deleted_to_return=args.allow_deleted_to_return,
             )
             print(f"replayed {n} records")
+        elif args.command == "verify":
+            tables = [split_table(t) for t in args.table]
+            return print_verify(verify(settings, tables), args.json)
+        elif args.command == "repair":
+            tables = [split_table(t) for t in args.table]
+            return print_repair(repair(settings, tables, say), args.json)
         elif args.command == "resume":
             schema, table = split_table(args.table)
             if admin.resume(settings, schema, table):

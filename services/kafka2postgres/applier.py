@@ -38,8 +38,14 @@ from services.kafka2postgres.copying import MIN_ROWS, NotPlain, copy_in
 from services.kafka2postgres.metrics import Metrics
 from services.kafka2postgres.schema import ROW_ID, SchemaError, TableSchema
 from services.kafka2postgres.settings import Kafka2PostgresSettings
-from services.kafka2postgres.statements import ROWS, TABLES, remove_older_sql
+from services.kafka2postgres.statements import (
+    ROWS,
+    TABLES,
+    remove_in_ranges_sql,
+    remove_older_sql,
+)
 from services.kafka2postgres.tables import Source, Tables, TargetTable, source_of
+from shared.contract import keyranges
 from shared.contract.event import EventView
 from shared.contract.moves import Moves, translate
 from shared.errors import (
@@ -345,13 +351,36 @@ class Applier(BatchSink[Batch]):
         if phase == "end":
             self._remove_older(conn, t, version, version - 1, "snapshot ended")
         elif phase == "range_end":
-            # kafka2postgres applies every delete itself; a repair of another sink's
-            # key ranges removes nothing here (kafka2postgres's own repair: to come)
-            log.info("snapshot %s of key ranges of %s: nothing to remove here",
-                     ev.snapshot.get("id"), t.shown)  # fmt: skip
+            self._range_end(conn, t, ev)
         else:
             log.info("snapshot %s of %s started (version %d)", ev.snapshot.get("id"), t.shown,
                      version)  # fmt: skip
+
+    def _range_end(self, conn: psycopg.Connection[Any], t: TargetTable, ev: EventView) -> None:
+        """The end of a snapshot of key ranges (``repair``: shared/contract/keyranges.py):
+        as a snapshot's end, but only for the rows whose key lies in its ranges — every
+        row the source holds there came at the marker's version or later, so a row held
+        there below it is one the source no longer has. Nothing outside the ranges, no
+        floor: applied again (a redelivery, a copy from another partition) it finds
+        nothing more to remove."""
+        version = ev.version()
+        if version - 1 <= t.floor:
+            return  # truncated (or snapshotted) after the run's start: nothing older left
+        ranges = keyranges.parse(ev.snapshot.get("key_ranges"))  # checked with the event
+        if tuple(ranges.columns) != t.schema.key:
+            log.error("snapshot %s of key ranges of %s: its key %s is not the table's %s;"
+                      " nothing removed", ev.snapshot.get("id"), t.shown, ranges.columns,
+                      list(t.schema.key))  # fmt: skip
+            return
+        row = conn.execute(
+            remove_in_ranges_sql(t.schema_name, t.name, t.schema, ranges),
+            {"tbl": t.id, "version": version},
+        ).fetchone()
+        gone = row[0] if row else 0
+        self.metrics.rows.labels("delete").inc(gone)
+        log.info("snapshot %s of %d key range(s) of %s ended (version %d): %d rows older than"
+                 " it in them removed", ev.snapshot.get("id"), len(ranges.ranges), t.shown,
+                 version, gone)  # fmt: skip
 
     def _remove_older(
         self, conn: psycopg.Connection[Any], t: TargetTable, version: int, floor: int, what: str

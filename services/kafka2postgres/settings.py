@@ -18,6 +18,7 @@ from shared.settings import (
     SchemaRegistrySettings,
     Section,
     ServiceSettings,
+    VerifySettings,
     check_table_template,
 )
 
@@ -117,3 +118,5 @@ class Kafka2PostgresSettings(ServiceSettings):
     retry: Kafka2PostgresRetry = Kafka2PostgresRetry()
     # walcast's events in Avro (the Confluent wire format): where their schemas are.
     schema_registry: SchemaRegistrySettings = SchemaRegistrySettings()
+    # `kafka2postgres verify` / `repair`: the target's tables compared with the source's.
+    verify: VerifySettings = VerifySettings()

@@ -32,6 +32,7 @@ from __future__ import annotations
 from psycopg import sql
 
 from services.kafka2postgres.schema import Column, TableSchema
+from shared.contract.keyranges import KeyRanges
 
 ROWS = sql.SQL('"_walcast_target"."rows"')
 TABLES = sql.SQL('"_walcast_target"."tables"')
@@ -206,3 +207,47 @@ def remove_older_sql(schema_name: str, table: str, key: tuple[str, ...]) -> sql.
 )
 SELECT (SELECT count(*) FROM gone), (SELECT count(*) FROM forgotten)"""
     ).format(target=target, rows=ROWS, key_t=key_text("t", key))
+
+
+_TEXT_KEYS = frozenset({"text", "varchar", "bpchar"})
+
+
+def remove_in_ranges_sql(
+    schema_name: str, table: str, schema: TableSchema, ranges: KeyRanges
+) -> sql.Composed:
+    """Remove the rows held below version ``%(version)s`` whose key lies in ``ranges`` (a
+    snapshot of key ranges' end: ``repair``), compared in the order every side shares
+    (shared/contract/keyranges.py: text by code point, ``COLLATE "C"``). Nothing outside
+    the ranges; the versions stay. Returns one row: the rows removed."""
+    types = {c.name: c.type for c in schema.columns}
+    cols = [
+        sql.SQL('{} COLLATE "C"').format(sql.Identifier("t", c)) if types.get(c) in _TEXT_KEYS
+        else sql.Identifier("t", c)
+        for c in ranges.columns
+    ]  # fmt: skip
+    key = cols[0] if len(cols) == 1 else sql.SQL("({})").format(sql.SQL(", ").join(cols))
+
+    def bound(values: tuple[object, ...]) -> sql.Composable:
+        lits = sql.SQL(", ").join(sql.Literal(v) for v in values)
+        return lits if len(values) == 1 else sql.SQL("({})").format(lits)
+
+    within: list[sql.Composable] = []
+    for lower, upper in ranges.ranges:
+        parts: list[sql.Composable] = [sql.SQL("true")]
+        if lower is not None:
+            parts.append(sql.SQL("{} > {}").format(key, bound(lower)))
+        if upper is not None:
+            parts.append(sql.SQL("{} <= {}").format(key, bound(upper)))
+        within.append(sql.SQL("({})").format(sql.SQL(" AND ").join(parts)))
+    return sql.SQL(
+        """WITH gone AS (
+    DELETE FROM {target} AS t WHERE ({within}) AND NOT EXISTS (
+        SELECT FROM {rows} AS s
+        WHERE s.tbl = %(tbl)s AND s.key = {key_t} AND s.version >= %(version)s)
+    RETURNING 1
+)
+SELECT count(*) FROM gone"""
+    ).format(
+        target=target_name(schema_name, table), within=sql.SQL(" OR ").join(within), rows=ROWS,
+        key_t=key_text("t", schema.key),
+    )  # fmt: skip

@@ -97,6 +97,10 @@ class PostgresSource:
         self._read = 0
         self._started = time.monotonic()
 
+    def connect(self) -> psycopg.Connection[Any]:
+        """A connection in this reader's session settings, keys read as it reads them."""
+        return self._connect()
+
     def _connect(self) -> psycopg.Connection[Any]:
         conn = psycopg.connect(self.conninfo, autocommit=True, options=self.options)
         for name in TIME_KEY_TYPES:
@@ -161,6 +165,32 @@ class PostgresSource:
         )
         self._shapes[table] = got
         return got
+
+    def assume(self, table: tuple[str, str], shape: TableShape) -> None:
+        """Read ``table`` as having ``shape``: a copy of a source table in another
+        database (kafka2postgres's target), compared by the source's columns and key."""
+        self._shapes[table] = shape
+
+    def selection(
+        self, table: tuple[str, str], rng: KeyRange
+    ) -> tuple[sql.Composable, sql.Composable]:
+        """(the table as a FROM item aliased ``s``, the condition of ``rng`` on it, in the
+        shared key order): for a reader of this database's rows in a range."""
+        _shape, source, key = self._parts(table)
+        return source, self._where(key, rng)
+
+    def summary(self, table: tuple[str, str], rng: KeyRange) -> Summary:
+        """``rng``'s row count and hash sum as this database holds them now."""
+        shape, source, key = self._parts(table)
+        with self._connect() as conn:
+            row = conn.execute(
+                sql.SQL("SELECT count(*), coalesce(sum({}), 0)::text FROM {} WHERE {}").format(
+                    row_hash_sql(shape.columns, "s"), source, self._where(key, rng)
+                )
+            ).fetchone()
+        assert row is not None
+        self._pace(int(row[0]))
+        return Summary(int(row[0]), int(row[1]))
 
     def _parts(self, table: tuple[str, str]) -> tuple[TableShape, sql.Composable, sql.Composable]:
         """(shape, the table as a FROM item aliased ``s``, its key as a row)."""
