@@ -338,6 +338,9 @@ class Applier(BatchSink[Batch]):
             log.info("schema change of %s.%s at version %d: %s", source[1], source[2],
                      ev.version(), done)  # fmt: skip
             return
+        if ev.op == "snapshot" and isinstance(ev.snapshot.get("columns"), list):
+            log.info("snapshot %s of %s.%s starts with its schema: %s", ev.snapshot.get("id"),
+                     source[1], source[2], self.tables.described(conn, ev))  # fmt: skip
         t = self.tables.get(source)
         if t is None or t.stopped:
             log.info("%s of %s.%s: no table written (yet), nothing to do", ev.op, source[1],

@@ -190,7 +190,7 @@ class Tables:
         if not schema.key:
             raise TableStoppedError(
                 f"{source[1]}.{source[2]} has no primary key: kafka2postgres writes tables"
-                " by their key (insert-only tables are not written yet)"
+                " by their key (insert-only ones by their rows' ids)"
             )
         exists = conn.execute(
             "SELECT to_regclass(%s) IS NOT NULL",
@@ -353,6 +353,40 @@ class Tables:
             )
         done = self._alter(conn, held, new, str(d.get("statement") or ""), version)
         held.schema_at = version
+        self.save(conn, held)
+        return done
+
+    def described(self, conn: psycopg.Connection[Any], ev: EventView) -> str:
+        """A snapshot's start marker carrying the table's schema (pg2kafka's initial
+        snapshot: ``columns``, ``primary_key``, as a DDL event's). A table not held yet is
+        made with it — the source's types exactly, though no DDL event described it; one
+        its rows made first (types without their length or precision) gets the exact
+        types when its columns and key are the same. Anything else is the DDL events'
+        to change. Returns what was done, for the log."""
+        source = source_of(ev)
+        info = ev.snapshot
+        try:
+            new = TableSchema.from_ddl(
+                {"columns": info.get("columns"), "primary_key": info.get("primary_key")}
+            )
+        except SchemaError as exc:
+            raise TableStoppedError(str(exc)) from None
+        held = self.by_source.get(source)
+        version = ev.version()
+        if not new.key:
+            return "no key: an insert-only table is made from its rows"
+        if held is None:
+            t = self.ensure(conn, source, new, -1)
+            t.schema_at = version - 1
+            self.save(conn, t)
+            return f"{t.shown} made from the snapshot's schema"
+        same = held.schema.names == new.names and held.schema.key == new.key
+        if held.stopped or held.schema.exact or not held.created or not same:
+            return f"{held.shown} kept as it is"
+        if version - 1 <= held.schema_at:
+            return f"{held.shown} is at a later schema already"
+        done = self._alter(conn, held, new, "", version - 1)
+        held.schema_at = version - 1
         self.save(conn, held)
         return done
 

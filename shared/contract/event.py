@@ -116,6 +116,9 @@ class SnapshotInfo(TypedDict, total=False):
     key_ranges: KeyRangesJson  # range_end: the key ranges the snapshot read
     rows: int  # end marker: rows the table's snapshot delivered
     source: dict[str, Any]  # start marker: {"system": identifier, "timeline": n} of the server read
+    # an initial snapshot's start marker: the table's schema, as a DDL event's
+    columns: list[dict[str, Any]]
+    primary_key: list[str]
 
 
 class VerifyMark(TypedDict):

@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import psycopg
 
@@ -32,6 +32,7 @@ from services.pg2kafka.snapshots.store import PostgresSnapshotStore
 from services.pg2kafka.transforms import from_settings, unique_key
 from services.pg2kafka.types import TypeRegistry
 from shared.avro import Shape
+from shared.contract.event import SnapshotInfo
 from shared.errors import PermanentError
 
 if TYPE_CHECKING:  # a reader process needs no metrics (prometheus_client: 12 MB)
@@ -156,7 +157,11 @@ def initial_snapshot(
 def start_markers(
     settings: Pg2KafkaSettings, job: Job, tables: list[TableSpec], system: Identity
 ) -> None:
-    """Each table's start marker, with the source the rows are read from."""
+    """Each table's start marker, with the source the rows are read from and the table's
+    schema as a DDL event gives it (``columns``, ``primary_key``; as the transform rules
+    leave it): a sink that makes tables makes this one exactly, though no DDL event ever
+    described it (docs/events.md, "Snapshots")."""
+    schemas = described(settings, tables)
     producer = SnapshotProducer(settings, settings.producer.max_inflight_bytes, job.epoch)
     # A marker carries no column types: an encoding with a schema per table needs its shape.
     catalog = None if producer.values.writes_json else Catalog(settings.postgres.conninfo())
@@ -174,17 +179,33 @@ def start_markers(
                 cols = (plan.relation if plan is not None else t.relation).columns
                 shape = ({c.name: types.name(c.type_oid) for c in cols},
                          [c.name for c in cols if c.is_key])  # fmt: skip
-            producer.marker(
-                settings.postgres.database, t.schema, t.name, job.version,
-                {"id": job.id, "phase": "start",
-                 "source": {"system": system[0], "timeline": system[1]}},
-                shape,
-            )  # fmt: skip
+            source = {"system": system[0], "timeline": system[1]}
+            info: SnapshotInfo = {"id": job.id, "phase": "start", "source": source}
+            schema = schemas.get(t.relation.oid)
+            if schema is not None:
+                columns = schema.get("columns") or []
+                if transforms is not None:
+                    columns = transforms.ddl_columns(t.schema, t.name, columns)
+                info["columns"] = columns
+                info["primary_key"] = schema.get("primary_key") or []
+            producer.marker(settings.postgres.database, t.schema, t.name, job.version, info,
+                            shape)  # fmt: skip
         producer.flush()
     finally:
         producer.close()
         if catalog is not None:
             catalog.close()
+
+
+def described(settings: Pg2KafkaSettings, tables: list[TableSpec]) -> dict[int, dict[str, Any]]:
+    """Each table's schema by its oid, as ``_walcast.table_schema`` (the DDL capture's)
+    reads it from the catalog now."""
+    with psycopg.connect(settings.postgres.conninfo(), autocommit=True) as conn:
+        rows = conn.execute(
+            "SELECT r, _walcast.table_schema(r) FROM unnest(%s::oid[]) AS r",
+            [[t.relation.oid for t in tables]],
+        ).fetchall()
+    return {int(oid): dict(schema) for oid, schema in rows if schema is not None}
 
 
 def after_source_change(settings: Pg2KafkaSettings, reason: str) -> str:

@@ -168,3 +168,53 @@ def test_keys_the_target_holds_send_the_batch_the_guarded_way(
     r.wait(lambda: count("gone") == 99, "the read rows but the deleted one")
     assert count("gone", "id = 300") == 0
     assert copies(r, "held_key") == 1
+
+
+def test_a_snapshots_start_marker_makes_the_table_with_the_sources_exact_types(
+    make_replica: ReplicaFactory, stack_env: dict[str, str], unique_name: str
+) -> None:
+    """pg2kafka's initial snapshot start marker carries the table's schema (a DDL
+    event's ``columns`` and ``primary_key``): a table it reaches first is made with the
+    exact types; one whose rows made it first (types without length or precision) gets
+    them when the marker comes; a marker after a later schema changes nothing."""
+    config = {"bootstrap.servers": stack_env["WALCAST_KAFKA_BOOTSTRAP"]}
+    columns = [
+        {"name": "id", "type": "int4", "sql_type": "integer", "num": 1},
+        {"name": "v", "type": "varchar", "sql_type": "character varying(12)", "num": 2},
+    ]
+    start = {"id": 500, "phase": "start", "columns": columns, "primary_key": ["id"]}
+    first, late = Topic(config, f"{unique_name}-m", "first"), None
+    r = make_replica(first.topic).start()
+
+    def marker(topic: Topic, version: int) -> None:
+        ev = {"v": 1, "op": "snapshot", "db": "hand", "schema": "public", "table": topic.table,
+              "lsn": version, "seq": 0, "commit_lsn": version, "xid": 0,
+              "commit_ts": "2026-11-28T00:00:00Z", "key": {}, "snapshot": start}  # fmt: skip
+        topic.p.produce(topic.topic, orjson.dumps(ev))
+        assert topic.p.flush(30) == 0
+
+    def types(table: str) -> list[tuple[str, str]]:
+        return [tuple(r) for r in r.sql(  # type: ignore[misc]
+            "SELECT attname, format_type(atttypid, atttypmod) FROM pg_attribute WHERE attrelid"
+            " = %s::regclass AND attnum > 0 AND NOT attisdropped ORDER BY attnum",
+            [f"public.{table}"])]  # fmt: skip
+
+    exact = [("id", "integer"), ("v", "character varying(12)")]
+    first.types = {"id": "int4", "v": "varchar"}
+    marker(first, 1000)
+    first.send("read", 999, range(1, 4), "r")
+    r.wait(lambda: r.sql("SELECT to_regclass('public.first') IS NOT NULL") == [(True,)]
+           and len(r.sql("SELECT 1 FROM public.first")) == 3, "the snapshot's rows")  # fmt: skip
+    assert types("first") == exact
+
+    late = Topic(config, f"{unique_name}-l", "late")
+    late.types = {"id": "int4", "v": "varchar"}
+    r.stop()
+    r2 = make_replica(late.topic, consumer={"group_id": f"{unique_name}-late"}).start()
+    late.send("read", 999, range(1, 4), "r")  # the rows first: varchar without a length
+    r2.wait(lambda: r2.sql("SELECT to_regclass('public.late') IS NOT NULL") == [(True,)]
+            and len(r2.sql("SELECT 1 FROM public.late")) == 3, "the rows")  # fmt: skip
+    assert types("late") == [("id", "integer"), ("v", "character varying")]
+    marker(late, 1000)
+    r2.wait(lambda: types("late") == exact, "the marker's exact types")
+    assert sorted(r2.sql("SELECT id, v FROM public.late")) == [(1, "r1"), (2, "r2"), (3, "r3")]
