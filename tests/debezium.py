@@ -9,6 +9,7 @@ Debezium alone.
 
 from __future__ import annotations
 
+import copy
 import json
 import subprocess
 import sys
@@ -192,6 +193,7 @@ def without_walcast_fields(value: Any) -> Any:
     schema, in the source block's schema."""
     if not isinstance(value, dict):
         return value
+    value = copy.deepcopy(value)  # never the caller's: its schema may be shared
     payload = value.get("payload", value)
     if isinstance(payload, dict) and isinstance(payload.get("source"), dict):
         payload["source"] = {

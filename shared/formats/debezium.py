@@ -19,6 +19,7 @@ records with it, and the sinks read Debezium records back with it.
 from __future__ import annotations
 
 import base64
+import copy
 import re
 from collections.abc import Callable
 from datetime import UTC, date, datetime, time, timedelta
@@ -542,12 +543,14 @@ def key_schema(name: str, key_fields: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def _envelope_schema(name: str, images: list[dict[str, Any]]) -> dict[str, Any]:
+    # Copies of the shared blocks: a caller that edits the schema it got (a test once
+    # dropped walcast's source fields in place) must not change every later record's.
     return {
         "type": "struct",
         "fields": [
             *images,
-            SOURCE_SCHEMA,
-            *([TRANSACTION_SCHEMA] if images else []),
+            copy.deepcopy(SOURCE_SCHEMA),
+            *([copy.deepcopy(TRANSACTION_SCHEMA)] if images else []),
             {"type": "string", "optional": False, "field": "op"},
             {"type": "int64", "optional": True, "field": "ts_ms"},
             {"type": "int64", "optional": True, "field": "ts_us"},

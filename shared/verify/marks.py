@@ -31,7 +31,6 @@ T = TypeVar("T")
 log = logging.getLogger(__name__)
 
 Partition = tuple[str, int]
-WIDEN_MAX = 100_000  # records a later look reads before the first look's stretch, at most
 
 
 class MarkNotAppliedError(WaitExpiredError):
@@ -41,20 +40,15 @@ class MarkNotAppliedError(WaitExpiredError):
 def end_offsets(consumer: Consumer, topics: Iterable[str]) -> dict[Partition, int]:
     """Each partition's end offset now. A topic of no partitions — missing, or its
     metadata not read (a broker busy or restarting) — is a :class:`RetriableError`: an
-    empty answer here would make every later look for the marker find nothing."""
-    return {p: high for p, (_low, high) in watermarks(consumer, topics).items()}
-
-
-def watermarks(consumer: Consumer, topics: Iterable[str]) -> dict[Partition, tuple[int, int]]:
-    """Each partition's first and end offsets now (:func:`end_offsets`' errors)."""
-    out: dict[Partition, tuple[int, int]] = {}
+    empty answer here would make the look for the marker find nothing."""
+    out: dict[Partition, int] = {}
     for topic in topics:
         parts = topic_partitions(consumer, topic)
         if not parts:
             raise RetriableError(f"verify: the partitions of topic {topic!r} could not be read")
         for tp in parts:
-            low, high = consumer.get_watermark_offsets(tp, timeout=10)
-            out[(tp.topic, tp.partition)] = (low, high)
+            _low, high = consumer.get_watermark_offsets(tp, timeout=10)
+            out[(tp.topic, tp.partition)] = high
     return out
 
 
@@ -68,14 +62,13 @@ class Look:
     stretch: dict[Partition, tuple[int, int]] = field(default_factory=dict)
     read: dict[Partition, tuple[int, int]] = field(default_factory=dict)  # (count, last)
     unreadable: list[str] = field(default_factory=list)  # a record with the id, not decoded
-    decoded_only: list[str] = field(default_factory=list)  # copies found only once decoded
 
     def describe(self) -> str:
         parts = []
         for (t, n), (start, end) in sorted(self.stretch.items()):
             count, last = self.read.get((t, n), (0, -1))
             parts.append(f"{t}[{n}] {start}..{end} ({count} read, last {last})")
-        text = "; ".join(parts) or "no partition had records after the first look began"
+        text = "; ".join(parts) or "no partition had records after the marker was asked for"
         if self.unreadable:
             text += f"; records holding the id but unreadable: {', '.join(self.unreadable[:5])}"
         return text
@@ -87,7 +80,6 @@ def find_marks(
     mark_id: str,
     table: tuple[str, str],
     from_avro: Callable[[bytes], bytes] | None = None,
-    decode_all: bool = False,
 ) -> Look:
     """Each copy of the marker ``mark_id`` for ``table`` written after ``since``, reading
     each partition from there to its end now (call it once pg2kafka's slot has passed the
@@ -95,9 +87,7 @@ def find_marks(
     table's rows. ``from_avro``: an Avro record (the Confluent wire format, a first byte
     of 0) as its JSON event (the sink's registry decoder); without it Avro records are
     not looked at. ``consumer``: one made for this look (no assignment, no position
-    left from an earlier one). ``decode_all``: every Avro record is decoded and looked
-    at, not only those whose bytes hold the id (a later look's: a copy found so is named
-    in ``decoded_only``)."""
+    left from an earlier one)."""
     look = Look()
     ends = end_offsets(consumer, {t for t, _ in since})
     todo = {p: o for p, o in since.items() if ends.get(p, o) > o}
@@ -127,21 +117,15 @@ def find_marks(
                 value = msg.value() or b""
                 # The mark's id is in the record's bytes in either encoding (Avro writes a
                 # string's UTF-8 as it is): only those records are decoded.
-                held = needle in value
-                avro = value[:1] == b"\x00" and from_avro is not None
-                if held or (decode_all and avro):
-                    if avro:
-                        assert from_avro is not None
+                if needle in value:
+                    if value[:1] == b"\x00" and from_avro is not None:
                         try:
                             value = from_avro(value)
                         except EventDecodeError as exc:
-                            if held:
-                                look.unreadable.append(f"{topic}[{partition}]@{offset}: {exc}")
+                            look.unreadable.append(f"{topic}[{partition}]@{offset}: {exc}")
                             value = b""  # unreadable: the sink dead-letters it, no mark
                     if _is_mark(value, mark_id, table):
                         look.found.setdefault(p, offset)
-                        if not held:
-                            look.decoded_only.append(f"{topic}[{partition}]@{offset}")
                 if offset + 1 >= ends[p]:
                     done.add(p)
             for p in todo:
@@ -266,59 +250,18 @@ class GroupMarks:
 
         return self._retried(read, "read the group's committed offsets")
 
-    def _look(
-        self, since: dict[Partition, int], mark_id: str, table: tuple[str, str], later: bool
-    ) -> Look:
-        """One look, by a consumer made for it: a reused one could carry a position or
-        fetched records of its previous assignment into this one. ``later``: every Avro
-        record decoded."""
-        consumer = Consumer(self._config)
-        try:
-            return find_marks(consumer, since, mark_id, table, self.from_avro, decode_all=later)
-        finally:
-            consumer.close()
+    def _find(self, mark_id: str, table: tuple[str, str]) -> Look:
+        """The marker's copies for ``table``, by a consumer made for this look: a reused
+        one could carry a position or fetched records of an earlier assignment into it."""
 
-    def _find(self, mark_id: str, table: tuple[str, str], timeout_s: float) -> Look:
-        """The marker's copies for ``table``, looked for again once a second until
-        ``timeout_s`` while there are none. The slot past the marker means its copies were
-        acknowledged by Kafka, so the first look should find them; yet full suite runs
-        found none in about one marker of several hundred (Debezium Avro format; the look
-        read every record from the end offsets noted before the marker on, and no record
-        held the id's bytes, though the sink applied a copy). A look after the first
-        reads from up to :data:`WIDEN_MAX` records before that stretch and decodes every
-        Avro record: a copy is this marker's wherever it is (its id is its own), and one
-        found only so is said in the log. A table whose
-        topic the sink does not read is reported after ``timeout_s``, with the stretches
-        read."""
-        deadline = time.monotonic() + timeout_s
-        since, later = dict(self._since), False
-        while True:
-            look = self._retried(
-                lambda s=since, x=later: self._look(s, mark_id, table, x),  # type: ignore[misc]
-                "find the marker in the topics",
-            )
-            early = {p: o for p, o in look.found.items() if o < self._since.get(p, o)}
-            if early or look.decoded_only:
-                log.warning(
-                    "verify: the marker %s for %s found by a later look: before the end"
-                    " offsets noted before it was asked for %s (noted: %s); only once"
-                    " decoded: %s", mark_id, ".".join(table), early or "-",
-                    {p: self._since[p] for p in early}, look.decoded_only or "-",
-                )  # fmt: skip
-            if look.found or time.monotonic() >= deadline:
-                return look
-            log.warning("verify: no copy of the marker %s for %s yet (%s); looking again",
-                        mark_id, ".".join(table), look.describe())  # fmt: skip
-            time.sleep(1.0)
-            since, later = self._widened(), True
+        def look() -> Look:
+            consumer = Consumer(self._config)
+            try:
+                return find_marks(consumer, self._since, mark_id, table, self.from_avro)
+            finally:
+                consumer.close()
 
-    def _widened(self) -> dict[Partition, int]:
-        """The first look's starts, moved back by up to :data:`WIDEN_MAX` records."""
-        marks = self._retried(
-            lambda: watermarks(self.consumer, {t for t, _ in self._since}),
-            "read the topics' offsets",
-        )
-        return {p: max(marks.get(p, (0, o))[0], o - WIDEN_MAX) for p, o in self._since.items()}
+        return self._retried(look, "find the marker in the topics")
 
     def wait_for_mark(
         self, sink: str, mark_id: str, tables: Sequence[tuple[str, str]], timeout_s: float
@@ -327,7 +270,7 @@ class GroupMarks:
         PermanentError when a table's marker is in none of the topics."""
         marks: dict[Partition, int] = {}
         for table in tables:
-            look = self._find(mark_id, table, timeout_s)
+            look = self._find(mark_id, table)
             if not look.found:
                 raise PermanentError(
                     f"verify: the marker for {'.'.join(table)} is in none of the topics"

@@ -237,3 +237,18 @@ def test_absent_required_values_are_valid_for_their_schema() -> None:
     assert debezium.absent(variable) == {"scale": 0, "value": "AA=="}
     assert debezium.absent(debezium.field_schema("t", "timestamptz", -1)) == "1970-01-01T00:00:00Z"
     assert debezium.absent(debezium.field_schema("s", "text", -1)) == ""
+
+
+def test_a_schema_edited_by_its_caller_changes_no_later_schema() -> None:
+    """The flake of test_verify_debezium[avro] (a full suite's worker only): this file's
+    comparison dropped walcast's source fields from a schema in place, and the schema
+    shared the module's source block, so every later Avro marker of that worker was
+    written without its id. Neither the helper nor a caller's edit reaches the module."""
+    made = debezium.with_schema({}, debezium.mark_schema("p.s.t"))
+    kept = orjson.dumps(made)
+    without_walcast_fields(made)
+    assert orjson.dumps(made) == kept  # the helper edits a copy
+    source = next(f for f in made["schema"]["fields"] if f["field"] == "source")
+    source["fields"].clear()  # a caller's own edit of the schema it got
+    again = next(f for f in debezium.mark_schema("p.s.t")["fields"] if f["field"] == "source")
+    assert debezium.WALCAST_MARK in {f["field"] for f in again["fields"]}
