@@ -160,3 +160,24 @@ def test_rows_of_an_insert_only_table_are_keyed_by_their_row_id_held_last() -> N
     plain = schema.without_row_id()
     assert (plain.names, plain.key, plain.appended) == (["a", "b"], (), False)
     assert plain.with_row_id() == schema
+
+
+def test_an_insert_only_row_with_a_column_named_like_the_row_id_is_refused_with_why() -> None:
+    from prometheus_client import CollectorRegistry
+
+    from services.kafka2postgres.applier import Applier
+    from services.kafka2postgres.metrics import Metrics
+    from services.kafka2postgres.settings import Kafka2PostgresSettings
+
+    applier = Applier(Kafka2PostgresSettings(), Metrics(CollectorRegistry()), lambda _s: None)
+    b = applier.new_batch()
+    ev, origin = appended(10, 0, {"a": 1, "b": "x"})
+    assert applier.add(b, ev, origin) is None  # an ordinary one is taken
+    raw = orjson.loads(origin.value)
+    raw["types"] = {"a": "int4", ROW_ID: "text"}
+    raw["new"] = {"a": 1, ROW_ID: "mine"}
+    clash = orjson.dumps(raw)
+    reason = applier.add(b, decode(clash), Origin("t", 0, 11, None, clash))
+    assert reason is not None
+    assert ROW_ID in reason
+    assert len(b) == 1
