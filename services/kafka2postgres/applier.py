@@ -46,7 +46,7 @@ from services.kafka2postgres.statements import (
 )
 from services.kafka2postgres.tables import Source, Tables, TargetTable, source_of
 from shared.contract import keyranges
-from shared.contract.event import EventView
+from shared.contract.event import EventDecodeError, EventView, checked_row_id
 from shared.contract.moves import Moves, translate
 from shared.errors import (
     PermanentError,
@@ -140,13 +140,29 @@ class Applier(BatchSink[Batch]):
         return Batch()
 
     def add(self, batch: Batch, event: EventView, origin: Origin) -> str | None:
-        if event.append_only is True and ROW_ID in event.column_types():
-            return (
-                f"a row of an insert-only table with a column named {ROW_ID}: the name"
-                " kafka2postgres gives the row id it keys such a table's target by"
-            )
         source = source_of(event)
         t = self.tables.get(source)
+        if event.append_only is True:
+            try:
+                checked_row_id(event)
+            except EventDecodeError as exc:
+                return f"a row of an insert-only table without its row id's parts: {exc}"
+            if ROW_ID in event.column_types():
+                return (
+                    f"a row of an insert-only table with a column named {ROW_ID}: the name"
+                    " kafka2postgres gives the row id it keys such a table's target by"
+                )
+            if t is not None and not t.schema.appended and not t.stopped:
+                if event.version() <= t.schema_at:
+                    # older than the key the table gained: the snapshot pg2kafka takes of
+                    # a table that gains a key brings this row back, keyed
+                    self.metrics.stale.inc()
+                    return None
+                return (
+                    f"a row of an insert-only table whose target {t.shown} is keyed: the"
+                    " source table lost its key (kafka2postgres writes such a table by key"
+                    " only from then on: re-create the target table and re-snapshot it)"
+                )
         if t is not None:
             if t.stopped:
                 return f"table {t.shown} is stopped: {t.stopped}"
@@ -370,7 +386,7 @@ class Applier(BatchSink[Batch]):
         if version - 1 <= t.floor:
             return  # truncated (or snapshotted) after the run's start: nothing older left
         ranges = keyranges.parse(ev.snapshot.get("key_ranges"))  # checked with the event
-        if tuple(ranges.columns) != t.schema.key:
+        if sorted(ranges.columns) != sorted(t.schema.key):  # the ranges' order is the key's
             log.error("snapshot %s of key ranges of %s: its key %s is not the table's %s;"
                       " nothing removed", ev.snapshot.get("id"), t.shown, ranges.columns,
                       list(t.schema.key))  # fmt: skip

@@ -66,7 +66,7 @@ def sql_type_of(typname: str) -> str:
 
 ROW_ID = "_walcast_row_id"
 """The column kafka2postgres adds to the target of an insert-only (keyless) source table,
-last, as its primary key: each row's ``append_only_id`` (shared/contract/event.py), the
+after the source's columns (columns added later come after it), as its primary key: each row's ``append_only_id`` (shared/contract/event.py), the
 same on every redelivery — so a row is held once, by the version guard every keyed row
 has (docs/kafka2postgres.md, "Insert-only tables")."""
 
@@ -113,7 +113,10 @@ class TableSchema:
     def from_ddl(cls, ddl: Mapping[str, Any]) -> TableSchema:
         """The schema a DDL event's ``columns`` and ``primary_key`` describe."""
         columns = []
-        for c in ddl.get("columns") or []:
+        listed = ddl.get("columns") or []
+        if not isinstance(listed, list) or not all(isinstance(c, dict) for c in listed):
+            raise SchemaError("a schema whose columns are not a list of objects")
+        for c in listed:
             name, typname = c.get("name"), c.get("type")
             if type(name) is not str or type(typname) is not str or not name:
                 raise SchemaError("a DDL column without a name and a type")

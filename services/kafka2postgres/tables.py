@@ -357,12 +357,12 @@ class Tables:
         return done
 
     def described(self, conn: psycopg.Connection[Any], ev: EventView) -> str:
-        """A snapshot's start marker carrying the table's schema (pg2kafka's initial
-        snapshot: ``columns``, ``primary_key``, as a DDL event's). A table not held yet is
-        made with it — the source's types exactly, though no DDL event described it; one
-        its rows made first (types without their length or precision) gets the exact
-        types when its columns and key are the same. Anything else is the DDL events'
-        to change. Returns what was done, for the log."""
+        """A snapshot's start marker carrying the table's schema (pg2kafka's: ``columns``,
+        ``primary_key``, as a DDL event's; a malformed one is ignored, said in the log).
+        A table not held yet is made with it — the source's types exactly, though no DDL
+        event described it; one its rows made first (types without their length or
+        precision) gets the exact types when its columns and key are the same. Anything
+        else is the DDL events' to change. Returns what was done, for the log."""
         source = source_of(ev)
         info = ev.snapshot
         try:
@@ -370,7 +370,10 @@ class Tables:
                 {"columns": info.get("columns"), "primary_key": info.get("primary_key")}
             )
         except SchemaError as exc:
-            raise TableStoppedError(str(exc)) from None
+            # not needed to apply anything: the rows make the table as without it
+            log.warning("the schema of %s.%s's snapshot marker is ignored: %s", source[1],
+                        source[2], exc)  # fmt: skip
+            return "its schema ignored (malformed)"
         held = self.by_source.get(source)
         version = ev.version()
         if not new.key:

@@ -31,6 +31,7 @@ from services.kafka2postgres.settings import Kafka2PostgresSettings
 from services.kafka2postgres.statements import ROWS, TABLES, key_text
 from services.kafka2postgres.tables import Tables
 from shared.avro import RegistryDecoder
+from shared.contract.keyorder import TEXT_KEY_TYPES
 from shared.contract.rowhash import row_hash_sql
 from shared.formats import debezium
 from shared.verify.core import KeyRange, SinkRow, Summary, VerifyTarget
@@ -66,29 +67,37 @@ class TargetDatabase(VerifyTarget):
     def close(self) -> None:
         self.group.close()
 
-    def _table(self, table: tuple[str, str]) -> tuple[tuple[str, str], int | None]:
-        """The target table of ``table`` (as the source's shape) and its id in the
-        bookkeeping; None: kafka2postgres holds nothing of it yet (every row missing)."""
+    def _table(self, table: tuple[str, str]) -> tuple[tuple[str, str], int | None, tuple[str, ...]]:
+        """The target table of ``table`` (as the source's shape, a text key always
+        compared ``COLLATE "C"``: the target database's collation may order otherwise),
+        its id in the bookkeeping (None: kafka2postgres holds nothing of it yet, every
+        row missing) and its key as the bookkeeping writes it (the column order the
+        table was made with)."""
         name = self.names.target_of((self.database, *table))
-        self.target.assume(name, replace(self.source.shape(table), partitioned=False))
+        shape = self.source.shape(table)
+        c_order = tuple(t in TEXT_KEY_TYPES for t in shape.key_types)
+        self.target.assume(name, replace(shape, partitioned=False, collate_c=c_order))
         with psycopg.connect(self.s.target.postgres.conninfo(), autocommit=True) as conn:
             row = conn.execute(
                 sql.SQL(
-                    "SELECT t.id FROM {} t WHERE t.source_db = %s AND t.source_schema = %s"
-                    " AND t.source_table = %s AND to_regclass(%s) IS NOT NULL"
+                    "SELECT t.id, t.key FROM {} t WHERE t.source_db = %s"
+                    " AND t.source_schema = %s AND t.source_table = %s"
+                    " AND to_regclass(%s) IS NOT NULL"
                 ).format(TABLES),
                 [self.database, *table, sql.Identifier(*name).as_string(conn)],
             ).fetchone()
-        return name, None if row is None else int(row[0])
+        if row is None:
+            return name, None, shape.key
+        return name, int(row[0]), tuple(row[1]) or shape.key
 
     def summaries(self, table: tuple[str, str], ranges: Sequence[KeyRange]) -> list[Summary]:
-        name, tbl = self._table(table)
+        name, tbl, _held = self._table(table)
         if tbl is None:
             return [Summary(0, 0) for _ in ranges]
         return [self.target.summary(name, rng) for rng in ranges]
 
     def rows(self, table: tuple[str, str], rng: KeyRange) -> list[SinkRow]:
-        name, tbl = self._table(table)
+        name, tbl, held = self._table(table)
         if tbl is None:
             return []
         key, _types = self.key_shape(table)
@@ -101,7 +110,7 @@ class TargetDatabase(VerifyTarget):
             " ON v.tbl = %s AND v.key = {text} WHERE {where}"
         ).format(
             keys=sql.SQL(", ").join(sql.Identifier("s", k) for k in key),
-            h=row_hash_sql(columns, "s"), src=source, rows=ROWS, text=key_text("s", key),
+            h=row_hash_sql(columns, "s"), src=source, rows=ROWS, text=key_text("s", held),
             where=where,
         )  # fmt: skip
         n = len(key)

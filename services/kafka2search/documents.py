@@ -37,7 +37,7 @@ import orjson
 from services.kafka2search.mapping import document_id
 from services.kafka2search.stamps import stamped
 from shared.contract import limits
-from shared.contract.event import EventDecodeError, EventView
+from shared.contract.event import EventDecodeError, EventView, checked_row_id
 from shared.interfaces import Origin, Rejection
 
 
@@ -48,20 +48,7 @@ def _as_dict(source: msgspec.Raw | dict[str, Any]) -> dict[str, Any]:
     return row
 
 
-def _row_id(ev: EventView) -> str | None:
-    """The row id of an ``append_only`` event (:meth:`EventView.row_id`), its fields
-    checked first (the decoder does not check the fields the id is made of):
-    :class:`EventDecodeError` when one is missing or of the wrong type."""
-    if ev.append_only is not True:
-        return None  # not a boolean true: an ordinary row, identified by its key
-    if type(ev.commit_lsn) is not int or type(ev.seq) is not int:
-        raise EventDecodeError("an append_only row without integer 'commit_lsn' and 'seq'")
-    snap = ev.snapshot
-    if snap is not None and not (
-        type(snap) is dict and type(snap.get("id")) is int and type(snap.get("chunk")) is int
-    ):
-        raise EventDecodeError("an append_only row whose 'snapshot' lacks an integer id / chunk")
-    return ev.row_id()
+_row_id = checked_row_id  # the contract's check (shared/contract/event.py)
 
 
 class Doc(msgspec.Struct, gc=False):

@@ -460,3 +460,21 @@ def decode(value: bytes | None) -> EventView:
         ):
             raise EventDecodeError("ddl 'columns' is not a list of {name, type} objects")
     return ev
+
+
+def checked_row_id(ev: EventView) -> str | None:
+    """The row id of an ``append_only`` event (:meth:`EventView.row_id`), the fields it
+    is made of checked first (the decoder does not check them): None for any other
+    event; :class:`EventDecodeError` when one is missing or of the wrong type."""
+    if ev.append_only is not True:
+        return None  # not a boolean true: an ordinary row, identified by its key
+    if type(ev.commit_lsn) is not int or type(ev.seq) is not int:
+        raise EventDecodeError("an append_only row without integer 'commit_lsn' and 'seq'")
+    snap = ev.snapshot
+    if snap is not None and not (
+        type(snap) is dict and type(snap.get("id")) is int and type(snap.get("chunk")) is int
+    ):
+        raise EventDecodeError("an append_only row whose 'snapshot' lacks an integer id / chunk")
+    if ev.epoch is not None and type(ev.epoch) is not int:
+        raise EventDecodeError("an append_only row whose 'epoch' is not an integer")
+    return ev.row_id()

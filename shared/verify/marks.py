@@ -86,8 +86,8 @@ def find_marks(
     marker: every copy is then in Kafka). A partition without a copy carries none of the
     table's rows. ``from_avro``: an Avro record (the Confluent wire format, a first byte
     of 0) as its JSON event (the sink's registry decoder); without it Avro records are
-    not looked at. ``consumer``: one made for this look (no assignment, no position
-    left from an earlier one)."""
+    not looked at. ``consumer``: one made for this look (a reused one could carry a
+    position or fetched records of an earlier assignment into it)."""
     look = Look()
     ends = end_offsets(consumer, {t for t, _ in since})
     todo = {p: o for p, o in since.items() if ends.get(p, o) > o}
@@ -129,9 +129,9 @@ def find_marks(
                 if offset + 1 >= ends[p]:
                     done.add(p)
             for p in todo:
-                # the position past the end with a record of p read in this look: what
-                # follows the last record is no record (a transaction's marker)
-                if p not in done and p in look.read and _position(consumer, p) >= ends[p]:
+                # past the end though no record there was read: what follows the last
+                # record is no record (a transaction's marker, an aborted batch)
+                if p not in done and _position(consumer, p) >= ends[p]:
                     done.add(p)
     finally:
         consumer.unassign()

@@ -181,3 +181,38 @@ def test_an_insert_only_row_with_a_column_named_like_the_row_id_is_refused_with_
     assert reason is not None
     assert ROW_ID in reason
     assert len(b) == 1
+
+
+def test_an_insert_only_row_without_its_ids_parts_is_refused_and_one_older_than_a_key_skipped() -> (
+    None
+):
+    from prometheus_client import CollectorRegistry
+
+    from services.kafka2postgres.applier import Applier
+    from services.kafka2postgres.metrics import Metrics
+    from services.kafka2postgres.settings import Kafka2PostgresSettings
+    from services.kafka2postgres.tables import TargetTable
+    from shared.contract.moves import Moves
+
+    applier = Applier(Kafka2PostgresSettings(), Metrics(CollectorRegistry()), lambda _s: None)
+    b = applier.new_batch()
+    ev, origin = appended(10, 0, {"a": 1, "b": "x"})
+    raw = orjson.loads(origin.value)
+    del raw["commit_lsn"]
+    broken = orjson.dumps(raw)
+    reason = applier.add(b, decode(broken), Origin("t", 0, 1, None, broken))
+    assert reason is not None
+    assert "commit_lsn" in reason
+    # the table gained a key at version 20: an older insert-only row is skipped, a newer
+    # one (the key lost again) refused with the reason
+    keyed = TableSchema.from_types({"a": "int4", "b": "text"}, ["a"])
+    source = ("db", "public", "t")
+    applier.tables.by_source[source] = TargetTable(
+        1, source, "public", "t", True, -1, 20, keyed, Moves((), 0), None
+    )
+    assert applier.add(b, ev, origin) is None
+    assert len(b) == 0
+    later, later_origin = appended(30, 0, {"a": 2, "b": "y"})
+    refused = applier.add(b, later, later_origin)
+    assert refused is not None
+    assert "keyed" in refused

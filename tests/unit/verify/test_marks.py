@@ -1,7 +1,7 @@
 """Finding a verification marker's copies in Kafka (shared/verify/marks.py): a marker in
 none of the topics said with the stretches read; a topic whose partitions cannot be read
-retried; a look that ends only once it has read its stretch (never on a position left
-from an earlier assignment); a record holding the id that cannot be decoded named."""
+retried; a look that reads its stretch to the end; a record holding the id that cannot be
+decoded named."""
 
 from __future__ import annotations
 
@@ -105,12 +105,12 @@ def _mark(mark_id: str) -> bytes:
     return orjson.dumps({"op": "verify", "schema": "s", "table": "t", "verify": {"id": mark_id}})
 
 
-def test_a_position_left_from_an_earlier_assignment_does_not_end_the_read() -> None:
+def test_a_look_reads_its_stretch_to_the_end_and_names_what_it_read() -> None:
     values = [b"{}"] * 5 + [_mark("m1")]
-    consumer = _Partition(values, stale=100)
-    look = marks.find_marks(consumer, {("t", 0): 1}, "m1", ("s", "t"))  # type: ignore[arg-type]
+    look = marks.find_marks(_Partition(values, stale=-1), {("t", 0): 1}, "m1", ("s", "t"))  # type: ignore[arg-type]
     assert look.found == {("t", 0): 5}
     assert look.read == {("t", 0): (5, 5)}
+    assert look.describe() == "t[0] 1..6 (5 read, last 5)"
 
 
 def test_a_record_with_the_id_that_cannot_be_decoded_is_named() -> None:
