@@ -66,9 +66,10 @@ def sql_type_of(typname: str) -> str:
 
 ROW_ID = "_walcast_row_id"
 """The column kafka2postgres adds to the target of an insert-only (keyless) source table,
-after the source's columns (columns added later come after it), as its primary key: each row's ``append_only_id`` (shared/contract/event.py), the
-same on every redelivery — so a row is held once, by the version guard every keyed row
-has (docs/kafka2postgres.md, "Insert-only tables")."""
+after the source's columns (columns added later come after it), as its primary key:
+each row's ``append_only_id`` (shared/contract/event.py), the same on every redelivery —
+so a row is held once, by the version guard every keyed row has (docs/kafka2postgres.md,
+"Insert-only tables")."""
 
 
 @dataclass(frozen=True)
