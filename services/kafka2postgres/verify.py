@@ -30,12 +30,11 @@ from psycopg import sql
 from services.kafka2postgres.settings import Kafka2PostgresSettings
 from services.kafka2postgres.statements import ROWS, TABLES, key_text
 from services.kafka2postgres.tables import Tables
-from shared.avro import RegistryDecoder
 from shared.contract.keyorder import TEXT_KEY_TYPES
 from shared.contract.rowhash import row_hash_sql
 from shared.formats import debezium
 from shared.verify.core import KeyRange, SinkRow, Summary, VerifyTarget
-from shared.verify.marks import GroupMarks
+from shared.verify.marks import GroupMarks, avro_reader
 from shared.verify.postgres import PostgresSource
 from shared.verify.repair import RepairReport
 from shared.verify.run import TableReport
@@ -58,10 +57,9 @@ class TargetDatabase(VerifyTarget):
             settings.target.postgres.conninfo(), rows_per_s=v.rows_per_s, session_options=options
         )
         self.names = Tables(settings.target)
-        registry = settings.schema_registry
         self.group = GroupMarks(
             settings.kafka.client_config(), settings.consumer.group_id, settings.consumer.topics,
-            from_avro=RegistryDecoder(registry.client()).decode if registry.url else None,
+            from_avro=avro_reader(settings.schema_registry),
         )  # fmt: skip
 
     def close(self) -> None:

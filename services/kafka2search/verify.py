@@ -36,13 +36,12 @@ from services.kafka2search.key_ranges import range_query
 from services.kafka2search.mapping import alias_name, has_key_fields, key_field
 from services.kafka2search.settings import Kafka2SearchSettings
 from services.kafka2search.stamps import body_intact
-from shared.avro import RegistryDecoder
 from shared.contract.event import ROW_HASH, ROW_XID
 from shared.contract.keyorder import INTEGER_KEY_TYPES
 from shared.errors import RetriableError, UnverifiableError
 from shared.verify.continuous import Continuous, VerifyMetrics
 from shared.verify.core import KeyRange, SinkRow, Summary, VerifyTarget, key_value
-from shared.verify.marks import GroupMarks
+from shared.verify.marks import GroupMarks, avro_reader
 from shared.verify.repair import RepairReport
 from shared.verify.run import TableReport
 from shared.verify.wiring import (
@@ -109,10 +108,9 @@ class SearchTarget(VerifyTarget):
         self.database = database
         self.key_shape = key_shape
         self._checked: set[tuple[str, str]] = set()
-        registry = settings.schema_registry
         self.group = GroupMarks(
             settings.kafka.client_config(), settings.consumer.group_id, settings.consumer.topics,
-            from_avro=RegistryDecoder(registry.client()).decode if registry.url else None,
+            from_avro=avro_reader(settings.schema_registry),
         )  # fmt: skip
 
     def close(self) -> None:

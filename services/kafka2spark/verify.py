@@ -31,7 +31,6 @@ from deltalake import DeltaTable
 from services.kafka2spark.names import HASH, XID, postgres_name, table_dir
 from services.kafka2spark.provenance import Provenance, string_field
 from services.kafka2spark.settings import Kafka2SparkSettings
-from shared.avro import RegistryDecoder
 from shared.contract.keyorder import INTEGER_KEY_TYPES, TIME_KEY_TYPES
 from shared.errors import PermanentError
 from shared.verify.continuous import Continuous, VerifyMetrics
@@ -44,7 +43,7 @@ from shared.verify.core import (
     key_order,
     key_value,
 )
-from shared.verify.marks import GroupMarks
+from shared.verify.marks import GroupMarks, avro_reader
 from shared.verify.repair import RepairReport
 from shared.verify.run import TableReport
 from shared.verify.wiring import KeyShape, repair_once, verify_continuously, verify_once
@@ -61,10 +60,9 @@ class DeltaTarget(VerifyTarget):
         self.key_shape = key_shape
         self.provenance = Provenance()
         self._ahead: dict[tuple[str, str], tuple[int, _Read | None]] = {}
-        registry = settings.schema_registry
         self.group = GroupMarks(
             settings.kafka.client_config(), settings.source.group_id, settings.source.topics,
-            from_avro=RegistryDecoder(registry.client()).decode if registry.url else None,
+            from_avro=avro_reader(settings.schema_registry),
         )  # fmt: skip
 
     def close(self) -> None:

@@ -21,11 +21,13 @@ from typing import Any, TypeVar
 import orjson
 from confluent_kafka import Consumer, KafkaException, TopicPartition
 
+from shared.avro import RegistryDecoder
 from shared.contract.event import EventDecodeError
 from shared.errors import PermanentError, RetriableError, WaitExpiredError
 from shared.formats.debezium_input import events as debezium_events
 from shared.kafka import topic_partitions
 from shared.retry import BackoffPolicy, call_with_retry
+from shared.settings import SchemaRegistrySettings
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)
@@ -203,6 +205,12 @@ def wait_applied(
                 f" without progress ({shown}): is it running?"
             )
         sleep(0.2)
+
+
+def avro_reader(registry: SchemaRegistrySettings) -> Callable[[bytes], bytes] | None:
+    """How a sink's verifier reads Avro records (the registry's decoder), or None when the
+    sink has no registry: what :class:`GroupMarks` takes as ``from_avro``."""
+    return RegistryDecoder(registry.client()).decode if registry.url else None
 
 
 class GroupMarks:
