@@ -1,10 +1,12 @@
-"""pg2kafka's Rust crate (services/pg2kafka/native) passes its own unit tests.
+"""The Rust crates pass their own unit tests: pg2kafka's per-event path
+(services/pg2kafka/native) and kafka2postgres's bulk path (services/kafka2postgres/native).
 
-Each module of the crate tests its pure functions (``#[cfg(test)] mod tests``: the
+Each module of a crate tests its pure functions (``#[cfg(test)] mod tests``: the
 TupleData reader, the conversion kinds, the JSON writers, dates and timestamps, array
-literals, bytea) against the outputs the Python side expects; this runs them with the
-rest of the suite. The crate's dependencies come from cargo's cache, which the
-``pip install`` that builds the extension filled (deploy/local/walcast), so no network.
+literals, bytea; event rows to COPY text, key texts) against the outputs the Python side
+expects; this runs them with the rest of the suite. The crates' dependencies come from
+cargo's cache, which the ``pip install`` that builds the extensions filled
+(deploy/local/walcast), so no network.
 The debug test build has a target directory of its own: the extension's release build
 stays as it is.
 """
@@ -20,8 +22,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-CRATE = REPO / "services" / "pg2kafka" / "native"
-TARGET = CRATE / "target" / "unit-tests"
+CRATES = ["pg2kafka", "kafka2postgres"]  # services/<name>/native
 # A cold debug build takes about 20 s on two busy cores; this stays under pytest's own
 # timeout (600 s, pyproject.toml) so a hang is reported with cargo's words.
 TIMEOUT_S = 540
@@ -38,11 +39,13 @@ def _tail(output: str) -> str:
     return "\n".join(output.splitlines()[-TAIL_LINES:])
 
 
-def test_the_crates_unit_tests_pass() -> None:
+@pytest.mark.parametrize("service", CRATES)
+def test_the_crates_unit_tests_pass(service: str) -> None:
+    crate = REPO / "services" / service / "native"
     cargo = _cargo()
     if cargo is None:
         pytest.fail(
-            "cargo (Rust 1.78 or newer) not found: pg2kafka's native extension needs it. "
+            f"cargo (Rust 1.78 or newer) not found: {service}'s native extension needs it. "
             "Install Rust with rustup (https://rustup.rs).",
             pytrace=False,
         )
@@ -51,7 +54,7 @@ def test_the_crates_unit_tests_pass() -> None:
         # pyo3 links the test binary against this interpreter's libpython (the
         # extension-module feature, which leaves it out, is off for tests).
         "PYO3_PYTHON": sys.executable,
-        "CARGO_TARGET_DIR": str(TARGET),
+        "CARGO_TARGET_DIR": str(crate / "target" / "unit-tests"),
         "CARGO_TERM_COLOR": "never",
         "RUST_BACKTRACE": "0",  # a failed assertion's values, not a stack, in the tail
     }
@@ -60,7 +63,7 @@ def test_the_crates_unit_tests_pass() -> None:
     try:
         proc = subprocess.run(
             command,
-            cwd=CRATE,
+            cwd=crate,
             env=env,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
@@ -80,7 +83,7 @@ def test_the_crates_unit_tests_pass() -> None:
         )
     if proc.returncode != 0:
         pytest.fail(
-            f"`{shown}` in {CRATE.relative_to(REPO)} failed "
+            f"`{shown}` in {crate.relative_to(REPO)} failed "
             f"(exit {proc.returncode}; --offline: the crates come from the cache the "
             f"extension's build filled):\n{_tail(proc.stdout)}",
             pytrace=False,

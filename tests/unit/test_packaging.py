@@ -90,10 +90,11 @@ def test_image_wheel_carries_code_sql_and_schema(service: str, tmp_path: Path) -
     migrations = sorted(n for n in names if n.startswith(f"sql/{service}/V"))
     on_disk = sorted(f"sql/{service}/{p.name}" for p in (REPO / "sql" / service).glob("V*.sql"))
     assert migrations == on_disk
-    # pg2kafka's compiled per-event path is built into its wheel (cargo, in the image's
-    # build stage); the other images do without.
-    native = [n for n in names if n.startswith("services/pg2kafka/_native") and ".so" in n]
-    assert bool(native) == (service == "pg2kafka"), native
+    # pg2kafka's and kafka2postgres's compiled paths are built into their wheels (cargo,
+    # in the image's build stage); the other images do without.
+    native = [n for n in names if "/_native" in n and ".so" in n]
+    compiled = {"pg2kafka", "kafka2postgres"}
+    assert [n.split("/")[1] for n in native] == ([service] if service in compiled else []), native
     # Only this service: the image does not carry the others' code.
     others = [n for n in names if n.startswith("services/") and n.count("/") > 1]
     assert all(n.startswith(f"services/{service}/") for n in others), others

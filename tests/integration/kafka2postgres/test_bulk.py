@@ -218,3 +218,52 @@ def test_a_snapshots_start_marker_makes_the_table_with_the_sources_exact_types(
     marker(late, 1000)
     r2.wait(lambda: types("late") == exact, "the marker's exact types")
     assert sorted(r2.sql("SELECT id, v FROM public.late")) == [(1, "r1"), (2, "r2"), (3, "r3")]
+
+
+ODD_TEXTS = ["", " ", "a b", 'q"', "back\\slash", "(x,y)", "tab\there", "new\nline", "é ü 字",
+             "NULL", "\\N", "()", ",", "end "]  # fmt: skip
+
+
+def test_text_and_uuid_keys_recorded_by_the_bulk_path_are_found_by_later_changes(
+    make_harness: HarnessFactory, make_replica: ReplicaFactory
+) -> None:
+    """The bulk path computes a text, uuid or integer key's text as the server prints
+    ``ROW(k1, k2)::text`` (the versions' key); every later statement computes it on the
+    server. Keys that need quoting (empty, blanks, quotes, backslashes, parentheses,
+    commas, tabs, newlines) are copied in, then updated and some deleted: each key is held
+    once, and every held version's key is one the server prints for a target row."""
+    h = make_harness(init=True)
+    r = make_replica(h.settings.producer.topic)
+    h.start()
+    r.start()
+    suffix = h.settings.replication.slot[-8:]
+    texts, uuids, pairs = (f"{p}_{suffix}" for p in ("kt", "ku", "kp"))
+    h.sql(f"CREATE TABLE {texts} (k text PRIMARY KEY, v int)")
+    h.sql(f"CREATE TABLE {uuids} (k uuid PRIMARY KEY, v int)")
+    h.sql(f"CREATE TABLE {pairs} (a bigint, b varchar(40), v int, PRIMARY KEY (a, b))")
+    keys = [t + ("" if i == 0 else str(i)) for i in range(6) for t in ODD_TEXTS]  # 84 keys
+    h.sql(f"INSERT INTO {texts} SELECT k, 1 FROM unnest(%s::text[]) k", [keys])
+    h.sql(f"INSERT INTO {uuids} SELECT gen_random_uuid(), 1 FROM generate_series(1, 100)")
+    h.sql(f"INSERT INTO {pairs} SELECT g - 50, k, 1 FROM unnest(%s::text[]) WITH ORDINALITY"
+          " AS u(k, g)", [keys])  # fmt: skip
+    for table, key in ((texts, "k"), (uuids, "k"), (pairs, "a, b")):
+        r.wait_equal(h.dsn, f"public.{table}", key)
+    assert copies(r, "copied") >= 3, "each table's rows went the bulk path"
+    for table in (texts, uuids, pairs):
+        h.sql(f"UPDATE {table} SET v = 2")
+        h.sql(f"DELETE FROM {table} WHERE v = 2 AND ctid IN (SELECT ctid FROM {table} LIMIT 5)")
+    for table, key in ((texts, "k"), (uuids, "k"), (pairs, "a, b")):
+        r.wait_equal(h.dsn, f"public.{table}", key)
+        held = r.sql(
+            "SELECT count(*), count(*) FILTER (WHERE r.deleted), count(*) FILTER (WHERE"
+            f" NOT r.deleted AND NOT EXISTS (SELECT 1 FROM public.{table} t"
+            f" WHERE ROW({', '.join('t.' + k.strip() for k in key.split(','))})::text = r.key))"
+            " FROM _walcast_target.rows r JOIN _walcast_target.tables m ON m.id = r.tbl"
+            " WHERE m.target_table = %s",
+            [table],
+        )
+        source_rows = h.sql(f"SELECT count(*) FROM {table}")[0][0]
+        assert held == [(source_rows + 5, 5, 0)], (
+            f"{table}: (versions, deleted, versions of no target row) = {held[0]};"
+            f" the source holds {source_rows} rows"
+        )
