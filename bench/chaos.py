@@ -60,7 +60,8 @@ REPO = Path(__file__).resolve().parents[1]
 WALCAST = REPO / "deploy/local/walcast"
 KEYS = {"pgbench_branches": "bid", "pgbench_tellers": "tid", "pgbench_accounts": "aid"}
 START_MARK = "=== chaos: started at"
-LOAD_RUN_S = 30  # one pgbench run of the load; the load stops between runs
+LOAD_RUN_S = 10  # one pgbench run of the load; the load stops between runs (so a stop
+# waits 5 s on average, not a long run's half)
 SERVICES = ("pg2kafka", "kafka2search-opensearch", "kafka2search-elasticsearch", "kafka2spark")
 _SINK_SERVICES = {
     "opensearch": "kafka2search-opensearch",
@@ -564,7 +565,9 @@ class Chaos:
         stopped = time.monotonic()
         best, last_progress = None, time.monotonic()
         while True:
+            looked = time.monotonic()
             diff = self.differences()
+            looked = time.monotonic() - looked
             n = sum(sum(v.values()) for v in diff.values())
             if n == 0:
                 self.report.converge_s = round(time.monotonic() - stopped, 1)
@@ -576,7 +579,7 @@ class Chaos:
             if dead or time.monotonic() - last_progress > self.cfg.converge_timeout_s:
                 self.report.mismatches = diff
                 return
-            time.sleep(5)
+            time.sleep(max(5.0, looked))  # a look reads every sink whole: not half the time
 
     def lsn_order(self) -> None:
         """Per key, in partition order, LSNs never go down (exact redeliveries aside)."""

@@ -116,6 +116,49 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         for tier in ("unit", "integration", "e2e"):
             if tier in parts:
                 item.add_marker(getattr(pytest.mark, tier))
+    items[:] = long_ones_first(items)
+
+
+# The files whose tests run longest (`--durations` of the last full runs, seconds on the
+# 2-core machine), longest first. See long_ones_first.
+LONG = [
+    "tests/e2e/test_kafka2spark_verify.py",  # ~300
+    "tests/integration/test_snapshot_sinks.py",  # ~260
+    "tests/integration/kafka2spark/test_verify_time_keys.py",  # ~140-230
+    "tests/e2e/test_debezium_sinks.py",  # ~190
+    "tests/integration/kafka2spark/test_mirror.py",  # ~180
+    "tests/e2e/test_kafka2spark_crash.py",  # ~210
+    "tests/e2e/test_pgbench_reload.py",  # ~150
+    "tests/integration/kafka2search/test_verify_time_keys.py",  # ~110
+    "tests/integration/kafka2webhook/test_webhooks.py",  # ~75
+    "tests/integration/test_bad_input_matrix.py",  # ~75
+    "tests/e2e/test_kafka2spark_standalone.py",  # ~65
+]
+
+
+def long_ones_first(items: list[pytest.Item]) -> list[pytest.Item]:
+    """The order the parallel phase runs in: each of its two workers starts with half of
+    the :data:`LONG` files (alternately), then the other tests. pytest-xdist's
+    ``worksteal`` hands each worker one contiguous half of the list and lets an idle
+    worker steal from the *end* of the other's queue, so a long test placed late could
+    start last on one worker while the other has nothing left to take. Serial tests
+    (deselected in that phase) go last and do not count in the halves; a file's tests stay
+    together."""
+
+    def rel(item: pytest.Item) -> str:
+        return Path(str(item.fspath)).resolve().relative_to(REPO).as_posix()
+
+    serial = [i for i in items if i.get_closest_marker("serial")]
+    parallel = [i for i in items if not i.get_closest_marker("serial")]
+    by_file: dict[str, list[pytest.Item]] = {f: [] for f in LONG}
+    rest: list[pytest.Item] = []
+    for item in parallel:
+        by_file.get(rel(item), rest).append(item)
+    groups = [g for g in by_file.values() if g]
+    first = [i for g in groups[0::2] for i in g]
+    second = [i for g in groups[1::2] for i in g]
+    fill = max(0, len(parallel) // 2 - len(first))
+    return first + rest[:fill] + second + rest[fill:] + serial
 
 
 @pytest.fixture

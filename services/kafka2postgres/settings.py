@@ -61,6 +61,12 @@ class TargetSettings(Section):
     """A permanent error of one table (a constraint or column type the source does not
     have, a type missing in the target): stop that table only — its records go to the
     dead-letter topic with the reason until `resume` — or stop the service."""
+    fillfactor: int = Field(default=90, ge=10, le=100)
+    """The fillfactor of the tables kafka2postgres creates (not of adopted ones): the room
+    each page keeps for updated rows, so that an update that changes no indexed column
+    stays on its page (a HOT update: no new index entry, fewer pages written). 100 is
+    Postgres' default (pages filled, every update of a loaded table moves the row).
+    Measured: TPC-B on 10M rows, docs/benchmarks.md."""
     tombstone_retention_s: float = Field(default=7 * 86400.0, ge=60)
     """How long a deleted row's version is remembered after the delete, so that an older
     change of the row, redelivered or replayed, cannot bring it back (a truncate or a

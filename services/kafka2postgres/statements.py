@@ -17,7 +17,9 @@ never decoded in Python. One statement, in data-modifying CTEs:
    (a partial row's missing columns left NULL and recorded as unfilled);
 5. ``f``: older rows that carry columns the held row lacks fill them
    (:func:`shared.contract.event.fill_unfilled`);
-6. the new versions recorded.
+6. the new versions recorded (``at`` set only when a row is recorded or deleted: it
+   is read only to forget old tombstones, and an unchanged ``at`` lets Postgres update
+   the version in place, V002).
 
 **Floors** (:func:`remove_older_sql`): a truncate at version T, or a snapshot's end at
 S, removes the rows held at an older version — under primary-key partitioning rows
@@ -165,7 +167,8 @@ def apply_sql(schema_name: str, table: str, schema: TableSchema) -> sql.Composed
     FROM w
     ON CONFLICT (tbl, key) DO UPDATE SET version = excluded.version,
         deleted = excluded.deleted, unfilled = excluded.unfilled, hash = excluded.hash,
-        xid = excluded.xid, at = excluded.at
+        xid = excluded.xid,
+        at = CASE WHEN excluded.deleted THEN excluded.at ELSE s.at END
     RETURNING 1
 ), fst AS (
     UPDATE {rows} AS s SET unfilled = (

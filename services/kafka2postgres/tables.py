@@ -208,7 +208,7 @@ class Tables:
             conn.execute(
                 sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(schema_name))
             )
-            conn.execute(create_sql(schema_name, name, schema))
+            conn.execute(create_sql(schema_name, name, schema, self.s.fillfactor))
             log.info("created %s.%s for %s.%s", schema_name, name, source[1], source[2])
         row = conn.execute(
             sql.SQL(
@@ -549,11 +549,13 @@ class Tables:
             )
 
 
-def create_sql(schema_name: str, name: str, schema: TableSchema) -> sql.Composed:
-    """``CREATE TABLE`` with the source's columns and key. Columns other than the key
-    are nullable whatever the source says: a partial row (an unchanged TOAST value the
-    target does not hold yet) is written with the value missing until an older row
-    fills it."""
+def create_sql(
+    schema_name: str, name: str, schema: TableSchema, fillfactor: int = 100
+) -> sql.Composed:
+    """``CREATE TABLE`` with the source's columns and key (and ``fillfactor``:
+    ``target.fillfactor``). Columns other than the key are nullable whatever the source
+    says: a partial row (an unchanged TOAST value the target does not hold yet) is
+    written with the value missing until an older row fills it."""
     cols = [
         sql.SQL("{} {}").format(sql.Identifier(c.name), sql.SQL(c.sql_type)) for c in schema.columns
     ]
@@ -562,6 +564,6 @@ def create_sql(schema_name: str, name: str, schema: TableSchema) -> sql.Composed
             sql.SQL(", ").join(sql.Identifier(k) for k in schema.key)
         )
     )
-    return sql.SQL("CREATE TABLE {} ({})").format(
-        target_name(schema_name, name), sql.SQL(", ").join(cols)
+    return sql.SQL("CREATE TABLE {} ({}) WITH (fillfactor = {})").format(
+        target_name(schema_name, name), sql.SQL(", ").join(cols), sql.Literal(int(fillfactor))
     )

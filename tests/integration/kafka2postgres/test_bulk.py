@@ -249,6 +249,9 @@ def test_text_and_uuid_keys_recorded_by_the_bulk_path_are_found_by_later_changes
     for table, key in ((texts, "k"), (uuids, "k"), (pairs, "a, b")):
         r.wait_equal(h.dsn, f"public.{table}", key)
     assert copies(r, "copied") >= 3, "each table's rows went the bulk path"
+    # the tables it made keep room on each page for updated rows (target.fillfactor)
+    assert r.sql("SELECT reloptions FROM pg_class WHERE oid = %s::regclass",
+                 [f"public.{texts}"]) == [(["fillfactor=90"],)]  # fmt: skip
     for table in (texts, uuids, pairs):
         h.sql(f"UPDATE {table} SET v = 2")
         h.sql(f"DELETE FROM {table} WHERE v = 2 AND ctid IN (SELECT ctid FROM {table} LIMIT 5)")
