@@ -142,6 +142,12 @@ class VerifySettings(Section):
     mark_timeout_s: float = Field(default=120.0, gt=0)
     """Seconds without progress towards a marker (pg2kafka streaming it, the sink
     applying it) before verify gives up, saying how far each got."""
+    horizon_wait_s: float = Field(default=60.0, ge=0)
+    """A row missing from the sink is confirmed only by a read that sees every
+    transaction that was running at the sink's previous read (a delete the sink already
+    applied would show there). A round waits up to this long for the oldest of them to
+    end — another session's long transaction holds it back — before reading; past it,
+    the row is looked at again next round, and reported as changing after the last."""
     interval_s: float = Field(default=0.0, ge=0)
     """Inside `run`: every this many seconds, the next table in rotation is verified,
     its outcome in the metrics (`walcast_verify_*`) and in `status`; 0: off (the command

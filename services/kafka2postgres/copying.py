@@ -1,5 +1,5 @@
 """The bulk path for rows new to the target: a snapshot's ``read`` rows, a load's
-inserts — COPYed straight into the table, their versions recorded in one statement.
+inserts — COPYed straight into the table, their versions COPYed beside them.
 
 :mod:`.statements` applies any batch, but every row is read out of JSON by the server,
 looked up twice and written through a chain of CTEs (~30k rows/s). A batch whose rows of
@@ -9,12 +9,14 @@ Then:
 
 1. the rows are COPYed into the target table (text format, the values as the event
    carried them: the type's input reads them);
-2. their versions are inserted into ``_walcast_target.rows`` (``key`` computed by the
-   server from the typed key, as :func:`.statements.apply_sql` computes it).
+2. their versions are added to ``_walcast_target.rows``, keyed by the text
+   :func:`.statements.apply_sql` computes on the server (``ROW(k)::text``): COPYed when
+   that text was computed with the rows (see *Versions*), else inserted by one statement
+   that computes it.
 
 Both are plain inserts: a key the target already holds — a row, or a version (a deleted
 row's included) — fails the statement with a unique violation, and the batch goes the
-guarded way instead (:class:`Copier` says so; the caller rolls its savepoint back). So
+guarded way instead (the caller rolls its savepoint back). So
 the bulk path never decides a version question: it only runs where there is none.
 
 Values (the rules live in the compiled part, ``native/src/copy.rs``, and only there): a
@@ -26,8 +28,13 @@ always goes the guarded way (``array_text``). The rows of a batch are encoded in
 that releases the GIL, so the consumer loop decodes the next records meanwhile.
 
 Versions: when every key column is an integer, text, varchar or uuid, the key's text as
-``_walcast_target.rows`` holds it (``ROW(k)::text``) is computed with the rows, and the
-versions are COPYed too; otherwise one ``INSERT`` computes them from the keys.
+``_walcast_target.rows`` holds it (``ROW(k)::text``, quoted as Postgres' ``record_out``
+quotes) is computed with the rows, and the versions are COPYed too; otherwise — another
+key type, or a text key with a non-ASCII character, whose quoting follows the server's
+locale — one ``INSERT`` computes them from the keys. A key text computed here that
+differed from the server's would hold a second version for one row: the rules are the
+crate's unit tests, and ``tests/integration/kafka2postgres/test_bulk.py`` has later
+changes find every version the bulk path recorded.
 """
 
 from __future__ import annotations

@@ -228,6 +228,11 @@ class VerifySource(Protocol):
         """The next transaction id Postgres will assign (64-bit), without assigning one."""
         ...
 
+    def oldest_xid(self) -> int:
+        """The oldest transaction id still running (a snapshot taken now has it as its
+        xmin; 64-bit): every transaction below it has ended."""
+        ...
+
 
 class VerifyTarget(Protocol):
     """A sink's side of a verification. Reads only; a failure raises (the verification

@@ -451,6 +451,14 @@ class PostgresSource:
         assert row is not None
         return int(row[0])
 
+    def oldest_xid(self) -> int:
+        with self._connect() as conn:
+            row = conn.execute(
+                "SELECT pg_catalog.pg_snapshot_xmin(pg_catalog.pg_current_snapshot())::text"
+            ).fetchone()
+        assert row is not None
+        return int(row[0])
+
     def wait_streamed(self, slot: str, lsn: int, timeout_s: float) -> None:
         """Return once pg2kafka's slot ``slot`` has confirmed past ``lsn``: everything
         before it, the marker's copies included, acknowledged by Kafka."""

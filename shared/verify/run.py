@@ -8,8 +8,9 @@ A key the sink holds at a version the read did not see is looked at again next r
 Any other difference is reported only when the next round finds it again with the same
 evidence — the sink's version (hash, transaction, edited or not) for a row that differs or is extra,
 Postgres's row (hash and xmin) for a missing one, read by a snapshot that sees every
-transaction that existed at the previous sink read. What is left after the last round is
-reported as changing, never as a difference.
+transaction that existed at the previous sink read (a round waits for those to end, up to
+``horizon_wait_s``). What is left after the last round is reported as changing, never as
+a difference.
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ log = logging.getLogger(__name__)
 
 
 SAMPLE = 10  # keys shown per kind of difference
+HORIZON_POLL_S = 0.2  # how often a round waiting for older transactions looks again
 
 
 @dataclass
@@ -121,6 +123,9 @@ class Plan:
     slot: str = "walcast"  # pg2kafka's replication slot (the marker is in Kafka once past)
     # a table's verification cut short by a transient failure starts again (None: not)
     retry: BackoffPolicy | None = None
+    # how long a round waits for the transactions running at the sink's previous read to
+    # end before it reads (a missing row is confirmed only after they have)
+    horizon_wait_s: float = 60.0
 
 
 class Verifier:
@@ -220,6 +225,9 @@ class Verifier:
                 break
             report.rounds += 1
             report.looked_into += len(open_ranges)
+            missing = [h for v, _, h in pending.values() if v is Verdict.MISSING]
+            if missing:
+                self._await_horizon(table, max(missing))
             read = [(rng, *self.source.rows(table, rng)) for rng in open_ranges]
             if count_rows:
                 report.rows += sum(len(rows) for _, rows, _ in read)
@@ -285,6 +293,23 @@ class Verifier:
         if self.on_range is not None:
             self.on_range(report)
         return report
+
+    def _await_horizon(self, table: tuple[str, str], xid: int) -> None:
+        """Until every transaction below ``xid`` (running at the sink's previous read)
+        has ended — the read that confirms a missing row must see them all — or
+        ``plan.horizon_wait_s`` passed (the row then stays unconfirmed this round)."""
+        deadline = time.monotonic() + self.plan.horizon_wait_s
+        oldest = self.source.oldest_xid()
+        while oldest < xid:
+            if time.monotonic() >= deadline:
+                log.info(
+                    "verify of %s: transaction %d, older than the sink's last read, still"
+                    " running after %g s: the rows missing from the sink stay unconfirmed"
+                    " this round", ".".join(table), oldest, self.plan.horizon_wait_s,
+                )  # fmt: skip
+                return
+            time.sleep(HORIZON_POLL_S)
+            oldest = self.source.oldest_xid()
 
     def tables(self, tables: Sequence[tuple[str, str]]) -> list[TableReport]:
         """Each table's report; a table that cannot be verified is said so in its report

@@ -50,7 +50,7 @@ def _source(v: VerifySettings, input_format: str) -> tuple[PostgresSource, KeySh
 
 
 def _plan(v: VerifySettings) -> Plan:
-    return Plan(v.range_rows, v.rounds, v.mark_timeout_s, v.slot, v.retry)
+    return Plan(v.range_rows, v.rounds, v.mark_timeout_s, v.slot, v.retry, v.horizon_wait_s)
 
 
 def verify_once(

@@ -153,22 +153,25 @@ def test_pgbench_default_order_under_tpcb_every_sink_equals_postgres(
     spark_run = threading.Thread(target=mirror, name="mirror", daemon=True)
     if m is not None:
         spark_run.start()
-    for table in tables:
-        want = pg(table)
-        deadline = time.monotonic() + 180
-        while True:
-            read_at = time.monotonic()
-            got = ix.docs_all(table, schema)
-            if got == want or time.monotonic() > deadline:
-                break
-            time.sleep(max(1.0, time.monotonic() - read_at))  # each look reads every document
-        assert difference(want, got) == ([], [], []), (
-            f"{table}: the index differs ({len(got)} of {len(want)} documents);"
-            f" dead letters: {[d['headers'] for d in ix.dead_letters(3, timeout=3)]}"
-        )
+    try:
+        for table in tables:
+            want = pg(table)
+            deadline = time.monotonic() + 180
+            while True:
+                read_at = time.monotonic()
+                got = ix.docs_all(table, schema)
+                if got == want or time.monotonic() > deadline:
+                    break
+                time.sleep(max(1.0, time.monotonic() - read_at))  # each look reads them all
+            assert difference(want, got) == ([], [], []), (
+                f"{table}: the index differs ({len(got)} of {len(want)} documents);"
+                f" dead letters: {[d['headers'] for d in ix.dead_letters(3, timeout=3)]}"
+            )
+    finally:  # the mirror's run ends before its fixture's teardown, whatever happened
+        if m is not None:
+            spark_run.join(600)
     if m is None:
         return
-    spark_run.join(600)
     assert mirrored, "the mirror's run did not end within 600 s"
     if mirrored[0] is not None:
         raise mirrored[0]

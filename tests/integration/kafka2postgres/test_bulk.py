@@ -220,8 +220,12 @@ def test_a_snapshots_start_marker_makes_the_table_with_the_sources_exact_types(
     assert sorted(r2.sql("SELECT id, v FROM public.late")) == [(1, "r1"), (2, "r2"), (3, "r3")]
 
 
-ODD_TEXTS = ["", " ", "a b", 'q"', "back\\slash", "(x,y)", "tab\there", "new\nline", "é ü 字",
-             "NULL", "\\N", "()", ",", "end "]  # fmt: skip
+ODD_TEXTS = ["", " ", "a b", 'q"', "back\\slash", "(x,y)", "tab\there", "new\nline", "NULL",
+             "\\N", "()", ",", "end ", "x\x0by"]  # fmt: skip
+"""Keys whose text (``ROW(k)::text``) the bulk path computes, quoting included."""
+WIDE_TEXTS = ["é ü 字", "caf\u00e9", "\u00a0nbsp", "\u0085nel", "ascii"]
+"""Keys with non-ASCII characters: their text is left to the server (its locale decides
+whether such a character is a space that needs quotes)."""
 
 
 def test_text_and_uuid_keys_recorded_by_the_bulk_path_are_found_by_later_changes(
@@ -237,25 +241,29 @@ def test_text_and_uuid_keys_recorded_by_the_bulk_path_are_found_by_later_changes
     h.start()
     r.start()
     suffix = h.settings.replication.slot[-8:]
-    texts, uuids, pairs = (f"{p}_{suffix}" for p in ("kt", "ku", "kp"))
+    texts, uuids, pairs, wide = (f"{p}_{suffix}" for p in ("kt", "ku", "kp", "kw"))
     h.sql(f"CREATE TABLE {texts} (k text PRIMARY KEY, v int)")
+    h.sql(f"CREATE TABLE {wide} (k text PRIMARY KEY, v int)")
     h.sql(f"CREATE TABLE {uuids} (k uuid PRIMARY KEY, v int)")
     h.sql(f"CREATE TABLE {pairs} (a bigint, b varchar(40), v int, PRIMARY KEY (a, b))")
     keys = [t + ("" if i == 0 else str(i)) for i in range(6) for t in ODD_TEXTS]  # 84 keys
+    wide_keys = [t + ("" if i == 0 else str(i)) for i in range(14) for t in WIDE_TEXTS]
     h.sql(f"INSERT INTO {texts} SELECT k, 1 FROM unnest(%s::text[]) k", [keys])
+    h.sql(f"INSERT INTO {wide} SELECT k, 1 FROM unnest(%s::text[]) k", [wide_keys])
     h.sql(f"INSERT INTO {uuids} SELECT gen_random_uuid(), 1 FROM generate_series(1, 100)")
     h.sql(f"INSERT INTO {pairs} SELECT g - 50, k, 1 FROM unnest(%s::text[]) WITH ORDINALITY"
           " AS u(k, g)", [keys])  # fmt: skip
-    for table, key in ((texts, "k"), (uuids, "k"), (pairs, "a, b")):
+    tables = ((texts, "k"), (uuids, "k"), (pairs, "a, b"), (wide, "k"))
+    for table, key in tables:
         r.wait_equal(h.dsn, f"public.{table}", key)
-    assert copies(r, "copied") >= 3, "each table's rows went the bulk path"
+    assert copies(r, "copied") >= 4, "each table's rows went the bulk path"
     # the tables it made keep room on each page for updated rows (target.fillfactor)
     assert r.sql("SELECT reloptions FROM pg_class WHERE oid = %s::regclass",
                  [f"public.{texts}"]) == [(["fillfactor=90"],)]  # fmt: skip
-    for table in (texts, uuids, pairs):
+    for table, _ in tables:
         h.sql(f"UPDATE {table} SET v = 2")
         h.sql(f"DELETE FROM {table} WHERE v = 2 AND ctid IN (SELECT ctid FROM {table} LIMIT 5)")
-    for table, key in ((texts, "k"), (uuids, "k"), (pairs, "a, b")):
+    for table, key in tables:
         r.wait_equal(h.dsn, f"public.{table}", key)
         held = r.sql(
             "SELECT count(*), count(*) FILTER (WHERE r.deleted), count(*) FILTER (WHERE"

@@ -67,6 +67,9 @@ class FakeSource(VerifySource):
 
     def rows(self, table: tuple[str, str], rng: KeyRange) -> tuple[list[SourceRow], Snapshot]:
         self.log.append("source rows")
+        if self.long_ended:  # every transaction below the held-back horizons has ended
+            x = 1000 * (self.round + 1) + self.held_back + 1000
+            return self._rows(rng), Snapshot(x, x + 10, frozenset())
         return self._rows(rng), snapshot_of_round(self.round + 1)
 
     def mark(self, mark_id: str, tables: Sequence[tuple[str, str]]) -> int:
@@ -82,6 +85,18 @@ class FakeSource(VerifySource):
         return 1000 * self.round + 20 + self.held_back
 
     held_back = 0  # > 1000: a long transaction keeps the next rounds' xmin below it
+    long_ends_after: int | None = None  # oldest_xid calls until it ends (None: never)
+    long_ended = False
+
+    def oldest_xid(self) -> int:
+        self.log.append("oldest xid")
+        if self.held_back and not self.long_ended:
+            if self.long_ends_after is not None:
+                self.long_ends_after -= 1
+                self.long_ended = self.long_ends_after <= 0
+            if not self.long_ended:
+                return 1000 * (self.round + 1)  # the long transaction, below the horizon
+        return 1000 * (self.round + 1) + self.held_back + 1000
 
 
 class FakeTarget(VerifyTarget):
@@ -126,6 +141,7 @@ class FakeTarget(VerifyTarget):
 def verify(source: dict[int, int], sink: dict[int, tuple[int | None, int]],
            later: list[dict[int, tuple[int | None, int]]] | None = None, held_back: int = 0,
            edited: set[int] | None = None, edits_later: list[set[int]] | None = None,
+           long_ends_after: int | None = None, horizon_wait_s: float = 0.5,
            ) -> tuple[dict[str, object], list[str]]:  # fmt: skip
     log: list[str] = []
     target = FakeTarget(sink, log)
@@ -134,8 +150,10 @@ def verify(source: dict[int, int], sink: dict[int, tuple[int | None, int]],
     target.edits_later = edits_later or []
     src = FakeSource(source, log)
     src.held_back = held_back
+    src.long_ends_after = long_ends_after
     target.source = src
-    report = Verifier(src, target, Plan(range_rows=10), "test").table(T)
+    plan = Plan(range_rows=10, horizon_wait_s=horizon_wait_s)
+    report = Verifier(src, target, plan, "test").table(T)
     return report.as_dict(), log
 
 
@@ -207,6 +225,19 @@ def test_a_missing_row_is_not_confirmed_while_older_transactions_may_still_be_ru
     assert report["ok"] is True
     assert report["missing"]["count"] == 0
     assert report["changing"] == {"count": 1, "sample": [4]}
+
+
+def test_a_missing_row_waits_for_the_older_transactions_to_end_then_is_reported() -> None:
+    """The confirming round waits (polling) for the transactions that were running at
+    the sink's previous read, and reads only after they ended."""
+    sink = dict(HELD)
+    del sink[4]
+    report, log = verify(ROWS, sink, held_back=5000, long_ends_after=3, horizon_wait_s=30)
+    assert report["missing"] == {"count": 1, "sample": [4]}, report
+    assert report["changing"]["count"] == 0
+    waited = [i for i, e in enumerate(log) if e == "oldest xid"]
+    assert len(waited) == 3, log  # polled until the long transaction ended
+    assert log[waited[-1] + 1] == "source rows"  # then the round read
 
 
 def test_a_row_written_long_ago_is_judged_as_seen_not_as_changing() -> None:

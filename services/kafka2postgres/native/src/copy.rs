@@ -18,6 +18,7 @@
 //!   output ([`KeyKind`]); otherwise the server computes it.
 
 use std::borrow::Cow;
+use std::collections::HashMap;
 use std::fmt;
 
 use base64::Engine as _;
@@ -91,20 +92,6 @@ pub struct Fields<'a>(pub Vec<(&'a str, &'a RawValue)>);
 impl<'a> Fields<'a> {
     pub fn parse(row: &'a [u8]) -> Result<Fields<'a>, NotPlain> {
         Ok(serde_json::from_slice(row)?)
-    }
-
-    /// The member `name`, looked up from `*at` on (rows list their columns in the
-    /// table's order, so the next one is usually where the last one ended).
-    fn get(&self, name: &str, at: &mut usize) -> Option<&'a RawValue> {
-        let n = self.0.len();
-        for i in 0..n {
-            let j = (*at + i) % n;
-            if self.0[j].0 == name {
-                *at = j + 1;
-                return Some(self.0[j].1);
-            }
-        }
-        None
     }
 }
 
@@ -266,12 +253,14 @@ pub fn key_text(
                     return Err(NotPlain(format!("a text key written {text}")));
                 }
                 let s = string(text)?;
-                if *kind == KeyKind::Uuid
-                    && !(s.len() == 36
-                        && s.bytes()
-                            .all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f' | b'-')))
-                {
+                if *kind == KeyKind::Uuid && !canonical_uuid(s.as_bytes()) {
                     return Err(NotPlain(format!("a uuid key written {s}")));
+                }
+                if !s.is_ascii() {
+                    // record_out quotes by the server's isspace(), which some platforms'
+                    // UTF-8 locales answer yes for bytes of non-ASCII characters (0x85,
+                    // 0xA0): only the server knows its text
+                    return Err(NotPlain("a text key with a non-ASCII character".into()));
                 }
                 record_field(out, s.as_bytes());
             }
@@ -279,6 +268,15 @@ pub fn key_text(
     }
     out.push(b')');
     Ok(())
+}
+
+/// A uuid as Postgres prints it: 8-4-4-4-12 lower-case hex digits.
+fn canonical_uuid(s: &[u8]) -> bool {
+    s.len() == 36
+        && s.iter().enumerate().all(|(i, &b)| match i {
+            8 | 13 | 18 | 23 => b == b'-',
+            _ => matches!(b, b'0'..=b'9' | b'a'..=b'f'),
+        })
 }
 
 /// One table's batch of new rows, encoded (see [`encode`]).
@@ -304,7 +302,8 @@ pub struct Table<'a> {
 }
 
 /// Each row of `rows` (with its version, hash and xid) as COPY text; Err for the first
-/// value that is not plain (see the module).
+/// value that is not plain (see the module). The versions' lines when every key's text
+/// could be computed here, else the key arrays.
 pub fn encode(
     table: &Table,
     rows: &[&[u8]],
@@ -312,38 +311,78 @@ pub fn encode(
     hashes: &[Option<i64>],
     xids: &[i64],
 ) -> Result<Encoded, NotPlain> {
+    match encode_as(table, table.key_kinds, rows, versions, hashes, xids) {
+        Err(Refusal::KeyText) => {
+            encode_as(table, None, rows, versions, hashes, xids).map_err(|r| match r {
+                Refusal::Value(e) => e,
+                Refusal::KeyText => unreachable!("no key text is computed without key kinds"),
+            })
+        }
+        Err(Refusal::Value(e)) => Err(e),
+        Ok(e) => Ok(e),
+    }
+}
+
+enum Refusal {
+    Value(NotPlain),
+    KeyText, // a key whose text only the server knows: its arrays instead
+}
+
+impl From<NotPlain> for Refusal {
+    fn from(e: NotPlain) -> Refusal {
+        Refusal::Value(e)
+    }
+}
+
+fn encode_as(
+    table: &Table,
+    key_kinds: Option<&[KeyKind]>,
+    rows: &[&[u8]],
+    versions: &[i64],
+    hashes: &[Option<i64>],
+    xids: &[i64],
+) -> Result<Encoded, Refusal> {
+    // a member's column by its name; a name twice in a row: the last one, as the
+    // guarded path's json_to_record reads it
+    let index: HashMap<&str, usize> = table
+        .columns
+        .iter()
+        .enumerate()
+        .map(|(c, (name, _))| (name.as_str(), c))
+        .collect();
     let mut out = Vec::with_capacity(rows.iter().map(|r| r.len()).sum::<usize>() + rows.len());
-    let mut vout = table.key_kinds.map(|_| Vec::with_capacity(rows.len() * 48));
-    let mut keys: Vec<Vec<u8>> = if table.key_kinds.is_some() {
+    let mut vout = key_kinds.map(|_| Vec::with_capacity(rows.len() * 48));
+    let mut keys: Vec<Vec<u8>> = if key_kinds.is_some() {
         Vec::new()
     } else {
         table.key_at.iter().map(|_| vec![b'[']).collect()
     };
-    let mut key_values: Vec<Option<&RawValue>> = vec![None; table.key_at.len()];
+    let mut slots: Vec<Option<&RawValue>> = vec![None; table.columns.len()];
     let mut key_line = Vec::with_capacity(64);
     for (i, row) in rows.iter().enumerate() {
         let fields = Fields::parse(row)?;
-        let mut at = 0;
-        for (c, (name, kind)) in table.columns.iter().enumerate() {
+        slots.iter_mut().for_each(|s| *s = None);
+        for (name, raw) in fields.0 {
+            if let Some(&c) = index.get(name) {
+                slots[c] = Some(raw);
+            }
+        }
+        for (c, (_, kind)) in table.columns.iter().enumerate() {
             if c > 0 {
                 out.push(b'\t');
             }
-            let raw = fields.get(name, &mut at);
-            field(&mut out, *kind, raw)?;
-            if let Some(slot) = table.key_at.iter().position(|&k| k == c) {
-                key_values[slot] = raw;
-            }
+            field(&mut out, *kind, slots[c])?;
         }
         out.push(b'\n');
-        match (&mut vout, table.key_kinds) {
+        match (&mut vout, key_kinds) {
             (Some(v), Some(kinds)) => {
                 key_line.clear();
                 let typed: Vec<_> = kinds
                     .iter()
                     .copied()
-                    .zip(key_values.iter().copied())
+                    .zip(table.key_at.iter().map(|&c| slots[c]))
                     .collect();
-                key_text(&mut key_line, &typed)?;
+                key_text(&mut key_line, &typed).map_err(|_| Refusal::KeyText)?;
                 v.extend_from_slice(table.tbl.to_string().as_bytes());
                 v.push(b'\t');
                 escape(v, &key_line);
@@ -355,12 +394,12 @@ pub fn encode(
                 v.extend_from_slice(format!("\t{}\n", xids[i]).as_bytes());
             }
             _ => {
-                for (slot, raw) in key_values.iter().enumerate() {
+                for (slot, &c) in table.key_at.iter().enumerate() {
                     let k = &mut keys[slot];
                     if i > 0 {
                         k.push(b',');
                     }
-                    k.extend_from_slice(raw.map(|r| r.get()).unwrap_or("null").as_bytes());
+                    k.extend_from_slice(slots[c].map(|r| r.get()).unwrap_or("null").as_bytes());
                 }
             }
         }
@@ -473,6 +512,8 @@ mod tests {
         assert!(key(&[(KeyKind::Integer, "1e3")]).is_err());
         assert!(key(&[(KeyKind::Integer, "\"7\"")]).is_err());
         assert!(key(&[(KeyKind::Uuid, "\"A0EEBC99-9C0B-4EF8-BB6D-6BB9BD380A11\"")]).is_err());
+        assert!(key(&[(KeyKind::Uuid, "\"a0eebc999c0b-4ef8-bb6d-6bb9-bd380a11\"")]).is_err());
+        assert!(key(&[(KeyKind::Text, "\"caf\\u00e9\"")]).is_err()); // the server's to print
         assert_eq!(
             key(&[(KeyKind::Uuid, "\"a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11\"")]).unwrap(),
             "(a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11)"
@@ -510,5 +551,28 @@ mod tests {
         assert_eq!(e.keys, vec![b"[1,2]".to_vec()]);
         assert!(encode(&t, &[b"[1]"], &[1], &[None], &[0]).is_err());
         assert!(encode(&t, &[b"{\"i\\u0064\":1}"], &[1], &[None], &[0]).is_err());
+    }
+
+    #[test]
+    fn a_name_twice_takes_the_last_and_a_key_only_the_server_prints_goes_as_arrays() {
+        let columns = vec![
+            ("k".to_string(), Kind::Text),
+            ("v".to_string(), Kind::Number),
+        ];
+        let kinds = [KeyKind::Text];
+        let t = Table {
+            columns: &columns,
+            key_at: &[0],
+            key_kinds: Some(&kinds),
+            tbl: 1,
+        };
+        let rows: Vec<&[u8]> = vec![
+            b"{\"k\":\"a\",\"v\":1,\"v\":2,\"x\":[3]}",
+            b"{\"k\":\"caf\\u00e9\",\"v\":3}",
+        ];
+        let e = encode(&t, &rows, &[10, 11], &[None, None], &[0, 0]).unwrap();
+        assert_eq!(e.rows, "a\t2\ncafé\t3\n".as_bytes());
+        assert!(e.versions.is_none()); // the second key is the server's to print
+        assert_eq!(e.keys, vec!["[\"a\",\"caf\\u00e9\"]".as_bytes().to_vec()]);
     }
 }
