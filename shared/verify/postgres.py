@@ -444,18 +444,19 @@ class PostgresSource:
         return [(int(r[0]), str(r[1]), str(r[2]), int(r[3]), int(r[4])) for r in rows]
 
     def next_xid(self) -> int:
-        with self._connect() as conn:
-            row = conn.execute(
-                "SELECT pg_catalog.pg_snapshot_xmax(pg_catalog.pg_current_snapshot())::text"
-            ).fetchone()
-        assert row is not None
-        return int(row[0])
+        return self._snapshot_bound("xmax")
 
     def oldest_xid(self) -> int:
+        return self._snapshot_bound("xmin")
+
+    def _snapshot_bound(self, bound: str) -> int:
+        """``xmin`` or ``xmax`` of a snapshot taken now (64-bit transaction ids)."""
+        query = {
+            "xmin": "SELECT pg_catalog.pg_snapshot_xmin(pg_catalog.pg_current_snapshot())::text",
+            "xmax": "SELECT pg_catalog.pg_snapshot_xmax(pg_catalog.pg_current_snapshot())::text",
+        }[bound]
         with self._connect() as conn:
-            row = conn.execute(
-                "SELECT pg_catalog.pg_snapshot_xmin(pg_catalog.pg_current_snapshot())::text"
-            ).fetchone()
+            row = conn.execute(query).fetchone()
         assert row is not None
         return int(row[0])
 
