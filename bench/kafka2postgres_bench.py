@@ -17,11 +17,21 @@ target database on the stack's server (the same two cores):
 - ``minimal``: a minimal applier keeping none of the guarantees — one consumer, per
   change ``INSERT ... ON CONFLICT DO UPDATE`` / ``DELETE`` by psycopg's pipelined
   ``executemany``, 1,000 changes per transaction;
-- ``copy``: the snapshot's rows COPYed into an empty table (the write limit for rows).
+- ``copy``: the snapshot's rows COPYed into an empty table (the write limit for rows);
+- ``copy_versioned``: the same COPY plus, in its transaction, one version per row COPYed
+  into kafka2postgres's bookkeeping table (``_walcast_target.rows``, made by its
+  migrations): the server's work for a snapshot that keeps a version per row;
+- ``consume``: the snapshot's records read by a bare loop (``consume``, ``value()``).
+
+From the last two: the ceiling of any snapshot that keeps a version per row and reads
+the topic through confluent-kafka on this machine — the cores over the server's CPU per
+row plus the machine's per bare record read (consumer and broker), with nothing left for
+decoding, checking or encoding.
 
 Reported: the snapshot phase (rows/s) and the TPC-B phase (events/s) of each, CPU µs per
-event of the client process, peak RSS, and the ratios the targets are stated in
-(kafka2postgres / minimal, snapshot / copy). Prints a table and writes
+event of the client process and of the whole machine (server and broker included), peak
+RSS, and the ratios the targets are stated in (kafka2postgres / minimal, snapshot / copy,
+copy_versioned / copy). Prints a table and writes
 ``bench/results/kafka2postgres.json``.
 """
 
@@ -55,6 +65,7 @@ TYPES = {
 }
 KEYS = {"pgbench_accounts": "aid", "pgbench_tellers": "tid", "pgbench_branches": "bid"}
 SQL_TYPES = {"int4": "integer", "bpchar": "character(84)"}
+FETCH_BACKOFF_MS = 10  # every reader of the topic fetches as walcast's consumers do
 
 
 def read_env() -> dict[str, str]:
@@ -223,7 +234,7 @@ def run_kafka2postgres(env: dict[str, str], bootstrap: str, topic: str, target: 
     proc = subprocess.Popen([sys.executable, "-m", "services.kafka2postgres", "run"],
                             env=penv, cwd=REPO)  # fmt: skip
     snap_s = None
-    snap_cpu = 0.0
+    snap_cpu = snap_busy = busy = 0.0
     peak = 0
     try:
         while True:
@@ -231,8 +242,10 @@ def run_kafka2postgres(env: dict[str, str], bootstrap: str, topic: str, target: 
             cpu, peak = proc_stats(proc.pid)
             if snap_s is None and done >= snapshot_end:
                 snap_s, snap_cpu = time.monotonic() - started, cpu
+                snap_busy = machine_busy_s()
             if done >= end:
                 total = time.monotonic() - started
+                busy = machine_busy_s() - snap_busy
                 break
             if proc.poll() is not None:
                 raise RuntimeError(f"kafka2postgres exited with {proc.returncode}")
@@ -242,7 +255,7 @@ def run_kafka2postgres(env: dict[str, str], bootstrap: str, topic: str, target: 
         proc.wait(60)
     assert snap_s is not None
     return {"snapshot_s": snap_s, "total_s": total, "snapshot_cpu_s": snap_cpu,
-            "cpu_s": cpu, "peak_rss_mb": peak / 2**20}  # fmt: skip
+            "cpu_s": cpu, "peak_rss_mb": peak / 2**20, "changes_machine_cpu_s": busy}  # fmt: skip
 
 
 def run_minimal(
@@ -264,11 +277,12 @@ def run_minimal(
             names,
         )
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"{topic}-min",
-                         "enable.auto.commit": False, "auto.offset.reset": "earliest"})  # fmt: skip
+                         "enable.auto.commit": False, "auto.offset.reset": "earliest",
+                         "fetch.queue.backoff.ms": FETCH_BACKOFF_MS})  # fmt: skip
     consumer.assign([TopicPartition(topic, 0, 0)])
     t0 = time.monotonic()
     c0 = time.process_time()
-    snap_s = snap_cpu = 0.0
+    snap_s = snap_cpu = snap_busy = 0.0
     seen = 0
     with psycopg.connect(target.dsn) as conn:
         pending: dict[str, list[tuple[Any, ...]]] = {}
@@ -298,21 +312,75 @@ def run_minimal(
                 if seen == snapshot_end:
                     flush()
                     snap_s, snap_cpu = time.monotonic() - t0, time.process_time() - c0
+                    snap_busy = machine_busy_s()
         flush()
+    busy = machine_busy_s() - snap_busy
     consumer.close()
     return {"snapshot_s": snap_s, "total_s": time.monotonic() - t0, "snapshot_cpu_s": snap_cpu,
-            "cpu_s": time.process_time() - c0}  # fmt: skip
+            "cpu_s": time.process_time() - c0, "changes_machine_cpu_s": busy}  # fmt: skip
+
+
+def machine_busy_s() -> float:
+    """CPU seconds the whole machine spent busy so far (every core; /proc/stat)."""
+    fields = [int(f) for f in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    return (sum(fields[:8]) - fields[3] - fields[4]) / os.sysconf("SC_CLK_TCK")
 
 
 def run_copy(target: Target, rows: int) -> dict[str, Any]:
     with psycopg.connect(target.dsn, autocommit=True) as c:
         c.execute("CREATE TABLE pgbench_accounts (aid integer PRIMARY KEY, bid integer,"
                   " abalance integer, filler character(84))")  # fmt: skip
-        t0 = time.monotonic()
+        backend = c.info.backend_pid
+        t0, s0 = time.monotonic(), proc_stats(backend)[0]
         with c.cursor() as cur, cur.copy("COPY pgbench_accounts FROM STDIN") as cp:
             for a in range(1, rows + 1):
                 cp.write_row((a, (a - 1) // 100_000 + 1, 0, FILLER))
-        return {"rows_s": rows / (time.monotonic() - t0)}
+        return {"rows_s": rows / (time.monotonic() - t0),
+                "server_cpu_us_per_row": (proc_stats(backend)[0] - s0) / rows * 1e6}  # fmt: skip
+
+
+def run_consume(bootstrap: str, topic: str, records: int) -> dict[str, Any]:
+    """The snapshot's records read by a bare confluent-kafka loop (``consume`` and
+    ``value()``, nothing else): what any consumer of the topic pays per record, its own
+    CPU and the broker's (the machine's busy time, every process)."""
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"{topic}-bare",
+                         "enable.auto.commit": False,
+                         "fetch.queue.backoff.ms": FETCH_BACKOFF_MS})  # fmt: skip
+    consumer.assign([TopicPartition(topic, 0, 0)])
+    seen = 0
+    t0, m0 = time.monotonic(), machine_busy_s()
+    while seen < records:
+        for msg in consumer.consume(10_000, 1.0):
+            msg.value()
+            seen += 1
+    wall, busy = time.monotonic() - t0, machine_busy_s() - m0
+    consumer.close()
+    return {"records_s": seen / wall, "machine_cpu_us_per_record": busy / seen * 1e6}
+
+
+def run_copy_versioned(target: Target, rows: int) -> dict[str, Any]:
+    """The raw COPY of the rows plus, in the same transaction, a COPY of one version per
+    row into kafka2postgres's own bookkeeping (made by its migrations): the server's work
+    for any snapshot that records each row's version — what the version guard and the
+    tombstones need — with no client work beyond sending pre-made text."""
+    from shared.migrations import migrate
+
+    with psycopg.connect(target.dsn, autocommit=True) as c:
+        migrate(c, "kafka2postgres")
+        c.execute("CREATE TABLE pgbench_accounts (aid integer PRIMARY KEY, bid integer,"
+                  " abalance integer, filler character(84))")  # fmt: skip
+        backend = c.info.backend_pid
+        t0, s0 = time.monotonic(), proc_stats(backend)[0]
+        with c.transaction(), c.cursor() as cur:
+            with cur.copy("COPY pgbench_accounts FROM STDIN") as cp:
+                for a in range(1, rows + 1):
+                    cp.write_row((a, (a - 1) // 100_000 + 1, 0, FILLER))
+            with cur.copy('COPY "_walcast_target"."rows" (tbl, key, version, deleted, hash, xid)'
+                          " FROM STDIN") as cp:  # fmt: skip
+                for a in range(1, rows + 1):
+                    cp.write_row((1, f"({a})", 1000, False, a * 7919, 0))
+        return {"rows_s": rows / (time.monotonic() - t0),
+                "server_cpu_us_per_row": (proc_stats(backend)[0] - s0) / rows * 1e6}  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -339,6 +407,8 @@ def main(argv: list[str] | None = None) -> int:
         changes = end - snapshot_end
         for label, fn in (
             ("copy", lambda t: run_copy(t, args.snapshot_rows)),
+            ("copy_versioned", lambda t: run_copy_versioned(t, args.snapshot_rows)),
+            ("consume", lambda t: run_consume(bootstrap, topic, snapshot_end)),
             ("kafka2postgres",
              lambda t: run_kafka2postgres(env, bootstrap, topic, t, snapshot_end, end)),
             ("minimal", lambda t: run_minimal(bootstrap, topic, t, snapshot_end, end)),
@@ -347,7 +417,7 @@ def main(argv: list[str] | None = None) -> int:
             try:
                 print(f"running {label}...", flush=True)
                 out[label] = fn(t)
-                if label != "copy":
+                if label in ("kafka2postgres", "minimal"):
                     # an applier that lost or misplaced rows measured nothing
                     got = target_state(t.dsn)
                     if got != expected:
@@ -360,27 +430,53 @@ def main(argv: list[str] | None = None) -> int:
             r["snapshot_rows_s"] = args.snapshot_rows / r["snapshot_s"]
             r["events_s"] = changes / (r["total_s"] - r["snapshot_s"])
             r["cpu_us_per_event"] = (r["cpu_s"] - r["snapshot_cpu_s"]) / changes * 1e6
+            r["machine_cpu_us_per_event"] = r["changes_machine_cpu_s"] / changes * 1e6
         k, m = out["kafka2postgres"], out["minimal"]
         out["ratios"] = {
             "events_kafka2postgres_over_minimal": k["events_s"] / m["events_s"],
             "snapshot_kafka2postgres_over_copy": k["snapshot_rows_s"] / out["copy"]["rows_s"],
+            "copy_versioned_over_copy": out["copy_versioned"]["rows_s"] / out["copy"]["rows_s"],
         }
+        # The most any snapshot that keeps a version per row and reads the topic through
+        # confluent-kafka can reach on this machine: the cores, divided by the server's
+        # CPU per row for the rows and their versions plus a bare read's per record (the
+        # consumer's and the broker's), nothing left for decoding, checking or encoding.
+        per_row = (out["copy_versioned"]["server_cpu_us_per_row"]
+                   + out["consume"]["machine_cpu_us_per_record"])  # fmt: skip
+        out["ceiling"] = {"cores": os.cpu_count(), "cpu_us_per_row": per_row,
+                        "rows_s": (os.cpu_count() or 1) / per_row * 1e6}  # fmt: skip
+        out["ratios"]["ceiling_over_copy"] = out["ceiling"]["rows_s"] / out["copy"]["rows_s"]
     finally:
         admin.delete_topics([topic, f"{topic}.dlq"])
     print()
     print(f"{'':16} {'snapshot rows/s':>16} {'TPC-B events/s':>15} {'CPU µs/event':>13}"
-          f" {'peak RSS MB':>12}")  # fmt: skip
-    print(f"{'copy':16} {out['copy']['rows_s']:>16,.0f}")
+          f" {'peak RSS MB':>12} {'machine µs/event':>17}")  # fmt: skip
+    for label in ("copy", "copy_versioned"):
+        r = out[label]
+        cpu = r["server_cpu_us_per_row"]
+        print(f"{label:16} {r['rows_s']:>16,.0f}   (server CPU {cpu:.2f} µs/row)")
+    r = out["consume"]
+    print(f"{'bare consume':16} {r['records_s']:>16,.0f}"
+          f"   (machine CPU {r['machine_cpu_us_per_record']:.2f} µs/record)")  # fmt: skip
     for label in ("kafka2postgres", "minimal"):
         r = out[label]
         rss = f"{r['peak_rss_mb']:.0f}" if "peak_rss_mb" in r else "-"
         print(f"{label:16} {r['snapshot_rows_s']:>16,.0f} {r['events_s']:>15,.0f}"
-              f" {r['cpu_us_per_event']:>13.1f} {rss:>12}")  # fmt: skip
+              f" {r['cpu_us_per_event']:>13.1f} {rss:>12}"
+              f" {r['machine_cpu_us_per_event']:>17.1f}")  # fmt: skip
     ratios = out["ratios"]
     print(
         f"kafka2postgres / minimal (events/s): {ratios['events_kafka2postgres_over_minimal']:.2f}"
     )
     print(f"snapshot / COPY (rows/s): {out['ratios']['snapshot_kafka2postgres_over_copy']:.2f}")
+    print(
+        "COPY with each row's version / COPY (rows/s, the server's floor):"
+        f" {ratios['copy_versioned_over_copy']:.2f}"
+    )
+    f = out["ceiling"]
+    print(f"ceiling of a versioned snapshot read from Kafka on {f['cores']} cores:"
+          f" {f['rows_s']:,.0f} rows/s ({f['cpu_us_per_row']:.2f} µs CPU/row),"
+          f" {ratios['ceiling_over_copy']:.2f} of COPY")  # fmt: skip
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(out, indent=2))
     return 0

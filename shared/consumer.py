@@ -333,6 +333,7 @@ class ConsumerLoop(Generic[B]):
             "auto.offset.reset": c.auto_offset_reset,
             "queued.max.messages.kbytes": max(c.max_queue_bytes // 1024, 1024),
             "fetch.max.bytes": min(c.max_queue_bytes, 50 * 1024 * 1024),
+            "fetch.queue.backoff.ms": c.fetch_backoff_ms,
             "session.timeout.ms": c.session_timeout_ms,
             "max.poll.interval.ms": c.max_poll_interval_ms,
             "partition.assignment.strategy": "cooperative-sticky",

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import socket
 import stat
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
@@ -98,6 +99,28 @@ def test_harden_fixes_an_existing_cluster_once(stack: Any, tmp_path: Path) -> No
         assert pg.harden() == []  # idempotent
     finally:
         sock.close()
+
+
+def test_the_servers_buffers_follow_the_machines_memory_unless_set_otherwise(
+    stack: Any, tmp_path: Path
+) -> None:
+    pg = stack.Postgres()
+    module = sys.modules[type(pg).__module__]
+    meminfo = tmp_path / "meminfo"
+    for total_kb, mb in ((2 * 2**20, 256), (24 * 2**20, 2048), (512 * 2**10, 128)):
+        meminfo.write_text(f"MemTotal:       {total_kb} kB\nMemFree: 1 kB\n")
+        assert module.buffers_line(meminfo).startswith(f"shared_buffers = {mb}MB  # walcast")
+    line = module.buffers_line()
+    pg.data.mkdir(parents=True)
+    conf = pg.data / "postgresql.conf"
+    conf.write_text("# walcast local stack\nshared_buffers = 128MB\nport = 55432\n")  # older
+    pg.size_buffers()
+    assert conf.read_text() == f"# walcast local stack\n{line}\nport = 55432\n"
+    pg.size_buffers()
+    assert conf.read_text() == f"# walcast local stack\n{line}\nport = 55432\n"
+    conf.write_text("shared_buffers = 512MB\n")  # the operator's own value stays
+    pg.size_buffers()
+    assert conf.read_text() == "shared_buffers = 512MB\n"
 
 
 def test_harden_leaves_a_cluster_not_made_yet_alone(stack: Any) -> None:
