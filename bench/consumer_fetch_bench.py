@@ -43,7 +43,10 @@ VALUE = (
 )
 SETTINGS: list[tuple[str, dict[str, Any]]] = [
     ("librdkafka's defaults", {}),
-    ("walcast's", {"fetch.queue.backoff.ms": ConsumerSettings().fetch_backoff_ms}),
+    (
+        "fetch.queue.backoff.ms as walcast's",
+        {"fetch.queue.backoff.ms": ConsumerSettings().fetch_backoff_ms},
+    ),
     ("queued.min.messages 1M", {"queued.min.messages": 1_000_000}),
     ("max.partition.fetch.bytes 10 MB", {"max.partition.fetch.bytes": 10 * 2**20}),
 ]

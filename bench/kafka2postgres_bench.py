@@ -1,4 +1,4 @@
-"""kafka2postgres's apply rate, beside two baselines in the same run.
+"""kafka2postgres's apply rate, beside baselines in the same run.
 
 Run against the local stack (``deploy/local/walcast up`` first):
 
@@ -55,6 +55,8 @@ from confluent_kafka.admin import AdminClient, NewTopic
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from shared.settings import ConsumerSettings
+
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "bench" / "results"
 FILLER = " " * 84
@@ -65,7 +67,7 @@ TYPES = {
 }
 KEYS = {"pgbench_accounts": "aid", "pgbench_tellers": "tid", "pgbench_branches": "bid"}
 SQL_TYPES = {"int4": "integer", "bpchar": "character(84)"}
-FETCH_BACKOFF_MS = 10  # every reader of the topic fetches as walcast's consumers do
+FETCH_BACKOFF_MS = ConsumerSettings().fetch_backoff_ms  # every reader fetches as walcast's do
 
 
 def read_env() -> dict[str, str]:

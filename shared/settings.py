@@ -238,8 +238,8 @@ class ConsumerSettings(Section):
     fetch_backoff_ms: int = Field(default=10, ge=1, le=1000)
     """How soon librdkafka fetches again once the prefetch budget is full (its
     `fetch.queue.backoff.ms`). Its own default, 1000, held a consumer that takes records
-    faster than the budget refills to about one budget per second (130k to 190k records/s
-    here, against ~1.2M at 10: docs/benchmarks.md); the budget still bounds memory."""
+    faster than the budget refills to about one budget per second (~190k records/s here,
+    against 1.0M to 1.4M at 10: docs/benchmarks.md); the budget still bounds memory."""
     session_timeout_ms: int = Field(default=10_000, ge=6000)
     """How long the group waits for a member that stopped heartbeating (killed, host gone)
     before its partitions go to the others; a member killed and restarted waits about as

@@ -106,10 +106,15 @@ def test_the_servers_buffers_follow_the_machines_memory_unless_set_otherwise(
 ) -> None:
     pg = stack.Postgres()
     module = sys.modules[type(pg).__module__]
-    meminfo = tmp_path / "meminfo"
+    meminfo, limit = tmp_path / "meminfo", tmp_path / "memory.max"
+    limit.write_text("max\n")  # a cgroup without a limit
     for total_kb, mb in ((2 * 2**20, 256), (24 * 2**20, 2048), (512 * 2**10, 128)):
         meminfo.write_text(f"MemTotal:       {total_kb} kB\nMemFree: 1 kB\n")
-        assert module.buffers_line(meminfo).startswith(f"shared_buffers = {mb}MB  # walcast")
+        assert module.buffers_line(meminfo, limit).startswith(f"shared_buffers = {mb}MB  # walcast")
+    limit.write_text(f"{4 * 2**30}\n")  # a container limited to 4 GB on a 24-GB host
+    meminfo.write_text(f"MemTotal:       {24 * 2**20} kB\n")
+    assert module.buffers_line(meminfo, limit).startswith("shared_buffers = 512MB  # walcast")
+    assert module.buffers_line(meminfo, tmp_path / "absent").startswith("shared_buffers = 2048MB")
     line = module.buffers_line()
     pg.data.mkdir(parents=True)
     conf = pg.data / "postgresql.conf"

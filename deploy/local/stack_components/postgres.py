@@ -33,21 +33,29 @@ _BUFFERS_LINE = re.compile(
 )  # the line this stack writes (128MB: an older stack's)
 
 
-def buffers_line(meminfo: Path = Path("/proc/meminfo")) -> str:
-    """The server's ``shared_buffers``: an eighth of the machine's memory, from 128 MB
-    (Postgres' default) to 2 GB. At 128 MB a target of a few million rows no longer fits,
-    and every change reads its pages in and writes them back (docs/benchmarks.md: TPC-B
-    into a 10M-row target ran 40% faster at 2 GB); the rest of the stack shares the
-    machine, hence an eighth rather than the quarter Postgres' docs suggest for a server
-    of its own."""
-    total_kb = 0
+def buffers_line(
+    meminfo: Path = Path("/proc/meminfo"), limit: Path = Path("/sys/fs/cgroup/memory.max")
+) -> str:
+    """The server's ``shared_buffers``: an eighth of the machine's memory (in a container,
+    of its limit when lower), from 128 MB (Postgres' default) to 2 GB. At 128 MB a target
+    of a few million rows no longer fits, and every change reads its pages in and writes
+    them back (docs/benchmarks.md: TPC-B into a 10M-row target ran 40% faster at 2 GB);
+    the rest of the stack shares the machine, hence an eighth rather than the quarter
+    Postgres' docs suggest for a server of its own."""
+    total = 0
     try:
         for line in meminfo.read_text().splitlines():
             if line.startswith("MemTotal:"):
-                total_kb = int(line.split()[1])
+                total = int(line.split()[1]) * 1024
     except (OSError, ValueError, IndexError):
         pass
-    mb = min(max(total_kb // 8 // 1024, 128), 2048)
+    try:
+        capped = limit.read_text().strip()  # "max" when there is no limit
+        if capped.isdigit():
+            total = min(total, int(capped)) if total else int(capped)
+    except OSError:
+        pass
+    mb = min(max(total // 8 // 2**20, 128), 2048)
     return f"shared_buffers = {mb}MB  {BUFFERS_NOTE}"
 
 
@@ -238,7 +246,8 @@ class Postgres(Component):
         as it is."""
         conf = self.data / "postgresql.conf"
         text = conf.read_text()
-        sized = _BUFFERS_LINE.sub(buffers_line(), text)
+        line = buffers_line()
+        sized = _BUFFERS_LINE.sub(lambda _: line, text)
         if sized != text:
             conf.write_text(sized)
 
