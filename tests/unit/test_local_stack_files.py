@@ -110,11 +110,24 @@ def test_the_servers_buffers_follow_the_machines_memory_unless_set_otherwise(
     limit.write_text("max\n")  # a cgroup without a limit
     for total_kb, mb in ((2 * 2**20, 256), (24 * 2**20, 2048), (512 * 2**10, 128)):
         meminfo.write_text(f"MemTotal:       {total_kb} kB\nMemFree: 1 kB\n")
-        assert module.buffers_line(meminfo, limit).startswith(f"shared_buffers = {mb}MB  # walcast")
+        assert module.buffers_line(meminfo, (limit,)).startswith(
+            f"shared_buffers = {mb}MB  # walcast"
+        )
     limit.write_text(f"{4 * 2**30}\n")  # a container limited to 4 GB on a 24-GB host
     meminfo.write_text(f"MemTotal:       {24 * 2**20} kB\n")
-    assert module.buffers_line(meminfo, limit).startswith("shared_buffers = 512MB  # walcast")
-    assert module.buffers_line(meminfo, tmp_path / "absent").startswith("shared_buffers = 2048MB")
+    assert module.buffers_line(meminfo, (limit,)).startswith("shared_buffers = 512MB  # walcast")
+    assert module.buffers_line(meminfo, (tmp_path / "absent",)).startswith(
+        "shared_buffers = 2048MB"
+    )
+    v1 = tmp_path / "memory.limit_in_bytes"
+    v1.write_text("9223372036854771712\n")  # cgroup v1 without a limit
+    assert module.buffers_line(meminfo, (tmp_path / "absent", v1)).startswith(
+        "shared_buffers = 2048MB"
+    )
+    v1.write_text(f"{2 * 2**30}\n")
+    assert module.buffers_line(meminfo, (tmp_path / "absent", v1)).startswith(
+        "shared_buffers = 256MB"
+    )
     line = module.buffers_line()
     pg.data.mkdir(parents=True)
     conf = pg.data / "postgresql.conf"

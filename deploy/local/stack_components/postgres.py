@@ -33,9 +33,11 @@ _BUFFERS_LINE = re.compile(
 )  # the line this stack writes (128MB: an older stack's)
 
 
-def buffers_line(
-    meminfo: Path = Path("/proc/meminfo"), limit: Path = Path("/sys/fs/cgroup/memory.max")
-) -> str:
+LIMITS = (Path("/sys/fs/cgroup/memory.max"), Path("/sys/fs/cgroup/memory/memory.limit_in_bytes"))
+"""A container's memory limit: cgroup v2's file, then v1's."""
+
+
+def buffers_line(meminfo: Path = Path("/proc/meminfo"), limits: tuple[Path, ...] = LIMITS) -> str:
     """The server's ``shared_buffers``: an eighth of the machine's memory (in a container,
     of its limit when lower), from 128 MB (Postgres' default) to 2 GB. At 128 MB a target
     of a few million rows no longer fits, and every change reads its pages in and writes
@@ -49,12 +51,14 @@ def buffers_line(
                 total = int(line.split()[1]) * 1024
     except (OSError, ValueError, IndexError):
         pass
-    try:
-        capped = limit.read_text().strip()  # "max" when there is no limit
-        if capped.isdigit():
+    for limit in limits:
+        try:
+            capped = limit.read_text().strip()  # v2: "max" when there is none
+        except OSError:
+            continue
+        if capped.isdigit():  # v1 without a limit: a number beyond any memory
             total = min(total, int(capped)) if total else int(capped)
-    except OSError:
-        pass
+        break
     mb = min(max(total // 8 // 2**20, 128), 2048)
     return f"shared_buffers = {mb}MB  {BUFFERS_NOTE}"
 
