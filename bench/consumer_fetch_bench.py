@@ -19,17 +19,15 @@ import argparse
 import json
 import os
 import sys
-import time
-import uuid
 from pathlib import Path
 from typing import Any
 
-from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.kafka2postgres_bench import machine_busy_s, read_env
+from bench.kafka2postgres_bench import read_env, run_consume
 from shared.settings import ConsumerSettings
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -67,21 +65,6 @@ def fill(bootstrap: str, topic: str, records: int) -> None:
     p.flush()
 
 
-def read(bootstrap: str, topic: str, records: int, extra: dict[str, Any]) -> dict[str, float]:
-    c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"{topic}-{uuid.uuid4().hex[:6]}",
-                  "enable.auto.commit": False, **extra})  # fmt: skip
-    c.assign([TopicPartition(topic, 0, 0)])
-    seen = 0
-    t0, b0 = time.monotonic(), machine_busy_s()
-    while seen < records:
-        for msg in c.consume(10_000, 1.0):
-            msg.value()
-            seen += 1
-    wall, busy = time.monotonic() - t0, machine_busy_s() - b0
-    c.close()
-    return {"records_s": seen / wall, "machine_cpu_us_per_record": busy / seen * 1e6}
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--records", type=int, default=2_000_000)
@@ -95,7 +78,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         fill(bootstrap, topic, args.records)
         for label, extra in SETTINGS:
-            out["runs"][label] = {"config": extra, **read(bootstrap, topic, args.records, extra)}
+            out["runs"][label] = {
+                "config": extra,
+                **run_consume(bootstrap, topic, args.records, extra),
+            }
     finally:
         admin.delete_topics([topic])
     base = out["runs"]["librdkafka's defaults"]["records_s"]

@@ -341,13 +341,18 @@ def run_copy(target: Target, rows: int) -> dict[str, Any]:
                 "server_cpu_us_per_row": (proc_stats(backend)[0] - s0) / rows * 1e6}  # fmt: skip
 
 
-def run_consume(bootstrap: str, topic: str, records: int) -> dict[str, Any]:
-    """The snapshot's records read by a bare confluent-kafka loop (``consume`` and
+def run_consume(
+    bootstrap: str, topic: str, records: int, config: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """The topic's first ``records`` read by a bare confluent-kafka loop (``consume`` and
     ``value()``, nothing else): what any consumer of the topic pays per record, its own
-    CPU and the broker's (the machine's busy time, every process)."""
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"{topic}-bare",
-                         "enable.auto.commit": False,
-                         "fetch.queue.backoff.ms": FETCH_BACKOFF_MS})  # fmt: skip
+    CPU and the broker's (the machine's busy time, every process). ``config``: the
+    consumer's fetch settings (default: walcast's refetch wait)."""
+    if config is None:
+        config = {"fetch.queue.backoff.ms": FETCH_BACKOFF_MS}
+    consumer = Consumer({"bootstrap.servers": bootstrap,
+                         "group.id": f"{topic}-bare-{uuid.uuid4().hex[:6]}",
+                         "enable.auto.commit": False, **config})  # fmt: skip
     consumer.assign([TopicPartition(topic, 0, 0)])
     seen = 0
     t0, m0 = time.monotonic(), machine_busy_s()
