@@ -236,6 +236,15 @@ class Applier(BatchSink[Batch]):
                     t.apply_statement(),
                     {"rows": tb.elements().decode(), "floor": t.floor, "tbl": t.id},
                 ).fetchone()
+                if tb.fillers and counts is not None:
+                    # older than the key's change just applied: they only fill columns
+                    # the target holds no value for (batch.py)
+                    more = conn.execute(
+                        t.apply_statement(),
+                        {"rows": tb.filler_elements().decode(), "floor": t.floor, "tbl": t.id},
+                    ).fetchone()
+                    if more is not None:
+                        counts = (*counts[:5], int(counts[5]) + int(more[5]))
         except (TableStoppedError, SchemaError) as exc:
             self._reload_in(conn)
             reason = self._stop(conn, source, str(exc), tb)

@@ -1,11 +1,16 @@
 """Change events into per-table batches: the newest change per key.
 
 A batch keeps, per table and key, one change: the one with the highest version (on a tie,
-the later). An update that left unchanged TOAST values out takes them from the other
-change of its key in the batch when that one has them — an earlier insert or update, or
-a snapshot's read row that came after it at a lower version — by the contract's rule
-(:func:`shared.contract.event.fill_unfilled`: a full row is never refused in favour of a
-partial one). What no change of the batch carries is left to the target
+the later). An update that left unchanged TOAST values out takes them from the change of
+its key the batch held when it arrived — the key's previous state in the stream, so the
+value is the current one. A row that arrives *after* the key's newer change at a lower
+version (a redelivery after a producer restart, a snapshot's read row) is not merged into
+it: the target may hold a newer value than it (an update applied by an earlier batch),
+or it may be from before the table's floor (dropped and created again, truncated). It is
+kept as the key's *filler* instead, applied after the batch's changes by the same
+statement, where it can only fill columns the target holds no value for (the contract's
+rule, :func:`shared.contract.event.fill_unfilled`: a full row is never refused in favour
+of a partial one). What no change of the batch carries is left to the target
 (:mod:`services.kafka2postgres.statements`).
 
 Rows stay the JSON the event carried; only a merge decodes them, member by member as raw
@@ -56,6 +61,8 @@ class TableBatch:
     """One table's part of a batch."""
 
     changes: dict[bytes, Change] = field(default_factory=dict)
+    # older rows that arrived after the newer partial change of their key (see above)
+    fillers: dict[bytes, Change] = field(default_factory=dict)
     origins: list[Origin] = field(default_factory=list)  # every record folded in
     types: dict[str, str] = field(default_factory=dict)  # every column seen, in order
     key: list[str] = field(default_factory=list)  # the key's columns, from the events
@@ -63,6 +70,9 @@ class TableBatch:
 
     def elements(self) -> bytes:
         return b"[" + b",".join(c.element() for c in self.changes.values()) + b"]"
+
+    def filler_elements(self) -> bytes:
+        return b"[" + b",".join(c.element() for c in self.fillers.values()) + b"]"
 
 
 @dataclass
@@ -121,10 +131,20 @@ class Batch:
         if held is None:
             tb.changes[ident] = change
             return
-        newer, older = (change, held) if change.version >= held.version else (held, change)
-        if newer.unchanged and not older.delete:
-            newer = _filled(newer, older)
-        tb.changes[ident] = newer
+        if change.version >= held.version:  # in the stream's order: held was the key's state
+            if change.unchanged and not held.delete:
+                change = _filled(change, held)
+            tb.changes[ident] = change
+            return
+        if not held.unchanged or change.delete:
+            return  # older, and nothing it could fill: stale
+        filler = tb.fillers.get(ident)
+        if filler is None or change.version >= filler.version:
+            if filler is not None and change.unchanged:
+                change = _filled(change, filler)
+            tb.fillers[ident] = change
+        elif filler.unchanged:
+            tb.fillers[ident] = _filled(filler, change)
 
 
 def with_row_id(row: bytes, row_id: str) -> bytes:

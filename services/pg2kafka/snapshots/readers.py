@@ -176,7 +176,7 @@ class Reader:
             primary_key=self.catalog.primary_key,
             transforms=from_settings(settings.transforms),
         )
-        self.names: dict[int, sql.Composable] = {}
+        self.dropped: set[int] = set()  # relations found dropped: told once
         # The format's records of the rows (services/pg2kafka/snapshots/rows.py).
         self.records: ReadRecords
         if producer.format.connect_records:
@@ -230,14 +230,18 @@ class Reader:
     def read(self, conn: psycopg.Connection[Any], chunk: Chunk, version: int) -> int | None:
         """Send the chunk's rows to Kafka (not yet acknowledged); their count, or None
         when halted before the end."""
-        rel = self.tables[(chunk.schema, chunk.table)].relation
-        made = self.records
         assert chunk.relation is not None  # the initial snapshot reads page ranges
+        spec = self.tables.get((chunk.schema, chunk.table))
+        name = self._name(conn, chunk.relation)
+        if spec is None or name is None:
+            return self._left(chunk, "dropped" if name is None else "no longer published")
+        rel = spec.relation
+        made = self.records
         json_columns = made.json_columns(rel)
         # An insert-only table's rows are identified by their place in the chunk (``seq``):
         # read in ctid order, a chunk read again numbers them the same way.
-        query = chunk_query(self._name(conn, chunk.relation), rel, chunk_where(conn, rel, chunk),
-                            json_columns, by_ctid=append_only(rel))  # fmt: skip
+        query = chunk_query(name, rel, chunk_where(conn, rel, chunk), json_columns,
+                            by_ctid=append_only(rel))  # fmt: skip
         topic = made.topic(rel)
         at = ChunkRows(
             rel, json_columns, version, iso_utc(time.time_ns() // 1000),
@@ -256,6 +260,8 @@ class Reader:
                             sql.Literal(self.snapshot_name)
                         )
                     )
+                if not self._still(conn, name, chunk.relation):
+                    return self._left(chunk, "dropped")
                 send = made.begin(conn, at)
                 with conn.cursor().copy(query) as copy:
                     copy.set_types(["text"] * (3 if json_columns else len(rel.columns)))
@@ -272,22 +278,49 @@ class Reader:
         except psycopg.errors.QueryCanceled:
             if not halted:
                 raise
+        except psycopg.errors.UndefinedTable:
+            # dropped between the look-up and the read: no row of it was sent (the
+            # statement failed before its first), so the chunk is done as a dropped one's
+            if self._name(conn, chunk.relation) is not None:
+                raise
+            return self._left(chunk, "dropped")
         if halted:
             return None
         return rows
 
-    def _name(self, conn: psycopg.Connection[Any], oid: int) -> sql.Composable:
-        name = self.names.get(oid)
-        if name is None:
-            row = conn.execute(
-                "SELECT n.nspname, c.relname FROM pg_catalog.pg_class c"
-                " JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace WHERE c.oid = %s",
-                [oid],
-            ).fetchone()
-            if row is None:
-                raise RetriableError(f"relation {oid} of the snapshot is gone")
-            name = self.names[oid] = sql.Identifier(str(row[0]), str(row[1]))
-        return name
+    def _name(self, conn: psycopg.Connection[Any], oid: int) -> sql.Composable | None:
+        """The relation's name now; None when it was dropped (an OID never comes back).
+        Looked up for every chunk: a table dropped and created again under its name is
+        another relation, whose rows are not this snapshot's."""
+        row = conn.execute(
+            "SELECT n.nspname, c.relname FROM pg_catalog.pg_class c"
+            " JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace WHERE c.oid = %s",
+            [oid],
+        ).fetchone()
+        return None if row is None else sql.Identifier(str(row[0]), str(row[1]))
+
+    @staticmethod
+    def _still(conn: psycopg.Connection[Any], name: sql.Composable, oid: int) -> bool:
+        """Whether ``name`` still is relation ``oid``, which then cannot be dropped before
+        the chunk's transaction ends (locked as the read would lock it)."""
+        conn.execute(sql.SQL("LOCK TABLE {} IN ACCESS SHARE MODE").format(name))
+        row = conn.execute("SELECT pg_catalog.to_regclass(%s)::oid", [name.as_string(conn)])
+        return bool(row.fetchone() == (oid,))
+
+    def _left(self, chunk: Chunk, why: str) -> int:
+        """A chunk of a table dropped (or taken out of the publication) after the slot's
+        point: its rows can no longer be read, and need not be — the stream carries the
+        ``DROP TABLE`` and whatever came after it (a table created again under the name is
+        streamed from its creation). The chunk is done with no rows, so the table's
+        snapshot ends and streaming starts; a sink that keeps dropped tables
+        (kafka2postgres' ``target.on_drop_table=ignore``) holds only the rows read before
+        the drop and those changed after the slot's point."""
+        if chunk.relation not in self.dropped:
+            self.dropped.add(chunk.relation or 0)
+            log.warning("snapshot %d: %s.%s was %s after the slot's point: its chunks left"
+                        " are done without rows (the stream carries what became of it)",
+                        chunk.snapshot_id, chunk.schema, chunk.table, why)  # fmt: skip
+        return 0
 
 
 def close_tables(
