@@ -23,6 +23,7 @@ from services.kafka2spark.names import (
     TRUNCATED,
     W_BEYOND,
     W_CARRY,
+    W_FALLBACK,
     W_HASH,
     W_KAFKA,
     W_KEEP,
@@ -256,11 +257,16 @@ class Merger:
             return quote(names[c])
 
         by_key = [F.col(mq(k)) for k in key]
-        running = (
-            Window.partitionBy(*by_key)
-            .orderBy(W_LSN, W_SEQ)
-            .rowsBetween(Window.unboundedPreceding, Window.currentRow)
-        )
+        # A column is carried into the newest change only from the changes of its key that
+        # arrived before it — the key's previous states, in the stream's order. An older
+        # row arriving after it (redelivered after a producer restart: from before an
+        # update an earlier batch applied, or a snapshot's read row) may be staler than
+        # the stored value: it is the column's *fallback*, used only where the mirror
+        # holds no value (no row, or the column unfilled: fill_unfilled).
+        arrival = [F.col(f"{W_KAFKA}{c}") for c in ("topic", "partition", "offset")]
+        in_order = Window.partitionBy(*by_key).orderBy(*arrival)
+        before = in_order.rowsBetween(Window.unboundedPreceding, Window.currentRow)
+        after = in_order.rowsBetween(1, Window.unboundedFollowing)
         values = [c for c in columns if c not in key]
         for i, c in enumerate(values):
             supplied = (
@@ -268,14 +274,17 @@ class Merger:
                 & F.array_contains(W_PRESENT, c)
                 & ~F.array_contains(W_TOAST, c)  # Postgres names, as the event has them
             )
-            carried = F.last(F.when(supplied, F.struct(F.col(mq(c)).alias("v"))), True)
-            src = src.withColumn(f"{W_CARRY}{i}", carried.over(running))
+            value = F.when(supplied, F.struct(F.col(mq(c)).alias("v")))
+            src = src.withColumn(f"{W_CARRY}{i}", F.last(value, True).over(before))
+            newest_older = F.when(supplied, F.struct(F.col(W_LSN), F.col(W_SEQ)))
+            src = src.withColumn(f"{W_FALLBACK}{i}", F.max_by(value, newest_older).over(after))
         keep = [F.col(f"{W_CARRY}{i}").isNull() for i in range(len(values))]
+        backed = [F.col(f"{W_FALLBACK}{i}").isNotNull() for i in range(len(values))]
         # Unfilled (shared.contract.event.fill_unfilled): TOAST columns the newest change
         # left out and no change of the batch supplied — the stored row's value, or none.
         lacking = [
-            F.when(k & F.array_contains(W_TOAST, c), F.lit(c))
-            for k, c in zip(keep, values, strict=True)
+            F.when(k & ~b & F.array_contains(W_TOAST, c), F.lit(c))
+            for k, b, c in zip(keep, backed, values, strict=True)
         ]
         # The newest change's row hash: null (unknown) when it left a TOAST value out, even
         # if an older change of the batch supplied it (docs/design.md#verification).
@@ -285,16 +294,24 @@ class Merger:
             W_OP,
             W_HASH,
             W_XID,
+            *arrival,
             *[F.col(mq(k)) for k in key],
-            *[F.col(f"{W_CARRY}{i}.v").alias(names[c]) for i, c in enumerate(values)],
+            *[
+                F.coalesce(F.col(f"{W_CARRY}{i}"), F.col(f"{W_FALLBACK}{i}")).v.alias(names[c])
+                for i, c in enumerate(values)
+            ],
             *[k.alias(f"{W_KEEP}{i}") for i, k in enumerate(keep)],
+            *[b.alias(f"{W_FALLBACK}{i}") for i, b in enumerate(backed)],
             _names(lacking).alias(W_UNFILLED),
             # the columns this row supplies: what it fills in a held row (fill_unfilled)
-            _names([F.when(~k, F.lit(c)) for k, c in zip(keep, values, strict=True)]).alias(
-                W_SUPPLIED
-            ),
+            _names(
+                [F.when(~k | b, F.lit(c)) for k, b, c in zip(keep, backed, values, strict=True)]
+            ).alias(W_SUPPLIED),
         )
-        newest = Window.partitionBy(*by_key).orderBy(F.col(W_LSN).desc(), F.col(W_SEQ).desc())
+        # of two copies of the newest change (a redelivery), the first to arrive
+        newest = Window.partitionBy(*by_key).orderBy(
+            F.col(W_LSN).desc(), F.col(W_SEQ).desc(), *arrival
+        )
         src = (
             src.withColumn(W_RANK, F.row_number().over(newest)).where(F.col(W_RANK) == 1)
         ).persist()
@@ -331,10 +348,23 @@ class Merger:
             # every column, and a NULL value must still match its row.
             on = " AND ".join(f"t.{mq(k)} <=> s.{mq(k)}" for k in key)
             newer = f"s.{W_LSN} > t.{LSN}"
-            assign: dict[str, str | Column] = {
-                mq(c): f"CASE WHEN s.{W_KEEP}{i} THEN t.{mq(c)} ELSE s.{mq(c)} END"
-                for i, c in enumerate(values)
-            }
+            # a column the newest change and those before it left out: the stored value,
+            # or — where the mirror has none (unfilled) — the fallback's
+            assign: dict[str, str | Column] = {}
+            for i, c in enumerate(values):
+                lacks = (
+                    F.array_contains(
+                        F.coalesce(F.col(f"t.{UNFILLED}"), F.array().cast("array<string>")),
+                        F.lit(c),
+                    )
+                    if unfilled
+                    else F.lit(False)
+                )
+                assign[mq(c)] = (
+                    F.when(~F.col(f"s.{W_KEEP}{i}"), F.col(f"s.{mq(c)}"))
+                    .when(F.col(f"s.{W_FALLBACK}{i}") & lacks, F.col(f"s.{mq(c)}"))
+                    .otherwise(F.col(f"t.{mq(c)}"))
+                )
             insert: dict[str, str | Column] = {mq(c): f"s.{mq(c)}" for c in columns}
             for held, working in ((LSN, W_LSN), (HASH, W_HASH), (XID, W_XID)):
                 # (a fill below writes none of them: the held version stays, its hash too)
@@ -354,7 +384,7 @@ class Merger:
                 fill: dict[str, str | Column] = {
                     mq(c): F.when(
                         F.array_contains(F.col(f"t.{UNFILLED}"), F.lit(c))
-                        & ~F.col(f"s.{W_KEEP}{i}"),
+                        & (~F.col(f"s.{W_KEEP}{i}") | F.col(f"s.{W_FALLBACK}{i}")),
                         F.col(f"s.{mq(c)}"),
                     ).otherwise(F.col(f"t.{mq(c)}"))
                     for i, c in enumerate(values)

@@ -29,6 +29,7 @@ W_NEW, W_KEY, W_KAFKA, W_CARRY, W_KEEP, W_RANK, W_BEYOND = (
     "__w_new", "__w_key", "__w_", "__w_carry_", "__w_keep_", "__w_rank", "__w_beyond",
 )  # fmt: skip
 W_UNFILLED, W_SUPPLIED = "__w_unfilled", "__w_supplied"
+W_FALLBACK = "__w_fallback_"
 W_HASH, W_XID = "__w_hash", "__w_xid"
 
 
