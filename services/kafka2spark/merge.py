@@ -264,9 +264,13 @@ class Merger:
         # the stored value: it is the column's *fallback*, used only where the mirror
         # holds no value (no row, or the column unfilled: fill_unfilled).
         arrival = [F.col(f"{W_KAFKA}{c}") for c in ("topic", "partition", "offset")]
-        in_order = Window.partitionBy(*by_key).orderBy(*arrival)
-        before = in_order.rowsBetween(Window.unboundedPreceding, Window.currentRow)
-        after = in_order.rowsBetween(1, Window.unboundedFollowing)
+        keyed = Window.partitionBy(*by_key)
+        before = keyed.orderBy(*arrival).rowsBetween(Window.unboundedPreceding, 0)
+        # the rows after, as a frame that grows (Spark computes it incrementally; a frame
+        # up to the end would be computed again for every row)
+        after = keyed.orderBy(*[a.desc() for a in arrival]).rowsBetween(
+            Window.unboundedPreceding, -1
+        )
         values = [c for c in columns if c not in key]
         for i, c in enumerate(values):
             supplied = (

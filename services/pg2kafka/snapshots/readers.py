@@ -12,7 +12,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 import psycopg
@@ -147,6 +147,10 @@ class RunControl:
                 self.halt.wait(min(ahead, 1.0))
 
 
+class _Renamed(Exception):  # noqa: N818 - a signal inside this module, never raised out
+    """The chunk's table is no longer under the name just looked up."""
+
+
 class Reader:
     """One reader thread: claims chunks, reads each in one short transaction (under the
     exported snapshot while it exists), sends its events, records it once acked."""
@@ -177,6 +181,8 @@ class Reader:
             transforms=from_settings(settings.transforms),
         )
         self.dropped: set[int] = set()  # relations found dropped: told once
+        # every relation a chunk reads (a partitioned table's leaves), to its table
+        self.by_leaf = {oid: t for t in tables.values() for oid, _ in t.leaves}
         # The format's records of the rows (services/pg2kafka/snapshots/rows.py).
         self.records: ReadRecords
         if producer.format.connect_records:
@@ -227,15 +233,23 @@ class Reader:
             store.close()
             self.catalog.close()
 
-    def read(self, conn: psycopg.Connection[Any], chunk: Chunk, version: int) -> int | None:
+    def read(
+        self, conn: psycopg.Connection[Any], chunk: Chunk, version: int, *, again: bool = True
+    ) -> int | None:
         """Send the chunk's rows to Kafka (not yet acknowledged); their count, or None
-        when halted before the end."""
+        when halted before the end. ``again``: a table renamed just before its read is
+        read once more under its new name."""
         assert chunk.relation is not None  # the initial snapshot reads page ranges
-        spec = self.tables.get((chunk.schema, chunk.table))
         name = self._name(conn, chunk.relation)
-        if spec is None or name is None:
-            return self._left(chunk, "dropped" if name is None else "no longer published")
-        rel = spec.relation
+        if name is None:
+            return self._left(chunk, "dropped")
+        spec = self.tables.get((chunk.schema, chunk.table)) or self.by_leaf.get(chunk.relation)
+        if spec is None:
+            return self._left(chunk, "taken out of the publication")
+        # Renamed since the slot's point (the resumed run describes tables by their names
+        # now): its rows still go out under the name the snapshot began with — the stream
+        # carries the rename after them.
+        rel = replace(spec.relation, schema=chunk.schema, table=chunk.table)
         made = self.records
         json_columns = made.json_columns(rel)
         # An insert-only table's rows are identified by their place in the chunk (``seq``):
@@ -261,7 +275,7 @@ class Reader:
                         )
                     )
                 if not self._still(conn, name, chunk.relation):
-                    return self._left(chunk, "dropped")
+                    raise _Renamed
                 send = made.begin(conn, at)
                 with conn.cursor().copy(query) as copy:
                     copy.set_types(["text"] * (3 if json_columns else len(rel.columns)))
@@ -278,12 +292,15 @@ class Reader:
         except psycopg.errors.QueryCanceled:
             if not halted:
                 raise
-        except psycopg.errors.UndefinedTable:
-            # dropped between the look-up and the read: no row of it was sent (the
-            # statement failed before its first), so the chunk is done as a dropped one's
-            if self._name(conn, chunk.relation) is not None:
+        except (psycopg.errors.UndefinedTable, _Renamed):
+            # dropped or renamed between the look-up and the read: no row of it was sent
+            # (the statement failed before its first). Looked up again, now outside the
+            # snapshot's transaction (whose catalog reads are the snapshot's):
+            if self._name(conn, chunk.relation) is None:
+                return self._left(chunk, "dropped")
+            if not again:
                 raise
-            return self._left(chunk, "dropped")
+            return self.read(conn, chunk, version, again=False)  # under its new name
         if halted:
             return None
         return rows

@@ -225,6 +225,7 @@ def test_a_redelivered_older_row_never_overwrites_a_value_an_earlier_batch_store
     ensure_topic(config, topic, 2, 1)
     producer = Producer({"bootstrap.servers": m.settings.kafka.bootstrap_servers})
     try:
+        read = {"id": 1, "chunk": 0}
         for value in (
             with_toast(change(t, "insert", 100, 1), "old"),
             with_toast(change(t, "update", 200, 1), "new"),  # the TOAST value changed
@@ -234,7 +235,7 @@ def test_a_redelivered_older_row_never_overwrites_a_value_an_earlier_batch_store
             with_toast(change(t, "update", 300, 1), None),  # left out: "new" stays
             with_toast(change(t, "insert", 100, 1), "old"),  # redelivered, older
             with_toast(change(t, "update", 310, 2), None),  # a row the mirror lacks
-            with_toast(change(t, "read", 150, 2, snapshot={"id": 1, "chunk": 0}), "read"),
+            with_toast(change(t, "read", 150, 2, snapshot=read), "read"),
         ):
             producer.produce(topic, value, b"k", 1)
         producer.flush(10)
@@ -243,6 +244,20 @@ def test_a_redelivered_older_row_never_overwrites_a_value_an_earlier_batch_store
         got = rows(m.path(t))
         # (nothing left unfilled: the mirror got no bookkeeping column for it)
         assert got == {1: {**row(1, 300), "big": "new"}, 2: {**row(2, 310), "big": "read"}}
+        # a row stored without its value: a newer partial change is merged, and the
+        # older row arriving after it fills the value the mirror lacks
+        producer.produce(topic, with_toast(change(t, "update", 400, 3), None), b"k", 0)
+        producer.flush(10)
+        m.feed(2, [0])
+        assert rows(m.path(t))[3] == {**row(3, 400), "big": None, "_walcast_unfilled": ["big"]}
+        for value in (
+            with_toast(change(t, "update", 410, 3), None),
+            with_toast(change(t, "read", 160, 3, snapshot=read), "three"),
+        ):
+            producer.produce(topic, value, b"k", 1)
+        producer.flush(10)
+        m.feed(3, [1])
+        assert rows(m.path(t))[3] == {**row(3, 410), "big": "three", "_walcast_unfilled": None}
     finally:
         client = AdminClient(config)  # must outlive the future
         client.delete_topics([topic])[topic].result(30)
