@@ -326,17 +326,24 @@ def record_outcome(engine: SearchEngine, group: str, outcome: dict[str, Any]) ->
 
 
 def last_outcomes(engine: SearchEngine, group: str) -> list[dict[str, Any]]:
-    """Each table's last verification by ``group``'s continuous mode, by table."""
+    """Each table's last verification by ``group``'s continuous mode, by table. The
+    index the first outcome just created answers 503 until its shard has started: then
+    this waits (at most 30 s) for the shard, and asks once more."""
+    search = {"size": 1000, "query": {"term": {"group.keyword": group}}}
     try:
-        answer = engine.request(
-            "POST",
-            f"/{VERIFY_INDEX}/_search",
-            body={"size": 1000, "query": {"term": {"group.keyword": group}}},
-        )
+        answer = engine.request("POST", f"/{VERIFY_INDEX}/_search", body=search)
     except Exception as exc:
-        if getattr(exc, "status_code", None) == 404:
+        status = getattr(exc, "status_code", None)
+        if status == 404:
             return []  # never verified
-        raise
+        if status != 503:
+            raise
+        engine.request(
+            "GET",
+            f"/_cluster/health/{VERIFY_INDEX}",
+            params={"wait_for_status": "yellow", "timeout": "30s"},
+        )
+        answer = engine.request("POST", f"/{VERIFY_INDEX}/_search", body=search)
     out = [json.loads(h["_source"]["report"]) for h in answer["hits"]["hits"]]
     return sorted(out, key=lambda o: str(o.get("table")))
 

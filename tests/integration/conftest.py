@@ -49,13 +49,35 @@ class Harness:
         self.thread.start()
 
     def stop(self) -> None:
+        """Stop pg2kafka, then wait for the server's side of its stream: the walsender
+        outlives its client by a moment on a loaded machine, and until it has exited the
+        slot is busy and its confirmed position may still be moving."""
         if self.service is not None and self.thread is not None:
+            walsender = self._walsender()
             self.service.stop()
             self.thread.join(60)
             assert not self.thread.is_alive(), "pg2kafka did not stop within 60s"
             self.service = None
+            deadline = time.monotonic() + 30
+            while walsender is not None and self._walsender() == walsender:
+                assert time.monotonic() < deadline, (
+                    f"the walsender {walsender} of slot {self.settings.replication.slot}"
+                    " still streams 30 s after pg2kafka stopped"
+                )
+                time.sleep(0.1)
         if self.error:
             raise self.error[0]
+
+    def _walsender(self) -> int | None:
+        """The pid streaming this harness's slot (None: none, or the server is down)."""
+        try:
+            rows = self.sql(
+                "SELECT active_pid FROM pg_replication_slots WHERE slot_name = %s",
+                [self.settings.replication.slot],
+            )
+        except psycopg.Error:
+            return None
+        return int(rows[0][0]) if rows and rows[0][0] is not None else None
 
     def sql(self, statement: str, params: list[Any] | None = None) -> list[tuple[Any, ...]]:
         with psycopg.connect(self.dsn, autocommit=True) as conn:

@@ -61,3 +61,31 @@ def test_an_answer_without_a_plain_false_is_read_item_by_item(errors: Any) -> No
         answer["errors"] = errors
     results, _ = bulk(answer)
     assert results == [{"status": 201}]
+
+
+class ShardsNotStartedError(Exception):
+    """What opensearch-py raises for a search of an index whose shard has not started."""
+
+    status_code = 503
+
+
+class StartingTransport(StubTransport):
+    """Answers the first search with 503 (the index just created), then hits."""
+
+    def perform_request(self, method: str, path: str, **kwargs: Any) -> dict[str, Any]:
+        self.requests.append({"method": method, "path": path, **kwargs})
+        if path.endswith("/_search") and len(self.requests) == 1:
+            raise ShardsNotStartedError("search_phase_execution_exception")
+        return self.answer
+
+
+def test_status_waits_for_the_shard_of_a_just_created_outcomes_index() -> None:
+    from services.kafka2search.verify import VERIFY_INDEX, last_outcomes
+
+    client = StubClient({"hits": {"hits": [{"_source": {"report": '{"table": "s.t"}'}}]}})
+    client.transport = StartingTransport(client.transport.answer)
+    assert last_outcomes(HttpSearchEngine(client), "g") == [{"table": "s.t"}]
+    search, health, again = client.transport.requests
+    assert health["path"] == f"/_cluster/health/{VERIFY_INDEX}"
+    assert health["params"]["wait_for_status"] == "yellow"
+    assert search == again
